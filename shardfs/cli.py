@@ -1,0 +1,315 @@
+"""The ``shardfs`` command line. It builds configuration objects and calls the core; errors
+become one line on stderr and an exit code (tracebacks only with ``-v``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .config import (
+    IndexConfig,
+    MountConfig,
+    ReadConfig,
+    SourceConfig,
+    ViewConfig,
+    default_cache_dir,
+    storage_options_from_pairs,
+)
+from .errors import ShardfsError, UsageError
+
+EXIT_CODES = """exit codes:
+  0  success
+  1  unexpected error (run with -v for a traceback)
+  2  bad arguments or configuration
+  3  the store could not be reached, or the bucket/prefix/shards were not found
+  4  bad data: a corrupt or truncated shard, an unsafe member path, a changed shard
+  5  mountpoint problem: missing, not empty, already mounted, busy, or FUSE failed
+  130 interrupted
+"""
+
+log = logging.getLogger("shardfs")
+
+
+def _source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "source",
+        help="fsspec URL of the folder/prefix holding *.tar shards (s3://b/p/, gs://..., "
+        "file:///data, a local path) or a brace pattern like s3://b/train-{000..146}.tar",
+    )
+    parser.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec storage option, repeatable (e.g. -o anon=true, "
+        "-o client_kwargs.region_name=eu-west-1)",
+    )
+    parser.add_argument(
+        "--endpoint-url",
+        help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS itself)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help=f"where the index is kept (default: {default_cache_dir()})",
+    )
+    parser.add_argument(
+        "--skip-bad-shards",
+        action="store_true",
+        help="leave out corrupt or truncated shards with a warning instead of failing",
+    )
+    parser.add_argument(
+        "--no-sidecar",
+        action="store_true",
+        help="ignore an index sidecar stored next to the shards",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log more; show tracebacks"
+    )
+    parser = argparse.ArgumentParser(
+        prog="shardfs",
+        description="Mount tar shards from object storage as a read-only directory tree.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"shardfs {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    mount = commands.add_parser(
+        "mount",
+        parents=[common],
+        help="mount a sharded dataset (returns once the mount is ready)",
+        description="Mount SOURCE at MOUNTPOINT, read-only. Indexes the shards on first use "
+        "(or uses a sidecar / the persisted index) and returns once the mount is ready.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _source_arguments(mount)
+    mount.add_argument("mountpoint", type=Path, help="an existing, empty folder")
+    mount.add_argument(
+        "--layout",
+        choices=("auto", "raw", "imagefolder"),
+        default="auto",
+        help="raw: member paths as they are; imagefolder: KEY.jpg + KEY.cls as CLASS/KEY.jpg; "
+        "auto (default): imagefolder when the shards hold labelled samples",
+    )
+    mount.add_argument(
+        "--classes",
+        type=Path,
+        help="file with one class name per line (line index = label); default: classes.txt "
+        "next to the shards if present, else zero-padded labels",
+    )
+    mount.add_argument(
+        "--foreground", "-f", action="store_true", help="stay attached; log to stderr"
+    )
+    mount.add_argument(
+        "--allow-other", action="store_true", help="let other users read the mount"
+    )
+    mount.add_argument(
+        "--single-threaded",
+        action="store_true",
+        help="serve FUSE requests from one thread (a slow read then blocks every reader)",
+    )
+    mount.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+
+    umount = commands.add_parser(
+        "umount",
+        parents=[common],
+        help="unmount a shardfs mount and wait for its daemon to exit",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    umount.add_argument("mountpoint", type=Path)
+
+    index = commands.add_parser(
+        "index",
+        parents=[common],
+        help="build the index ahead of time (optionally as a sidecar next to the shards)",
+        description="Scan the shards of SOURCE into the persisted index. With --write-sidecar, "
+        "also store it next to the shards so that any machine mounts without scanning.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _source_arguments(index)
+    index.add_argument(
+        "--write-sidecar",
+        action="store_true",
+        help="upload the index next to the shards as .shardfs-index.sqlite",
+    )
+    return parser
+
+
+def _source_config(args: argparse.Namespace) -> SourceConfig:
+    return SourceConfig(
+        url=args.source,
+        storage_options=storage_options_from_pairs(args.options),
+        endpoint_url=args.endpoint_url,
+    )
+
+
+def _index_config(args: argparse.Namespace) -> IndexConfig:
+    cache_dir = args.cache_dir if args.cache_dir is not None else default_cache_dir()
+    return IndexConfig(
+        cache_dir=cache_dir.absolute(),
+        skip_bad_shards=args.skip_bad_shards,
+        use_sidecar=not args.no_sidecar,
+    )
+
+
+def _view_config(args: argparse.Namespace) -> ViewConfig:
+    from .views import parse_classes
+
+    classes = None
+    if args.classes is not None:
+        try:
+            classes = tuple(parse_classes(args.classes.read_text(encoding="utf-8")))
+        except OSError as exc:
+            raise UsageError(f"--classes {args.classes}: {exc.strerror}") from exc
+    return ViewConfig(layout=args.layout, classes=classes)
+
+
+def _progress_printer() -> object | None:
+    """A tqdm bar for index scans when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    from .mount import _update_bar
+
+    state: dict[str, object] = {}
+
+    def progress(done: int, total: int, done_bytes: int, total_bytes: int) -> None:
+        state["bar"] = _update_bar(state.get("bar"), f"{done} {total} {done_bytes} {total_bytes}")
+
+    return progress
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from .mount import (
+        ReadyChannel,
+        check_cache_dir,
+        check_mountpoint,
+        run_foreground,
+        spawn_daemon,
+    )
+
+    source = _source_config(args)
+    index_config = _index_config(args)
+    view_config = _view_config(args)
+    mountpoint = args.mountpoint.absolute()
+    mount_config = MountConfig(
+        mountpoint=mountpoint,
+        foreground=args.foreground,
+        allow_other=args.allow_other,
+        threads=not args.single_threaded,
+    )
+    if not args.foreground:
+        check_mountpoint(mountpoint)
+        check_cache_dir(index_config.cache_dir)
+        log_path = index_config.cache_dir / "logs" / f"mount-{os.getpid()}.log"
+        argv = [a for a in sys.argv[1:]]
+        code, text = spawn_daemon(argv, log_path, sys.stderr.isatty())
+        if code != 0:
+            print(f"shardfs: error: {text}", file=sys.stderr)
+            return code
+        files, _, layout = text.partition(" ")
+        print(f"mounted {source.url} at {mountpoint} ({files} files, {layout} layout)")
+        return 0
+
+    channel = ReadyChannel(args.ready_fd)
+    progress = None
+    if channel.attached:
+
+        def progress(done: int, total: int, done_bytes: int, total_bytes: int) -> None:
+            channel.send("progress", f"{done} {total} {done_bytes} {total_bytes}")
+
+    else:
+        progress = _progress_printer()  # type: ignore[assignment]
+    try:
+        run_foreground(
+            source, index_config, view_config, mount_config, ReadConfig(), channel, progress
+        )
+    except ShardfsError as exc:
+        channel.send("error", f"{exc.exit_code} {exc}")
+        raise
+    except BaseException as exc:
+        channel.send("error", f"1 unexpected error: {type(exc).__name__}: {exc}")
+        raise
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from .mount import unmount
+
+    unmount(args.mountpoint.absolute())
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .index import SIDECAR_NAME, IndexBuilder, write_sidecar
+    from .store import Store
+
+    source = _source_config(args)
+    index_config = _index_config(args)
+    store = Store(source)
+    shards = store.list_shards()
+    builder = IndexBuilder(store, index_config, progress=_progress_printer())  # type: ignore[arg-type]
+    path = builder.build(shards)
+    for bad in builder.bad_shards():
+        print(
+            f"shardfs: warning: skipped bad shard {bad.name}: {bad.reason} at offset {bad.offset}",
+            file=sys.stderr,
+        )
+    print(f"indexed {len(shards)} shards ({builder.scanned_shards} scanned) into {path}")
+    if args.write_sidecar:
+        write_sidecar(store, path)
+        print(f"wrote sidecar {SIDECAR_NAME} next to the shards")
+    return 0
+
+
+COMMANDS = {"mount": cmd_mount, "umount": cmd_umount, "index": cmd_index}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING if args.verbose == 0 else logging.INFO
+    if args.verbose >= 2:
+        level = logging.DEBUG
+    if getattr(args, "foreground", False) and args.verbose == 0:
+        level = logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except ShardfsError as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"shardfs: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("shardfs: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.verbose:
+            traceback.print_exc()
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(
+            f"shardfs: unexpected error: {type(exc).__name__}: {detail} (run with -v for details)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

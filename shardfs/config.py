@@ -1,0 +1,153 @@
+"""Configuration: one frozen dataclass per component. The CLI builds these, nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import UsageError
+
+Layout = Literal["auto", "raw", "imagefolder"]
+
+
+def default_cache_dir() -> Path:
+    """``$SHARDFS_CACHE_DIR``, else ``$XDG_CACHE_HOME/shardfs``, else ``~/.cache/shardfs``."""
+    if env := os.environ.get("SHARDFS_CACHE_DIR"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "shardfs"
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where the shards live.
+
+    url: fsspec URL of a folder/prefix holding ``*.tar`` shards, a plain local path, or a
+        brace pattern such as ``s3://b/train-{000000..000146}.tar``.
+    storage_options: passed to the fsspec filesystem (``-o key=value``). Default: none.
+    endpoint_url: S3-compatible endpoint (``--endpoint-url``). Default: None, which lets
+        the standard environment (``AWS_ENDPOINT_URL``) decide.
+    """
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    endpoint_url: str | None = None
+
+
+@dataclass(frozen=True)
+class ViewConfig:
+    """How shard members are presented.
+
+    layout: ``auto`` (default) picks ``imagefolder`` when members look like webdataset
+        samples with labels, else ``raw``.
+    classes: class names, index = label (``--classes FILE``). Default: None, which uses a
+        ``classes.txt`` next to the shards when present, else zero-padded labels.
+    """
+
+    layout: Layout = "auto"
+    classes: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """How the global index is built and kept.
+
+    cache_dir: where the SQLite index and views are persisted. Default: ``default_cache_dir()``.
+    skip_bad_shards: leave out corrupt shards with a warning instead of failing. Default: False.
+    scan_workers: shards streamed in parallel while indexing. Default: 8.
+    use_sidecar: use a valid index sidecar stored next to the shards. Default: True.
+    """
+
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    skip_bad_shards: bool = False
+    scan_workers: int = 8
+    use_sidecar: bool = True
+
+
+@dataclass(frozen=True)
+class ReadConfig:
+    """How file reads reach the store.
+
+    whole_file_limit: a file up to this size is fetched with one ranged GET on its first
+        read and served from memory until closed. Default: 8 MiB.
+    window: larger files are fetched in windows of this size. Default: 8 MiB.
+    retries: attempts per ranged GET before the read fails with EIO. Default: 4.
+    """
+
+    whole_file_limit: int = 8 << 20
+    window: int = 8 << 20
+    retries: int = 4
+
+
+@dataclass(frozen=True)
+class MountConfig:
+    """How the FUSE mount behaves.
+
+    mountpoint: an existing empty directory.
+    foreground: stay attached instead of daemonizing. Default: False.
+    kernel_timeout: seconds the kernel may cache entries and attributes; the dataset is
+        immutable, so this is long. Default: 86400.
+    allow_other: let other users read the mount. Default: False.
+    threads: serve requests from many FUSE threads, so one slow GET does not block
+        other readers. Default: True.
+    """
+
+    mountpoint: Path
+    foreground: bool = False
+    kernel_timeout: float = 86400.0
+    allow_other: bool = False
+    threads: bool = True
+
+
+def parse_storage_option(text: str) -> tuple[str, Any]:
+    """Parse ``key=value``; dotted keys nest (``client_kwargs.region_name=x``).
+
+    Values that read as JSON (numbers, true/false, objects) are decoded, others stay strings.
+    """
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise UsageError(f"storage option must be key=value, got {text!r}")
+    value: Any
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if isinstance(value, str) and raw.lower() in ("true", "false"):
+        value = raw.lower() == "true"
+    return key, value
+
+
+def storage_options_from_pairs(pairs: list[str]) -> dict[str, Any]:
+    """Build nested storage options from repeated ``-o key=value`` flags."""
+    options: dict[str, Any] = {}
+    for text in pairs:
+        key, value = parse_storage_option(text)
+        *parents, leaf = key.split(".")
+        target = options
+        for part in parents:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise UsageError(f"storage option {key!r} conflicts with an earlier value")
+        target[leaf] = value
+    return options
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Parse ``512``, ``64K``, ``256MB``, ``500G``, ``1.5TiB`` into bytes (binary units)."""
+    cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
+    number, unit = cleaned, ""
+    if cleaned and cleaned[-1] in _SIZE_UNITS:
+        number, unit = cleaned[:-1], cleaned[-1]
+    try:
+        value = float(number)
+    except ValueError:
+        raise UsageError(f"not a size: {text!r} (examples: 64K, 256MB, 500G)") from None
+    if value < 0:
+        raise UsageError(f"size must not be negative: {text!r}")
+    return int(value * _SIZE_UNITS[unit])

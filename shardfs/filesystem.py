@@ -1,0 +1,144 @@
+"""The filesystem core: lookups, attributes, directory listings and reads, without FUSE.
+
+Tests drive this class directly; ``fuse_ops`` is a thin adapter over it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .config import ReadConfig
+from .errors import IsADirectoryError_, NoSuchAttributeError, NotADirectoryError_, NotFoundError
+from .reader import RangeReader
+from .tar import MemberKind
+from .views import Node, View
+
+XATTR_SHARD = "user.shardfs.shard"
+XATTR_OFFSET = "user.shardfs.offset"
+_FILE_XATTRS = (XATTR_SHARD, XATTR_OFFSET)
+
+
+@dataclass
+class _OpenFile:
+    """An open file: the node plus the last window of its bytes fetched from the store."""
+
+    node: Node
+    window_start: int = 0
+    window: bytes = b""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ShardFileSystem:
+    """A read-only tree over a materialised view, reading bytes through a RangeReader."""
+
+    def __init__(self, view: View, reader: RangeReader, config: ReadConfig | None = None) -> None:
+        self.view = view
+        self.reader = reader
+        self.config = config or ReadConfig()
+        self._handles: dict[int, _OpenFile] = {}
+        self._next_handle = itertools.count(1)
+        self._handles_lock = threading.Lock()
+        self._uid = os.getuid()
+        self._gid = os.getgid()
+        self._mount_time = int(time.time())
+
+    def getattr(self, path: str) -> dict[str, int]:
+        return self.attributes(self.view.lookup(path))
+
+    def attributes(self, node: Node) -> dict[str, int]:
+        mtime = node.mtime or self._mount_time
+        return {
+            "st_ino": node.ino,
+            "st_mode": node.st_mode,
+            "st_nlink": 2 if node.is_dir else 1,
+            "st_size": node.size,
+            "st_blocks": (node.size + 511) // 512,
+            "st_blksize": 1 << 17,
+            "st_uid": self._uid,
+            "st_gid": self._gid,
+            "st_mtime": mtime,
+            "st_ctime": mtime,
+            "st_atime": mtime,
+        }
+
+    def readdir(self, path: str) -> list[tuple[str, Node]]:
+        node = self.view.lookup(path)
+        if not node.is_dir:
+            raise NotADirectoryError_(path)
+        return list(self.view.children(node))
+
+    def readlink(self, path: str) -> str:
+        node = self.view.lookup(path)
+        if node.kind != MemberKind.SYMLINK:
+            raise NotFoundError(f"{path} is not a symlink")
+        return node.link
+
+    def open(self, path: str) -> int:
+        node = self.view.lookup(path)
+        if node.is_dir:
+            raise IsADirectoryError_(path)
+        handle = next(self._next_handle)
+        with self._handles_lock:
+            self._handles[handle] = _OpenFile(node)
+        return handle
+
+    def release(self, handle: int) -> None:
+        with self._handles_lock:
+            self._handles.pop(handle, None)
+
+    def read(self, handle: int, offset: int, size: int) -> bytes:
+        with self._handles_lock:
+            opened = self._handles.get(handle)
+        if opened is None:
+            raise NotFoundError(f"file handle {handle}")
+        node = opened.node
+        end = min(offset + size, node.size)
+        if offset >= end:
+            return b""
+        with opened.lock:
+            start_in_window = offset - opened.window_start
+            if start_in_window >= 0 and end - opened.window_start <= len(opened.window):
+                return opened.window[start_in_window : start_in_window + (end - offset)]
+            if node.size <= self.config.whole_file_limit:
+                window_start, window_end = 0, node.size
+            else:
+                window_start = offset
+                window_end = min(node.size, offset + max(size, self.config.window))
+            shard = self.view.shards[node.shard]
+            data = self.reader.read(
+                shard, node.offset + window_start, node.offset + window_end
+            )
+            opened.window_start, opened.window = window_start, data
+            return data[offset - window_start : end - window_start]
+
+    def listxattr(self, path: str) -> list[str]:
+        node = self.view.lookup(path)
+        return list(_FILE_XATTRS) if node.kind == MemberKind.FILE else []
+
+    def getxattr(self, path: str, name: str) -> bytes:
+        node = self.view.lookup(path)
+        if node.kind == MemberKind.FILE:
+            if name == XATTR_SHARD:
+                return self.view.shards[node.shard].name.encode()
+            if name == XATTR_OFFSET:
+                return str(node.offset).encode()
+        raise NoSuchAttributeError(f"{path}: no attribute {name}")
+
+    def statfs(self) -> dict[str, int]:
+        report = self.view.report
+        block = 4096
+        return {
+            "f_bsize": block,
+            "f_frsize": block,
+            "f_blocks": (report.bytes + block - 1) // block,
+            "f_bfree": 0,
+            "f_bavail": 0,
+            "f_files": report.files + report.directories,
+            "f_ffree": 0,
+            "f_favail": 0,
+            "f_namemax": 1024,
+        }

@@ -1,0 +1,409 @@
+"""The global index: every member of every shard, built once by streaming, kept in SQLite.
+
+One SQLite file per source under ``CACHE_DIR/index/``. Rows are keyed by each shard's
+identity (name, size, ETag), so a remount with unchanged shards scans nothing and a changed
+shard is rescanned alone. The same file, uploaded next to the shards as a sidecar, lets
+another machine mount without scanning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import IndexConfig
+from .errors import CorruptShardError, IndexError_, UnsafeMemberError
+from .store import ShardInfo, Store
+from .tar import MemberKind, TarMember, iter_members
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+SIDECAR_NAME = ".shardfs-index.sqlite"
+LABEL_EXTENSIONS = frozenset({"cls", "json"})
+MAX_LABEL_BYTES = 64 << 10
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS shards (
+    id INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    size INTEGER NOT NULL,
+    etag TEXT NOT NULL,
+    error_offset INTEGER,
+    error TEXT
+);
+CREATE TABLE IF NOT EXISTS members (
+    shard INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mode INTEGER NOT NULL,
+    mtime INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    link TEXT NOT NULL,
+    label INTEGER
+);
+CREATE INDEX IF NOT EXISTS members_by_shard ON members (shard);
+"""
+
+MemberRow = tuple[str, int, int, int, int, int, str, "int | None"]
+"""(path, data offset, size, mode, mtime, kind, link target, label)."""
+
+Progress = Callable[[int, int, int, int], None]
+"""Called with (shards done, shards total, bytes done, bytes total)."""
+
+
+def split_key(path: str) -> tuple[str, str]:
+    """webdataset's sample key and extension: the basename splits at its first dot."""
+    directory, base = posixpath.split(path)
+    stem, dot, ext = base.partition(".")
+    key = posixpath.join(directory, stem) if directory else stem
+    return key, ext if dot else ""
+
+
+def normalize_member_path(raw: str, shard: str, offset: int) -> str:
+    """A member path made relative and clean; absolute or '..' paths are refused."""
+    if raw.startswith("/"):
+        raise UnsafeMemberError(shard, offset, f"member path {raw!r} is absolute")
+    parts = []
+    for part in raw.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            raise UnsafeMemberError(shard, offset, f"member path {raw!r} escapes the mount")
+        parts.append(part)
+    return "/".join(parts)
+
+
+def parse_label(ext: str, content: bytes) -> int | None:
+    """The integer label of a ``.cls`` or ``.json`` member, or None if it has none."""
+    try:
+        text = content.decode("utf-8").strip()
+        if ext == "cls":
+            return int(text)
+        value = json.loads(text)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, dict):
+        for field in ("label", "cls", "class", "target"):
+            label = value.get(field)
+            if isinstance(label, int) and not isinstance(label, bool):
+                return label
+    return None
+
+
+def _wants_content(member: TarMember) -> bool:
+    return (
+        member.kind == MemberKind.FILE
+        and member.size <= MAX_LABEL_BYTES
+        and split_key(member.path)[1].lower() in LABEL_EXTENSIONS
+    )
+
+
+def scan_shard(store: Store, shard: ShardInfo) -> list[MemberRow]:
+    """Stream one shard and return a row per member worth serving."""
+    rows: list[MemberRow] = []
+    shard_dir = posixpath.dirname(shard.name)
+    with store.open_stream(shard) as stream:
+        for member, content in iter_members(stream, shard.name, capture=_wants_content):
+            if member.kind == MemberKind.OTHER:
+                continue
+            path = normalize_member_path(member.path, shard.name, member.header_offset)
+            link = member.linkname
+            if member.kind == MemberKind.HARDLINK:
+                link = normalize_member_path(link, shard.name, member.header_offset)
+            if shard_dir:
+                path = posixpath.join(shard_dir, path) if path else shard_dir
+                if member.kind == MemberKind.HARDLINK:
+                    link = posixpath.join(shard_dir, link)
+            if not path:
+                continue  # the archive's own "./" entry
+            label = None
+            if content is not None:
+                label = parse_label(split_key(path)[1].lower(), content)
+            rows.append(
+                (
+                    path,
+                    member.data_offset,
+                    member.size,
+                    member.mode,
+                    member.mtime,
+                    int(member.kind),
+                    link,
+                    label,
+                )
+            )
+    return rows
+
+
+def fingerprint(shards: list[ShardInfo]) -> str:
+    """A digest of the shard identities: equal fingerprints mean an equal index."""
+    digest = hashlib.sha256()
+    for shard in shards:
+        digest.update(json.dumps(shard.identity).encode())
+    return digest.hexdigest()[:24]
+
+
+def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(path, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 30000")
+    return conn
+
+
+def _read_shard_table(path: Path) -> dict[tuple[str, int, str], int] | None:
+    """Identity -> shard id of an existing index file, or None if unusable."""
+    if not path.exists():
+        return None
+    try:
+        conn = connect(path, readonly=True)
+        try:
+            version = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if version is None or int(version[0]) != SCHEMA_VERSION:
+                return None
+            rows = conn.execute("SELECT id, name, size, etag FROM shards").fetchall()
+        finally:
+            conn.close()
+    except (sqlite3.Error, ValueError):
+        log.warning("ignoring unreadable index %s", path)
+        return None
+    return {(name, size, etag): sid for sid, name, size, etag in rows}
+
+
+@dataclass(frozen=True)
+class BadShard:
+    name: str
+    offset: int
+    reason: str
+
+
+class IndexBuilder:
+    """Brings the persisted index of one source up to date with the store's shard list."""
+
+    def __init__(
+        self, store: Store, config: IndexConfig, *, progress: Progress | None = None
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.progress = progress
+        self.index_dir = config.cache_dir / "index"
+        self.path = self.index_dir / f"{store.identity}.sqlite"
+        self.scanned_shards = 0
+
+    def build(self, shards: list[ShardInfo]) -> Path:
+        """Return the path of an index that covers exactly ``shards``.
+
+        Raises CorruptShardError for a bad shard unless ``skip_bad_shards`` is set.
+        """
+        try:
+            self.index_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise IndexError_(f"cannot create index folder {self.index_dir}: {exc}") from exc
+        wanted = {s.identity for s in shards}
+        local = _read_shard_table(self.path) or {}
+        if set(local) != wanted:
+            self._rebuild(shards, local)
+        self._check_bad_shards()
+        return self.path
+
+    def _sidecar(self) -> tuple[Path | None, dict[tuple[str, int, str], int]]:
+        if not self.config.use_sidecar:
+            return None, {}
+        data = self.store.read_object(SIDECAR_NAME)
+        if data is None:
+            return None, {}
+        fd, name = tempfile.mkstemp(prefix=".sidecar-", suffix=".sqlite", dir=self.index_dir)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        table = _read_shard_table(Path(name))
+        if table is None:
+            log.warning("ignoring invalid index sidecar %s", SIDECAR_NAME)
+            os.unlink(name)
+            return None, {}
+        log.info("using index sidecar for %d shard(s)", len(table))
+        return Path(name), table
+
+    def _rebuild(self, shards: list[ShardInfo], local: dict[tuple[str, int, str], int]) -> None:
+        missing = [s for s in shards if s.identity not in local]
+        sidecar_path, sidecar = self._sidecar() if missing else (None, {})
+        fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=".sqlite", dir=self.index_dir)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            conn = connect(tmp)
+            conn.execute("PRAGMA journal_mode = OFF")
+            conn.execute("PRAGMA synchronous = OFF")
+            conn.executescript(_SCHEMA)
+            conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            conn.execute("INSERT INTO meta VALUES ('source', ?)", (self.store.describe(),))
+            conn.execute("INSERT INTO meta VALUES ('fingerprint', ?)", (fingerprint(shards),))
+            to_scan: list[tuple[int, ShardInfo]] = []
+            for sid, shard in enumerate(shards, start=1):
+                conn.execute(
+                    "INSERT INTO shards (id, name, size, etag) VALUES (?, ?, ?, ?)",
+                    (sid, shard.name, shard.size, shard.etag),
+                )
+                if shard.identity in local:
+                    self._copy_shard(conn, self.path, local[shard.identity], sid)
+                elif shard.identity in sidecar and sidecar_path is not None:
+                    self._copy_shard(conn, sidecar_path, sidecar[shard.identity], sid)
+                else:
+                    to_scan.append((sid, shard))
+            conn.commit()
+            self._scan_all(conn, to_scan)
+            conn.commit()
+            conn.close()
+            os.replace(tmp, self.path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            if sidecar_path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    sidecar_path.unlink()
+
+    @staticmethod
+    def _copy_shard(conn: sqlite3.Connection, source: Path, old_id: int, new_id: int) -> None:
+        conn.execute("ATTACH DATABASE ? AS old", (f"file:{source}?mode=ro",))
+        try:
+            conn.execute(
+                "INSERT INTO members SELECT ?, path, offset, size, mode, mtime, kind, link, label "
+                "FROM old.members WHERE shard = ? ORDER BY rowid",
+                (new_id, old_id),
+            )
+            conn.execute(
+                "UPDATE shards SET (error_offset, error) = "
+                "(SELECT error_offset, error FROM old.shards WHERE id = ?) WHERE id = ?",
+                (old_id, new_id),
+            )
+            conn.commit()
+        finally:
+            conn.execute("DETACH DATABASE old")
+
+    def _scan_all(self, conn: sqlite3.Connection, to_scan: list[tuple[int, ShardInfo]]) -> None:
+        if not to_scan:
+            return
+        total_bytes = sum(s.size for _, s in to_scan)
+        done = done_bytes = 0
+        stop = threading.Event()
+
+        def job(shard: ShardInfo) -> list[MemberRow] | CorruptShardError:
+            if stop.is_set():
+                return []
+            try:
+                return scan_shard(self.store, shard)
+            except CorruptShardError as exc:
+                return exc
+
+        workers = max(1, min(self.config.scan_workers, len(to_scan)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scan") as pool:
+            pending: dict[Future[list[MemberRow] | CorruptShardError], tuple[int, ShardInfo]]
+            pending = {pool.submit(job, shard): (sid, shard) for sid, shard in to_scan}
+            if self.progress:
+                self.progress(0, len(to_scan), 0, total_bytes)
+            try:
+                while pending:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        sid, shard = pending.pop(future)
+                        result = future.result()
+                        self._store_scan(conn, sid, shard, result)
+                        done += 1
+                        done_bytes += shard.size
+                        if self.progress:
+                            self.progress(done, len(to_scan), done_bytes, total_bytes)
+            except BaseException:
+                stop.set()
+                for future in pending:
+                    future.cancel()
+                raise
+
+    def _store_scan(
+        self,
+        conn: sqlite3.Connection,
+        sid: int,
+        shard: ShardInfo,
+        result: list[MemberRow] | CorruptShardError,
+    ) -> None:
+        self.scanned_shards += 1
+        if isinstance(result, CorruptShardError):
+            conn.execute(
+                "UPDATE shards SET error_offset = ?, error = ? WHERE id = ?",
+                (result.offset, result.reason, sid),
+            )
+        else:
+            conn.executemany(
+                "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                ((sid, *row) for row in result),
+            )
+        conn.commit()
+
+    def bad_shards(self) -> list[BadShard]:
+        conn = connect(self.path, readonly=True)
+        try:
+            rows = conn.execute(
+                "SELECT name, error_offset, error FROM shards WHERE error IS NOT NULL ORDER BY id"
+            ).fetchall()
+        finally:
+            conn.close()
+        return [BadShard(name, offset, reason) for name, offset, reason in rows]
+
+    def _check_bad_shards(self) -> None:
+        bad = self.bad_shards()
+        if not bad:
+            return
+        if not self.config.skip_bad_shards:
+            first = bad[0]
+            more = f" (and {len(bad) - 1} more bad shard(s))" if len(bad) > 1 else ""
+            error = CorruptShardError(first.name, first.offset, first.reason)
+            error.args = (f"{error}{more}; use --skip-bad-shards to mount the rest",)
+            raise error
+        for shard in bad:
+            log.warning(
+                "skipping bad shard %s: %s at offset %d", shard.name, shard.reason, shard.offset
+            )
+
+
+def write_sidecar(store: Store, index_path: Path) -> None:
+    """Upload the index next to the shards so other machines mount without scanning."""
+    store.write_object(SIDECAR_NAME, index_path.read_bytes())
+
+
+def iter_member_rows(conn: sqlite3.Connection) -> Iterator[tuple[int, MemberRow]]:
+    """Every member of every good shard, in shard order and archive order."""
+    cursor = conn.execute(
+        "SELECT m.shard, m.path, m.offset, m.size, m.mode, m.mtime, m.kind, m.link, m.label "
+        "FROM members m JOIN shards s ON s.id = m.shard WHERE s.error IS NULL "
+        "ORDER BY m.shard, m.rowid"
+    )
+    for shard, *row in cursor:
+        yield shard, tuple(row)
+
+
+__all__ = [
+    "SIDECAR_NAME",
+    "BadShard",
+    "IndexBuilder",
+    "fingerprint",
+    "iter_member_rows",
+    "normalize_member_path",
+    "parse_label",
+    "scan_shard",
+    "split_key",
+    "write_sidecar",
+]

@@ -1,0 +1,298 @@
+"""Putting a mount together: list shards, bring the index up to date, open the view, serve.
+
+``shardfs mount`` re-runs itself in the foreground as a detached child and waits on a pipe
+until the child reports that the mount is ready (or why it failed), so the command exits 0
+only once the tree is usable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import posixpath
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import IndexConfig, MountConfig, ReadConfig, SourceConfig, ViewConfig
+from .errors import MountError, ShardfsError, UsageError
+from .index import IndexBuilder, Progress, fingerprint
+from .reader import DirectReader
+from .store import Store
+from .views import CLASSES_FILE, View, ViewReport, build_view, parse_classes, view_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class OpenedSource:
+    store: Store
+    view: View
+    index_path: Path
+    scanned_shards: int
+
+
+def report_warnings(report: ViewReport) -> list[str]:
+    """One line per kind of problem the view found, for the user."""
+    lines = []
+    if report.duplicates:
+        lines.append(
+            f"{report.duplicates} duplicate path(s); the copy in the later shard is served"
+        )
+    if report.dropped_links:
+        lines.append(f"{report.dropped_links} link(s) left out (target outside the mount)")
+    if report.unlabeled:
+        lines.append(f"{report.unlabeled} image(s) without a label left out")
+    return lines + [f"  e.g. {example}" for example in report.examples] if lines else []
+
+
+def open_source(
+    source: SourceConfig,
+    index_config: IndexConfig,
+    view_config: ViewConfig,
+    *,
+    progress: Progress | None = None,
+    warn: Callable[[str], None] = log.warning,
+) -> OpenedSource:
+    """Everything up to a ready View: listing, index (scanning only what changed), view."""
+    store = Store(source)
+    shards = store.list_shards()
+    builder = IndexBuilder(store, index_config, progress=progress)
+    index_path = builder.build(shards)
+    for bad in builder.bad_shards():
+        warn(f"skipped bad shard {bad.name}: {bad.reason} at offset {bad.offset}")
+    classes: dict[str, list[str]] = {}
+    if view_config.layout != "raw" and view_config.classes is None:
+        folders = sorted({""} | {posixpath.dirname(s.name) for s in shards})
+        for folder in folders:
+            data = store.read_object(posixpath.join(folder, CLASSES_FILE))
+            if data is not None:
+                classes[folder] = parse_classes(data.decode("utf-8"))
+
+    def classes_for(folder: str) -> list[str] | None:
+        return classes.get(folder, classes.get(""))
+
+    key = view_key(fingerprint(shards), view_config, classes)
+    view_path = index_config.cache_dir / "views" / f"{store.identity}-{key}.sqlite"
+    if not view_path.exists():
+        report = build_view(index_path, view_path, view_config, classes_for)
+        for line in report_warnings(report):
+            warn(line)
+    view = View(view_path)
+    log.info(
+        "view %s: %d files, %d folders, %d bytes in %d shards",
+        view.layout,
+        view.report.files,
+        view.report.directories,
+        view.report.bytes,
+        len(view.shards),
+    )
+    return OpenedSource(store, view, index_path, builder.scanned_shards)
+
+
+def check_mountpoint(mountpoint: Path) -> None:
+    """Refuse a mountpoint that is missing, not a folder, already mounted, or not empty."""
+    try:
+        if os.path.ismount(mountpoint):
+            raise MountError(f"{mountpoint}: already mounted (shardfs umount {mountpoint})")
+        if not mountpoint.exists():
+            raise MountError(f"{mountpoint}: mountpoint does not exist")
+        if not mountpoint.is_dir():
+            raise MountError(f"{mountpoint}: mountpoint is not a folder")
+        if any(mountpoint.iterdir()):
+            raise MountError(f"{mountpoint}: mountpoint is not empty")
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise MountError(
+                f"{mountpoint}: a dead mount is left here; run: shardfs umount {mountpoint}"
+            ) from exc
+        raise MountError(f"{mountpoint}: {exc.strerror}") from exc
+
+
+def check_cache_dir(cache_dir: Path) -> None:
+    """The cache folder must exist (or be creatable) and be writable."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UsageError(f"--cache-dir {cache_dir}: not writable ({reason})") from exc
+
+
+def _runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    path = Path(base) / f"shardfs-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def pid_file(mountpoint: Path) -> Path:
+    digest = hashlib.sha256(str(mountpoint.resolve()).encode()).hexdigest()[:16]
+    return _runtime_dir() / f"{digest}.pid"
+
+
+class ReadyChannel:
+    """The child's side of the pipe: progress, warnings, then ``ready`` or ``error``."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._file = os.fdopen(fd, "w", buffering=1) if fd is not None else None
+
+    @property
+    def attached(self) -> bool:
+        return self._file is not None
+
+    def send(self, kind: str, text: str = "") -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(f"{kind} {text}".rstrip().replace("\n", " ") + "\n")
+            if kind in ("ready", "error"):
+                self._file.close()
+                self._file = None
+        except OSError:
+            self._file = None  # the parent went away; carry on
+
+
+def _warn_both(channel: ReadyChannel, text: str) -> None:
+    log.warning("%s", text)
+    channel.send("warn", text)
+
+
+def run_foreground(
+    source: SourceConfig,
+    index_config: IndexConfig,
+    view_config: ViewConfig,
+    mount_config: MountConfig,
+    read_config: ReadConfig,
+    channel: ReadyChannel,
+    progress: Progress | None,
+) -> None:
+    """Build everything, mount, and serve until unmounted."""
+    from . import fuse_ops  # imported late: loading libfuse is only needed to serve
+
+    check_mountpoint(mount_config.mountpoint)
+    check_cache_dir(index_config.cache_dir)
+    opened = open_source(
+        source,
+        index_config,
+        view_config,
+        progress=progress,
+        warn=lambda text: _warn_both(channel, text),
+    )
+    core_reader = DirectReader(opened.store, retries=read_config.retries)
+    from .filesystem import ShardFileSystem
+
+    core = ShardFileSystem(opened.view, core_reader, read_config)
+    pid_path = pid_file(mount_config.mountpoint)
+
+    def on_ready() -> None:
+        pid_path.write_text(str(os.getpid()))
+        log.info("mounted %s at %s", source.url, mount_config.mountpoint)
+        channel.send("ready", f"{opened.view.report.files} {opened.view.layout}")
+
+    try:
+        fuse_ops.serve(core, mount_config, on_ready)
+    except RuntimeError as exc:
+        raise MountError(f"{mount_config.mountpoint}: FUSE mount failed ({exc})") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            pid_path.unlink()
+        opened.view.close()
+    log.info("unmounted %s", mount_config.mountpoint)
+
+
+def spawn_daemon(argv: Sequence[str], log_path: Path, show_progress: bool) -> tuple[int, str]:
+    """Start ``shardfs mount --foreground`` detached and wait until it is ready or fails.
+
+    Returns (exit code, summary line).
+    """
+    read_fd, write_fd = os.pipe()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "shardfs", *argv, "--foreground", "--ready-fd", str(write_fd)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
+    os.close(write_fd)
+    bar: Any = None
+    try:
+        with os.fdopen(read_fd, "r") as pipe:
+            for line in pipe:
+                kind, _, text = line.rstrip("\n").partition(" ")
+                if kind == "progress" and show_progress:
+                    bar = _update_bar(bar, text)
+                elif kind == "warn":
+                    print(f"shardfs: warning: {text}", file=sys.stderr)
+                elif kind == "ready":
+                    return 0, text
+                elif kind == "error":
+                    code, _, message = text.partition(" ")
+                    return int(code), message
+    finally:
+        if bar is not None:
+            bar.close()
+    status = child.wait()
+    return 1, f"the mount daemon exited with status {status} before it was ready; see {log_path}"
+
+
+def _update_bar(bar: object | None, text: str) -> object:
+    from tqdm import tqdm
+
+    done, total, done_bytes, total_bytes = (int(x) for x in text.split())
+    if bar is None:
+        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="indexing shards")
+    assert isinstance(bar, tqdm)
+    bar.update(done_bytes - bar.n)
+    bar.set_postfix_str(f"{done}/{total} shards")
+    return bar
+
+
+def unmount(mountpoint: Path, *, timeout: float = 30.0) -> None:
+    """Unmount and wait for the daemon to exit."""
+    try:
+        mounted = os.path.ismount(mountpoint)
+    except OSError:
+        mounted = True
+    if not mounted:
+        raise MountError(f"{mountpoint}: not mounted")
+    pid_path = pid_file(mountpoint)
+    pid = None
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_path.read_text())
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    command = [tool, "-u", str(mountpoint)] if tool else ["umount", str(mountpoint)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        message = (result.stderr or result.stdout).strip().splitlines()
+        detail = message[-1] if message else f"exit status {result.returncode}"
+        if "busy" in detail.lower():
+            raise MountError(f"{mountpoint}: busy (a process still uses it); close it and retry")
+        raise MountError(f"{mountpoint}: unmount failed ({detail})")
+    deadline = time.monotonic() + timeout
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        if pid is not None:
+            raise MountError(f"{mountpoint}: unmounted, but daemon pid {pid} is still running")
+
+
+def describe_error(exc: ShardfsError) -> str:
+    return str(exc) or type(exc).__name__

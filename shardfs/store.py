@@ -1,0 +1,270 @@
+"""The only module that talks to the store: listing, ranged reads, streams and small objects.
+
+Everything goes through fsspec, so every backend it knows (s3, gcs, http, file, memory)
+works. Foreign exceptions (botocore, aiohttp, OSError) are translated here, in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import posixpath
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar, cast
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from .config import SourceConfig
+from .errors import (
+    ShardChangedError,
+    ShardfsError,
+    SourceError,
+    SourceNotFoundError,
+    StoreReadError,
+    UsageError,
+)
+from .tar import Readable
+
+log = logging.getLogger(__name__)
+
+SHARD_SUFFIX = ".tar"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """A shard as listed in the store: ``name`` is relative to the source root."""
+
+    name: str
+    size: int
+    etag: str
+
+    @property
+    def identity(self) -> tuple[str, int, str]:
+        return (self.name, self.size, self.etag)
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand webdataset-style ``{000..146}`` ranges and ``{a,b}`` lists, left to right."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if not match:
+        return [pattern]
+    head, tail, body = pattern[: match.start()], pattern[match.end() :], match.group(1)
+    if range_match := re.fullmatch(r"(\d+)\.\.(\d+)", body):
+        lo, hi = range_match.group(1), range_match.group(2)
+        width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
+        choices = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
+        if not choices:
+            raise UsageError(f"empty brace range {{{body}}} in {pattern!r}")
+    else:
+        choices = body.split(",")
+    return [head + choice + rest for choice in choices for rest in expand_braces(tail)]
+
+
+def _etag_of(info: dict[str, Any]) -> str:
+    """A shard's version: ETag, else VersionId, else modification time (local files)."""
+    for key in ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash"):
+        if info.get(key):
+            return str(info[key]).strip('"')
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        if info.get(key) is not None:
+            return f"mtime:{info[key]}"
+    return ""
+
+
+def translate_errors(what: str, exc: BaseException) -> ShardfsError:
+    """Turn a foreign exception into one of ours, with one clear line of text."""
+    if isinstance(exc, ShardfsError):
+        return exc
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, FileNotFoundError):
+        return SourceNotFoundError(f"{what}: not found ({text})")
+    if isinstance(exc, PermissionError):
+        return SourceError(f"{what}: access denied ({text})")
+    name = type(exc).__name__
+    if "Credentials" in name:
+        return SourceError(f"{what}: no credentials found (set AWS_* variables or -o key=/secret=)")
+    if "Connect" in name or "Endpoint" in name or isinstance(exc, ConnectionError):
+        return SourceError(f"{what}: cannot connect to the store ({text})")
+    return SourceError(f"{what}: {name}: {text}")
+
+
+class Store:
+    """A source of shards behind an fsspec filesystem."""
+
+    def __init__(self, config: SourceConfig) -> None:
+        self.config = config
+        options = dict(config.storage_options)
+        url = config.url
+        if config.endpoint_url:
+            options.setdefault("client_kwargs", {})
+            options["client_kwargs"] = {
+                **options["client_kwargs"],
+                "endpoint_url": config.endpoint_url,
+            }
+        self._pattern: list[str] | None = None
+        if "{" in url:
+            self._pattern = expand_braces(url)
+            url = posixpath.dirname(self._pattern[0])
+        try:
+            fs, root = url_to_fs(url, **options)
+        except ImportError as exc:
+            hint = "install the matching extra, e.g. shardfs[s3]"
+            raise UsageError(f"{config.url}: {exc} ({hint})") from exc
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"{config.url}: {exc}") from exc
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.root: str = root.rstrip("/")
+
+    @property
+    def identity(self) -> str:
+        """A stable id of this source, used to key the persisted index."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        endpoint = self.config.endpoint_url or ""
+        if not endpoint:
+            client_kwargs = self.config.storage_options.get("client_kwargs") or {}
+            endpoint = str(client_kwargs.get("endpoint_url", ""))
+        if not endpoint and protocol in ("s3", "s3a"):
+            import os
+
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+                "AWS_ENDPOINT_URL", ""
+            )
+        text = f"{protocol}://{self.root}|{endpoint}|{'|'.join(self._pattern or [])}"
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def describe(self) -> str:
+        return self.config.url
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}" if self.root else name
+
+    def _call(self, what: str, func: Callable[[], T]) -> T:
+        try:
+            return func()
+        except ShardfsError:
+            raise
+        except Exception as exc:
+            raise translate_errors(what, exc) from exc
+
+    def list_shards(self) -> list[ShardInfo]:
+        """List ``*.tar`` shards under the root (recursively), sorted by name."""
+        found = self._call(self.config.url, lambda: self._find())
+        prefix = self.root + "/" if self.root else ""
+        shards = []
+        for path, info in found.items():
+            if info.get("type", "file") != "file" or not path.endswith(SHARD_SUFFIX):
+                continue
+            name = path[len(prefix) :] if path.startswith(prefix) else path
+            shards.append(ShardInfo(name=name, size=int(info["size"]), etag=_etag_of(info)))
+        if self._pattern is not None:
+            wanted = {posixpath.basename(p) for p in self._pattern}
+            shards = [s for s in shards if s.name in wanted]
+            missing = sorted(wanted - {s.name for s in shards})
+            if missing:
+                raise SourceNotFoundError(
+                    f"{self.config.url}: {len(missing)} shard(s) of the pattern are missing, "
+                    f"first: {missing[0]}"
+                )
+        if not shards:
+            self._raise_nothing_found()
+        return sorted(shards, key=lambda s: s.name)
+
+    def _find(self) -> dict[str, dict[str, Any]]:
+        if self._pattern is not None:
+            entries = self.fs.ls(self.root, detail=True)
+            return {str(e["name"]).rstrip("/"): e for e in entries}
+        return cast(dict[str, dict[str, Any]], self.fs.find(self.root, detail=True))
+
+    def _raise_nothing_found(self) -> None:
+        url = self.config.url
+        bucket = self.root.split("/", 1)[0]
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        if protocol in ("s3", "s3a", "gs", "gcs") and bucket:
+            exists = self._call(url, lambda: self.fs.exists(bucket))
+            if not exists:
+                raise SourceNotFoundError(f"{url}: bucket {bucket!r} does not exist")
+        exists = self._call(url, lambda: self.fs.exists(self.root))
+        if not exists:
+            raise SourceNotFoundError(f"{url}: no such folder or prefix")
+        raise SourceNotFoundError(f"{url}: no *{SHARD_SUFFIX} shards found")
+
+    def check_current(self, shard: ShardInfo) -> None:
+        """Raise ShardChangedError if the shard no longer matches what was indexed."""
+        info = self._call(shard.name, lambda: self.fs.info(self._path(shard.name)))
+        current = ShardInfo(shard.name, int(info["size"]), _etag_of(info))
+        if current.identity != shard.identity:
+            raise ShardChangedError(f"{shard.name}: changed in the store since it was indexed")
+
+    def read_range(self, shard: ShardInfo, start: int, end: int, *, retries: int = 4) -> bytes:
+        """Bytes ``[start, end)`` of a shard, retried with backoff on transient failures."""
+        path = self._path(shard.name)
+        delay = 0.1
+        for attempt in range(1, retries + 1):
+            try:
+                data = self.fs.cat_file(path, start=start, end=end)
+            except FileNotFoundError as exc:
+                raise ShardChangedError(f"{shard.name}: gone from the store") from exc
+            except Exception as exc:
+                if attempt == retries:
+                    err = translate_errors(f"{shard.name} [{start}:{end}]", exc)
+                    raise StoreReadError(str(err)) from exc
+                log.warning("read %s [%d:%d] failed (%s); retrying", shard.name, start, end, exc)
+                time.sleep(delay)
+                delay *= 2
+                continue
+            if len(data) != end - start:
+                raise ShardChangedError(
+                    f"{shard.name}: store returned {len(data)} bytes for [{start}:{end}]; "
+                    "the shard changed or is shorter than indexed"
+                )
+            return bytes(data)
+        raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def open_stream(self, shard: ShardInfo, block_size: int = 8 << 20) -> Iterator[Readable]:
+        """A sequential reader over a whole shard, for index scans."""
+        path = self._path(shard.name)
+        try:
+            handle = self.fs.open(path, "rb", block_size=block_size, cache_type="readahead")
+        except Exception as exc:
+            raise translate_errors(shard.name, exc) from exc
+        try:
+            yield _TranslatingReader(handle, shard.name)
+        finally:
+            with contextlib.suppress(Exception):
+                handle.close()
+
+    def read_object(self, name: str) -> bytes | None:
+        """A small object next to the shards (sidecar, classes.txt), or None if absent."""
+        path = self._path(name)
+        try:
+            return bytes(self.fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise translate_errors(name, exc) from exc
+
+    def write_object(self, name: str, data: bytes) -> None:
+        """Write a small object next to the shards in one PUT."""
+        path = self._path(name)
+        self._call(name, lambda: self.fs.pipe_file(path, data))
+
+
+class _TranslatingReader:
+    """Wraps a store file so that read errors surface as ShardfsError."""
+
+    def __init__(self, handle: IO[bytes], name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self._handle.read(n)
+        except Exception as exc:
+            raise translate_errors(self._name, exc) from exc

@@ -1,0 +1,330 @@
+"""Streaming tar header parser.
+
+The index builder walks every shard once, front to back, over a network stream, so this
+parser reads strictly sequentially and never seeks. It records where each member's data
+lives; serving a member is then a ranged read of ``(data_offset, size)``.
+
+``tarfile`` is not used: it wants a seekable file, builds a heavier object per member and
+hides the offsets we need behind private attributes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from shardfs.errors import CorruptShardError
+
+
+class Readable(Protocol):
+    """Anything with a sequential ``read(n)``: a file, a socket stream, an fsspec file."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+__all__ = ["MemberKind", "TarMember", "iter_members"]
+
+BLOCK_SIZE = 512
+_ZERO_BLOCK = bytes(BLOCK_SIZE)
+# Skipped data is read and dropped in chunks this large: few calls, bounded memory.
+_SKIP_CHUNK = 4 * 1024 * 1024
+# A pax or GNU long-name header larger than this is corruption, not a name.
+_MAX_EXTENSION_SIZE = 16 * 1024 * 1024
+# Bytes with the high bit set, for the signed-checksum fallback.
+_HIGH_BYTES = bytes(range(0x80, 0x100))
+_USTAR_MAGIC = b"ustar\x00"
+
+
+class MemberKind(enum.IntEnum):
+    """What a member is; everything the filesystem cannot serve is ``OTHER``."""
+
+    FILE = 0
+    DIRECTORY = 1
+    SYMLINK = 2
+    HARDLINK = 3
+    OTHER = 4
+
+
+@dataclass(frozen=True, slots=True)
+class TarMember:
+    """One member as stored: its name, where its headers and data start, and its metadata."""
+
+    path: str
+    header_offset: int
+    data_offset: int
+    size: int
+    mode: int
+    mtime: int
+    kind: MemberKind
+    linkname: str
+
+
+_KINDS: dict[int, MemberKind] = {
+    0: MemberKind.FILE,  # '\0', old regular file
+    ord("0"): MemberKind.FILE,
+    ord("7"): MemberKind.FILE,  # contiguous file: a regular file everywhere we care about
+    ord("1"): MemberKind.HARDLINK,
+    ord("2"): MemberKind.SYMLINK,
+    ord("5"): MemberKind.DIRECTORY,
+    ord("D"): MemberKind.DIRECTORY,  # GNU dumpdir: a directory whose data lists its entries
+}
+_OLD_REGULAR = (0, ord("0"))
+_GNU_LONGNAME = ord("L")
+_GNU_LONGLINK = ord("K")
+_PAX_LOCAL = (ord("x"), ord("X"))  # 'X' is Solaris' name for the same thing
+_PAX_GLOBAL = ord("g")
+_GNU_SPARSE = ord("S")
+
+
+class _Reader:
+    """Sequential reads that survive short reads and keep the absolute offset."""
+
+    __slots__ = ("_stream", "pos")
+
+    def __init__(self, stream: Readable) -> None:
+        self._stream = stream
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        """Read exactly ``n`` bytes, or fewer only at end of stream."""
+        data = self._stream.read(n)
+        if len(data) == n or not data:
+            self.pos += len(data)
+            return data
+        parts = [data]
+        got = len(data)
+        while got < n:
+            chunk = self._stream.read(n - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        self.pos += got
+        return b"".join(parts)
+
+    def skip(self, n: int) -> bool:
+        """Drop ``n`` bytes; False if the stream ended first."""
+        stream = self._stream
+        while n > 0:
+            chunk = stream.read(n if n < _SKIP_CHUNK else _SKIP_CHUNK)
+            if not chunk:
+                return False
+            self.pos += len(chunk)
+            n -= len(chunk)
+        return True
+
+
+def _cstr(field: bytes) -> bytes:
+    """A header string field ends at its first NUL (or fills the field)."""
+    nul = field.find(0)
+    return field if nul < 0 else field[:nul]
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _number(field: bytes, name: str, shard: str, offset: int) -> int:
+    """Parse a numeric header field: octal text, or GNU base-256 when the high bit is set."""
+    first = field[0]
+    if first & 0x80:
+        if first == 0x80:
+            return int.from_bytes(field[1:], "big")
+        if first == 0xFF:
+            return int.from_bytes(field, "big", signed=True)
+        raise CorruptShardError(shard, offset, f"invalid number in header field {name}")
+    text = _cstr(field).strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise CorruptShardError(shard, offset, f"invalid number in header field {name}")
+    try:
+        return int(text, 8)
+    except ValueError:  # digits 8 and 9
+        raise CorruptShardError(shard, offset, f"invalid number in header field {name}") from None
+
+
+def _check_checksum(block: bytes, shard: str, offset: int) -> None:
+    """Accept the unsigned sum (POSIX) or the signed one (some old tars), as tarfile does."""
+    stored = _number(block[148:156], "chksum", shard, offset)
+    unsigned = sum(block) - sum(block[148:156]) + 256  # chksum field counts as 8 spaces
+    if stored == unsigned:
+        return
+    rest = block[:148] + block[156:]
+    high = len(rest) - len(rest.translate(None, _HIGH_BYTES))
+    if stored != unsigned - 256 * high:
+        raise CorruptShardError(shard, offset, "header checksum mismatch")
+
+
+def _parse_pax(data: bytes, shard: str, offset: int) -> dict[bytes, bytes]:
+    """Parse ``"%d %s=%s\\n"`` records, where the number is the record's length in bytes."""
+    records: dict[bytes, bytes] = {}
+    pos = 0
+    end = len(data)
+    while pos < end:
+        if data[pos] == 0 and not data[pos:].strip(b"\0"):
+            break  # NUL padding inside the declared size
+        space = data.find(b" ", pos, pos + 20)
+        digits = data[pos:space]
+        if space < 0 or not digits.isdigit():
+            raise CorruptShardError(shard, offset, "malformed pax header")
+        record_end = pos + int(digits)
+        equals = data.find(b"=", space + 1, record_end)
+        if record_end > end or equals < 0 or data[record_end - 1] != 0x0A:
+            raise CorruptShardError(shard, offset, "malformed pax header")
+        records[data[space + 1 : equals]] = data[equals + 1 : record_end - 1]
+        pos = record_end
+    return records
+
+
+def _pax_int(value: bytes, shard: str, offset: int) -> int:
+    if not value.isdigit():
+        raise CorruptShardError(shard, offset, "malformed pax header")
+    return int(value)
+
+
+def _pax_mtime(value: bytes, shard: str, offset: int) -> int:
+    """Floor a decimal ``[-]seconds[.fraction]`` without going through float."""
+    whole, _, fraction = value.partition(b".")
+    negative = whole.startswith(b"-")
+    digits = whole[1:] if negative else whole
+    if not digits.isdigit() or (fraction and not fraction.isdigit()):
+        raise CorruptShardError(shard, offset, "malformed pax header")
+    seconds = int(digits)
+    if negative:
+        seconds = -seconds
+        if fraction.strip(b"0"):
+            seconds -= 1
+    return seconds
+
+
+def iter_members(
+    stream: Readable,
+    shard: str,
+    *,
+    capture: Callable[[TarMember], bool] | None = None,
+) -> Iterator[tuple[TarMember, bytes | None]]:
+    """Yield every member of the tar ``stream`` with its offsets, in archive order.
+
+    ``stream`` is only ever ``read``; ``shard`` names it in errors. When ``capture`` returns
+    True for a member, its data is returned alongside it instead of being skipped, which
+    lets the caller pick up small label files in the same pass. A member is yielded only
+    after its data has been read, so a truncated member raises instead of being listed.
+    """
+    reader = _Reader(stream)
+    # Extension headers seen since the last member; they apply to the next real header.
+    first_offset = -1
+    long_name: bytes | None = None
+    long_link: bytes | None = None
+    pax: dict[bytes, bytes] | None = None
+
+    while True:
+        offset = reader.pos
+        block = reader.read(BLOCK_SIZE)
+        if len(block) < BLOCK_SIZE or block == _ZERO_BLOCK:
+            if block and len(block) < BLOCK_SIZE:
+                raise CorruptShardError(shard, offset, "truncated header")
+            if first_offset >= 0:
+                raise CorruptShardError(shard, offset, "extension header without a member")
+            return  # end-of-archive marker, or a clean EOF from a writer that omits it
+        _check_checksum(block, shard, offset)
+
+        typeflag = block[156]
+        size = _number(block[124:136], "size", shard, offset)
+        if size < 0:
+            raise CorruptShardError(shard, offset, "invalid number in header field size")
+
+        if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK) or typeflag in _PAX_LOCAL:
+            if size > _MAX_EXTENSION_SIZE:
+                raise CorruptShardError(shard, offset, "extension header too large")
+            data = reader.read(size)
+            if len(data) < size or not reader.skip(-size % BLOCK_SIZE):
+                raise CorruptShardError(shard, reader.pos, "truncated member data")
+            if first_offset < 0:
+                first_offset = offset
+            if typeflag == _GNU_LONGNAME:
+                long_name = _cstr(data)
+            elif typeflag == _GNU_LONGLINK:
+                long_link = _cstr(data)
+            else:
+                parsed = _parse_pax(data, shard, offset)
+                if pax is None:
+                    pax = parsed
+                else:
+                    pax.update(parsed)
+            continue
+        if typeflag == _PAX_GLOBAL:
+            # Global defaults (comments, charset) never change where data lives; skip them.
+            if not reader.skip(size + (-size % BLOCK_SIZE)):
+                raise CorruptShardError(shard, reader.pos, "truncated member data")
+            continue
+
+        header_offset = offset if first_offset < 0 else first_offset
+        if typeflag == _GNU_SPARSE and block[482]:
+            # Old GNU sparse: the sparse map continues in extra blocks before the data.
+            while True:
+                ext_offset = reader.pos
+                ext = reader.read(BLOCK_SIZE)
+                if len(ext) < BLOCK_SIZE:
+                    raise CorruptShardError(shard, ext_offset, "truncated header")
+                if not ext[504]:
+                    break
+
+        mode = _number(block[100:108], "mode", shard, offset) & 0o7777
+        mtime = _number(block[136:148], "mtime", shard, offset)
+        if long_name is not None:
+            name = long_name
+        else:
+            name = _cstr(block[0:100])
+            if block[257:263] == _USTAR_MAGIC:
+                prefix = _cstr(block[345:500])
+                if prefix:
+                    name = prefix + b"/" + name
+        kind = _KINDS.get(typeflag, MemberKind.OTHER)
+        linkname = b""
+        if kind is MemberKind.SYMLINK or kind is MemberKind.HARDLINK:
+            linkname = long_link if long_link is not None else _cstr(block[157:257])
+
+        if pax is not None:
+            if value := pax.get(b"path"):
+                name = value
+            if value := pax.get(b"GNU.sparse.name"):
+                name = value  # pax sparse 0.1/1.0 keep the real name here
+            if value := pax.get(b"linkpath"):
+                linkname = value
+            if value := pax.get(b"size"):
+                size = _pax_int(value, shard, header_offset)
+            if value := pax.get(b"mtime"):
+                mtime = _pax_mtime(value, shard, header_offset)
+            if any(key.startswith(b"GNU.sparse.") for key in pax):
+                # pax sparse: the data is a sparse map plus fragments, not the file.
+                kind = MemberKind.OTHER
+        if kind is MemberKind.FILE and typeflag in _OLD_REGULAR and name.endswith(b"/"):
+            kind = MemberKind.DIRECTORY  # v7 had no directory type, only a trailing slash
+        if kind is not MemberKind.SYMLINK and kind is not MemberKind.HARDLINK:
+            linkname = b""
+
+        member = TarMember(
+            path=_decode(name),
+            header_offset=header_offset,
+            data_offset=reader.pos,
+            size=size,
+            mode=mode,
+            mtime=mtime,
+            kind=kind,
+            linkname=_decode(linkname) if linkname else "",
+        )
+        first_offset = -1
+        long_name = long_link = None
+        pax = None
+
+        content: bytes | None = None
+        padding = -size % BLOCK_SIZE
+        if capture is not None and capture(member):
+            content = reader.read(size)
+            if len(content) < size or not reader.skip(padding):
+                raise CorruptShardError(shard, reader.pos, "truncated member data")
+        elif not reader.skip(size + padding):
+            raise CorruptShardError(shard, reader.pos, "truncated member data")
+        yield member, content

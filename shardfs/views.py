@@ -1,0 +1,467 @@
+"""Views: how index members become a directory tree, materialised once into SQLite.
+
+``raw`` shows member paths as they are, merged across shards. ``imagefolder`` turns
+webdataset samples (``KEY.jpg`` + ``KEY.cls``) into ``CLASS/KEY.jpg``.
+
+Duplicate rule: when two members present the same path, the one from the later shard
+(in sorted shard-name order) wins, and within a shard the later member wins, as if the
+shards were extracted one after another. Every duplicate is counted and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import posixpath
+import sqlite3
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from .config import ViewConfig
+from .errors import NotADirectoryError_, NotFoundError, UsageError
+from .index import connect, iter_member_rows, split_key
+from .store import ShardInfo
+from .tar import MemberKind
+
+log = logging.getLogger(__name__)
+
+VIEW_VERSION = 1
+ROOT_INO = 1
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
+LABEL_EXTENSIONS = frozenset({"cls", "json"})
+CLASSES_FILE = "classes.txt"
+
+_VIEW_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE shards (id INTEGER PRIMARY KEY, name TEXT NOT NULL, size INTEGER NOT NULL,
+                     etag TEXT NOT NULL);
+CREATE TABLE nodes (
+    ino INTEGER PRIMARY KEY,
+    parent INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    kind INTEGER NOT NULL,
+    shard INTEGER NOT NULL,
+    offset INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mode INTEGER NOT NULL,
+    mtime INTEGER NOT NULL,
+    link TEXT NOT NULL
+);
+"""
+
+ClassesLookup = Callable[[str], "list[str] | None"]
+"""Class names for a shard folder (from a classes.txt next to its shards), or None."""
+
+
+@dataclass
+class ViewReport:
+    """What building a view found; warnings name a few examples of each problem."""
+
+    layout: str = "raw"
+    files: int = 0
+    directories: int = 0
+    bytes: int = 0
+    duplicates: int = 0
+    unlabeled: int = 0
+    ignored: int = 0
+    dropped_links: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        if len(self.examples) < 5:
+            self.examples.append(text)
+
+
+def view_key(index_fingerprint: str, config: ViewConfig, classes: dict[str, list[str]]) -> str:
+    text = json.dumps([VIEW_VERSION, index_fingerprint, config.layout, config.classes, classes])
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def parse_classes(text: str) -> list[str]:
+    """One class name per line, index = label; blank trailing lines are ignored."""
+    names = [line.strip() for line in text.splitlines()]
+    while names and not names[-1]:
+        names.pop()
+    for name in names:
+        if not name or "/" in name or name in (".", ".."):
+            raise UsageError(f"invalid class name {name!r} in classes file")
+    return names
+
+
+class _TreeWriter:
+    """Stages presented entries, then writes the de-duplicated tree with stable inodes."""
+
+    def __init__(self, conn: sqlite3.Connection, report: ViewReport, now: int) -> None:
+        self.conn = conn
+        self.report = report
+        self.now = now
+        self.dirs: dict[str, int] = {"": ROOT_INO}
+        self.dir_rows: list[tuple[int, str, int, int]] = [(0, "", 0o755, now)]
+        self.batch: list[tuple[int, str, int, int, int, int, int, int, str]] = []
+        conn.execute(
+            "CREATE TEMP TABLE staged (seq INTEGER PRIMARY KEY, parent INTEGER, name TEXT, "
+            "kind INTEGER, shard INTEGER, offset INTEGER, size INTEGER, mode INTEGER, "
+            "mtime INTEGER, link TEXT)"
+        )
+
+    def directory(self, path: str, mode: int = 0o755, mtime: int | None = None) -> int:
+        ino = self.dirs.get(path)
+        if ino is not None:
+            if mtime is not None:
+                parent, name, _, _ = self.dir_rows[ino - 1]
+                self.dir_rows[ino - 1] = (parent, name, mode | 0o500, mtime)
+            return ino
+        parent_path, name = posixpath.split(path)
+        parent = self.directory(parent_path)
+        ino = len(self.dir_rows) + 1
+        self.dirs[path] = ino
+        self.dir_rows.append((parent, name, mode | 0o500, mtime if mtime else self.now))
+        return ino
+
+    def entry(
+        self,
+        path: str,
+        kind: MemberKind,
+        shard: int,
+        offset: int,
+        size: int,
+        mode: int,
+        mtime: int,
+        link: str = "",
+    ) -> None:
+        parent_path, name = posixpath.split(path)
+        parent = self.directory(parent_path)
+        self.batch.append((parent, name, int(kind), shard, offset, size, mode, mtime, link))
+        if len(self.batch) >= 50_000:
+            self.flush()
+
+    def flush(self) -> None:
+        self.conn.executemany(
+            "INSERT INTO staged (parent, name, kind, shard, offset, size, mode, mtime, link) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            self.batch,
+        )
+        self.batch.clear()
+
+    def finish(self, shard_names: dict[int, str]) -> None:
+        self.flush()
+        conn = self.conn
+        conn.executemany(
+            "INSERT INTO nodes VALUES (?, ?, ?, ?, 0, 0, 0, ?, ?, '')",
+            (
+                (ino, parent, name, int(MemberKind.DIRECTORY), mode, mtime)
+                for ino, (parent, name, mode, mtime) in enumerate(self.dir_rows, start=1)
+            ),
+        )
+        conn.execute("CREATE INDEX temp.staged_by_name ON staged (parent, name, seq)")
+        for parent, name, count, shard in conn.execute(
+            "SELECT parent, name, COUNT(*), MAX(shard) FROM staged "
+            "GROUP BY parent, name HAVING COUNT(*) > 1 LIMIT 5"
+        ):
+            self.report.note(
+                f"duplicate path {self._path_of(parent, name)!r} ({count} copies; "
+                f"the one in {shard_names.get(shard, '?')} wins)"
+            )
+        # The newest copy of each path wins; paths that are also directories lose to them.
+        conn.execute(
+            "INSERT INTO nodes (parent, name, kind, shard, offset, size, mode, mtime, link) "
+            "SELECT s.parent, s.name, s.kind, s.shard, s.offset, s.size, s.mode, s.mtime, s.link "
+            "FROM staged s WHERE s.seq = (SELECT MAX(t.seq) FROM staged t "
+            "WHERE t.parent = s.parent AND t.name = s.name) "
+            "AND NOT EXISTS (SELECT 1 FROM nodes d WHERE d.parent = s.parent AND d.name = s.name) "
+            "ORDER BY s.parent, s.name"
+        )
+        staged = conn.execute("SELECT COUNT(*) FROM staged").fetchone()[0]
+        files, total = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM nodes WHERE kind != ?",
+            (int(MemberKind.DIRECTORY),),
+        ).fetchone()
+        self.report.duplicates = staged - files
+        self.report.files = files
+        self.report.bytes = total
+        self.report.directories = len(self.dir_rows)
+        conn.execute("DROP TABLE staged")
+        conn.execute("CREATE UNIQUE INDEX nodes_by_name ON nodes (parent, name)")
+
+    def _path_of(self, parent: int, name: str) -> str:
+        by_ino = {ino: path for path, ino in self.dirs.items()}
+        return posixpath.join(by_ino.get(parent, "?"), name)
+
+
+def _link_stays_inside(link_path: str, target: str) -> bool:
+    if target.startswith("/"):
+        return False
+    depth = link_path.count("/")  # folders above the link, up to the mount root
+    for part in target.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return False
+        elif part not in ("", "."):
+            depth += 1
+    return True
+
+
+def _build_raw(conn: sqlite3.Connection, tree: _TreeWriter, report: ViewReport) -> None:
+    by_path: dict[str, tuple[int, int, int, int]] = {}
+    current_shard = -1
+    for shard, (path, offset, size, mode, mtime, kind, link, _label) in iter_member_rows(conn):
+        if shard != current_shard:
+            by_path.clear()  # hard links refer to earlier members of the same shard
+            current_shard = shard
+        if kind == MemberKind.DIRECTORY:
+            tree.directory(path, mode, mtime)
+        elif kind == MemberKind.FILE:
+            by_path[path] = (offset, size, mode, mtime)
+            tree.entry(path, MemberKind.FILE, shard, offset, size, mode, mtime)
+        elif kind == MemberKind.HARDLINK:
+            target = by_path.get(link)
+            if target is None:
+                report.dropped_links += 1
+                report.note(f"hard link {path!r} -> {link!r}: target not in the same shard")
+                continue
+            t_offset, t_size, t_mode, t_mtime = target
+            tree.entry(path, MemberKind.FILE, shard, t_offset, t_size, t_mode, t_mtime)
+        elif kind == MemberKind.SYMLINK:
+            if not _link_stays_inside(path, link):
+                report.dropped_links += 1
+                report.note(f"symlink {path!r} -> {link!r} points outside the mount")
+                continue
+            tree.entry(path, MemberKind.SYMLINK, shard, 0, len(link.encode()), 0o777, mtime, link)
+
+
+def _build_imagefolder(
+    conn: sqlite3.Connection,
+    tree: _TreeWriter,
+    report: ViewReport,
+    classes_for: Callable[[str], list[str] | None],
+    *,
+    strict: bool,
+) -> bool:
+    """Fill the tree; return False (having written nothing) if ``strict`` and a sample has no
+    label, so that ``auto`` can fall back to raw."""
+    max_label = conn.execute(
+        "SELECT MAX(label) FROM members m JOIN shards s ON s.id = m.shard "
+        "WHERE s.error IS NULL AND label IS NOT NULL"
+    ).fetchone()[0]
+    if max_label is None:
+        return False
+    width = len(str(max_label))
+    shard_dirs = dict(conn.execute("SELECT id, name FROM shards"))
+
+    def class_name(shard: int, label: int) -> str:
+        folder = posixpath.dirname(shard_dirs[shard])
+        names = classes_for(folder)
+        if names is None:
+            return f"{label:0{width}d}"
+        if not 0 <= label < len(names):
+            raise UsageError(
+                f"{shard_dirs[shard]}: label {label} has no name in the classes list "
+                f"({len(names)} names)"
+            )
+        return names[label]
+
+    staged: list[tuple[int, str, str, int, int, int, int]] = []
+    samples: dict[str, tuple[int | None, list[tuple[str, int, int, int, int]]]] = {}
+    current_shard = -1
+
+    def flush_shard() -> bool:
+        for key, (label, images) in samples.items():
+            if label is None:
+                report.unlabeled += len(images)
+                shard_name = shard_dirs[current_shard]
+                report.note(f"image {key}.{images[0][0]} in {shard_name} has no label")
+                if strict:
+                    return False
+                continue
+            folder = posixpath.dirname(shard_dirs[current_shard])
+            base = posixpath.basename(key)
+            for ext, offset, size, mode, mtime in images:
+                path = posixpath.join(folder, class_name(current_shard, label), f"{base}.{ext}")
+                staged.append((current_shard, path, "", offset, size, mode, mtime))
+        samples.clear()
+        return True
+
+    for shard, (path, offset, size, mode, mtime, kind, _link, label) in iter_member_rows(conn):
+        if shard != current_shard:
+            if current_shard != -1 and not flush_shard():
+                return False
+            current_shard = shard
+        if kind != MemberKind.FILE:
+            continue
+        key, ext = split_key(path)
+        lower = ext.lower()
+        if lower in IMAGE_EXTENSIONS:
+            entry = samples.setdefault(key, (None, []))
+            entry[1].append((ext, offset, size, mode, mtime))
+        elif lower in LABEL_EXTENSIONS and label is not None:
+            images = samples.get(key, (None, []))[1]
+            samples[key] = (label, images)
+        elif lower not in LABEL_EXTENSIONS:
+            report.ignored += 1
+    if current_shard != -1 and not flush_shard():
+        return False
+    for shard, path, _, offset, size, mode, mtime in staged:
+        tree.entry(path, MemberKind.FILE, shard, offset, size, mode, mtime)
+    return True
+
+
+def build_view(
+    index_path: Path, out_path: Path, config: ViewConfig, classes_for: ClassesLookup
+) -> ViewReport:
+    """Materialise the view of an index into ``out_path`` (written to a temp file, then renamed)."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=".view-", suffix=".sqlite", dir=out_path.parent)
+    os.close(fd)
+    report = ViewReport()
+    index = connect(index_path, readonly=True)
+    try:
+        out = sqlite3.connect(tmp_name)
+        out.execute("PRAGMA journal_mode = OFF")
+        out.execute("PRAGMA synchronous = OFF")
+        out.execute("PRAGMA temp_store = FILE")
+        out.executescript(_VIEW_SCHEMA)
+        shards = index.execute("SELECT id, name, size, etag FROM shards ORDER BY id").fetchall()
+        out.executemany("INSERT INTO shards VALUES (?, ?, ?, ?)", shards)
+        tree = _TreeWriter(out, report, int(time.time()))
+        layout = config.layout
+        if layout in ("auto", "imagefolder"):
+            lookup = classes_for
+            if config.classes is not None:
+                fixed = list(config.classes)
+
+                def lookup(_folder: str) -> list[str] | None:
+                    return fixed
+
+            if _build_imagefolder(index, tree, report, lookup, strict=layout == "auto"):
+                layout = "imagefolder"
+            elif layout == "auto":
+                report.unlabeled = 0
+                report.examples.clear()
+                layout = "raw"
+            else:
+                raise UsageError("--layout imagefolder: no labelled samples (KEY.cls / KEY.json)")
+        if layout == "raw":
+            _build_raw(index, tree, report)
+        report.layout = layout
+        tree.finish({sid: name for sid, name, _, _ in shards})
+        out.execute("INSERT INTO meta VALUES ('layout', ?)", (layout,))
+        out.execute("INSERT INTO meta VALUES ('report', ?)", (json.dumps(report.__dict__),))
+        out.commit()
+        out.close()
+        os.replace(tmp_name, out_path)
+    finally:
+        index.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+    return report
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One entry of the presented tree."""
+
+    ino: int
+    kind: MemberKind
+    shard: int
+    offset: int
+    size: int
+    mode: int
+    mtime: int
+    link: str
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == MemberKind.DIRECTORY
+
+    @property
+    def st_mode(self) -> int:
+        if self.kind == MemberKind.DIRECTORY:
+            return stat.S_IFDIR | 0o555
+        if self.kind == MemberKind.SYMLINK:
+            return stat.S_IFLNK | 0o777
+        return stat.S_IFREG | (self.mode & 0o555 | 0o444)
+
+
+_NODE_COLUMNS = "ino, kind, shard, offset, size, mode, mtime, link"
+
+
+def _node(row: tuple[int, int, int, int, int, int, int, str]) -> Node:
+    ino, kind, shard, offset, size, mode, mtime, link = row
+    return Node(ino, MemberKind(kind), shard, offset, size, mode, mtime, link)
+
+
+class View:
+    """Read side of a materialised view. Lookups hit SQLite; nothing per file is kept in memory
+    beyond a bounded cache."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        conn = self._conn()
+        self.shards: dict[int, ShardInfo] = {
+            sid: ShardInfo(name, size, etag)
+            for sid, name, size, etag in conn.execute("SELECT id, name, size, etag FROM shards")
+        }
+        meta = dict(conn.execute("SELECT key, value FROM meta"))
+        self.layout: str = meta.get("layout", "raw")
+        self.report = ViewReport(**json.loads(meta.get("report", "{}")))
+        self.root = self._by_ino(ROOT_INO)
+        self._child = lru_cache(maxsize=1 << 16)(self._child_uncached)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                f"file:{self.path}?mode=ro&immutable=1", uri=True, check_same_thread=False
+            )
+            self._local.conn = conn
+        return conn
+
+    def _by_ino(self, ino: int) -> Node:
+        row = self._conn().execute(f"SELECT {_NODE_COLUMNS} FROM nodes WHERE ino = ?", (ino,))
+        found = row.fetchone()
+        if found is None:
+            raise NotFoundError(f"inode {ino}")
+        return _node(found)
+
+    def _child_uncached(self, parent: int, name: str) -> Node | None:
+        row = self._conn().execute(
+            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE parent = ? AND name = ?", (parent, name)
+        ).fetchone()
+        return None if row is None else _node(row)
+
+    def lookup(self, path: str) -> Node:
+        node = self.root
+        for part in path.split("/"):
+            if not part:
+                continue
+            if not node.is_dir:
+                raise NotADirectoryError_(path)
+            child = self._child(node.ino, part)
+            if child is None:
+                raise NotFoundError(path)
+            node = child
+        return node
+
+    def children(self, directory: Node) -> Iterator[tuple[str, Node]]:
+        cursor = self._conn().execute(
+            f"SELECT name, {_NODE_COLUMNS} FROM nodes WHERE parent = ? AND ino != ? ORDER BY name",
+            (directory.ino, ROOT_INO),
+        )
+        for name, *row in cursor:
+            yield name, _node(tuple(row))
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()

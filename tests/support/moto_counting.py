@@ -1,0 +1,194 @@
+"""Moto's S3 server behind a WSGI middleware that counts requests and bytes sent.
+
+Run as ``python tests/support/moto_counting.py --host 127.0.0.1 --port PORT``.
+
+``GET /_counts`` returns the counters as JSON and ``POST /_counts/reset`` zeroes
+them; neither is counted. Body bytes are counted from the iterable the app
+returns, so a ranged GET counts only the bytes of its range.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
+from typing import Any
+from urllib.parse import parse_qsl
+
+from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import make_server
+
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+COUNTS_PATH = "/_counts"
+RESET_PATH = "/_counts/reset"
+
+# Query parameters that may accompany a GetObject or a bucket listing. Anything
+# else (?acl, ?tagging, ?uploads, ?location, ...) is some other operation.
+_GET_OBJECT_PARAMS = frozenset({"versionId", "partNumber", "x-id"})
+_LIST_PARAMS = frozenset(
+    {
+        "list-type",
+        "prefix",
+        "delimiter",
+        "marker",
+        "max-keys",
+        "encoding-type",
+        "continuation-token",
+        "start-after",
+        "fetch-owner",
+        "x-id",
+    }
+)
+
+
+def classify(method: str, path: str, query: str) -> str | None:
+    """Return "get_object", "list" or None for an S3 request (path-style addressing)."""
+    if method != "GET":
+        return None
+    bucket, _, key = path.lstrip("/").partition("/")
+    if not bucket:
+        return None  # ListBuckets
+    params = {name for name, _ in parse_qsl(query, keep_blank_values=True)}
+    if key:
+        plain = all(p in _GET_OBJECT_PARAMS or p.startswith("response-") for p in params)
+        return "get_object" if plain else None
+    return "list" if params <= _LIST_PARAMS else None
+
+
+class Counters:
+    """Per-method request and body-byte counters, safe to update from many threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests: dict[str, int] = {}
+            self.bytes: dict[str, int] = {}
+            self.get_object_requests = 0
+            self.get_object_bytes = 0
+            self.list_requests = 0
+
+    def add_request(self, method: str, kind: str | None) -> None:
+        with self._lock:
+            self.requests[method] = self.requests.get(method, 0) + 1
+            self.bytes.setdefault(method, 0)
+            if kind == "get_object":
+                self.get_object_requests += 1
+            elif kind == "list":
+                self.list_requests += 1
+
+    def add_bytes(self, method: str, kind: str | None, n: int) -> None:
+        with self._lock:
+            self.bytes[method] = self.bytes.get(method, 0) + n
+            if kind == "get_object":
+                self.get_object_bytes += n
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "requests": dict(self.requests),
+                "bytes": dict(self.bytes),
+                "get_object_requests": self.get_object_requests,
+                "get_object_bytes": self.get_object_bytes,
+                "list_requests": self.list_requests,
+            }
+
+
+class CountingMiddleware:
+    """Wrap a WSGI app, counting each request and the body bytes handed to the server."""
+
+    def __init__(self, app: WSGIApp) -> None:
+        self.app = app
+        self.counters = Counters()
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        method = str(environ.get("REQUEST_METHOD", "GET")).upper()
+        path = str(environ.get("PATH_INFO", ""))
+        if path in (COUNTS_PATH, RESET_PATH):
+            return self._serve_counts(method, path, start_response)
+        kind = classify(method, path, str(environ.get("QUERY_STRING", "")))
+        self.counters.add_request(method, kind)
+        body = self.app(environ, start_response)
+        if method == "HEAD":
+            # werkzeug never writes a body for HEAD, whatever the app returns.
+            return body
+        return self._count_body(body, method, kind)
+
+    def _count_body(self, body: Iterable[bytes], method: str, kind: str | None) -> Iterator[bytes]:
+        try:
+            for chunk in body:
+                # Count before yielding so the counters are current by the time
+                # the client has the bytes in hand.
+                self.counters.add_bytes(method, kind, len(chunk))
+                yield chunk
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
+
+    def _serve_counts(
+        self, method: str, path: str, start_response: StartResponse
+    ) -> Iterable[bytes]:
+        if path == RESET_PATH and method == "POST":
+            self.counters.reset()
+            payload = b'{"reset": true}'
+        elif path == COUNTS_PATH and method == "GET":
+            payload = json.dumps(self.counters.snapshot()).encode()
+        else:
+            start_response("405 Method Not Allowed", [("Content-Length", "0")])
+            return [b""]
+        start_response(
+            "200 OK",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))],
+        )
+        return [payload]
+
+
+class QuietRequestHandler(MotoRequestHandler):
+    """Moto's handler without a log line per request (tests make thousands)."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        pass
+
+
+def build_app() -> CountingMiddleware:
+    dispatcher = DomainDispatcherApplication(create_backend_app)
+    # Build the S3 app now rather than on the first request, so readiness
+    # means ready to serve S3.
+    dispatcher.get_application({"PATH_INFO": "/"})
+    return CountingMiddleware(dispatcher)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--verbose", action="store_true", help="log every request")
+    args = parser.parse_args(argv)
+
+    os.environ.setdefault("MOTO_PORT", str(args.port))
+    handler = MotoRequestHandler if args.verbose else QuietRequestHandler
+    server = make_server(args.host, args.port, build_app(), threaded=True, request_handler=handler)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        # shutdown() waits for serve_forever() to return, so it must run elsewhere.
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"serving moto S3 on http://{args.host}:{server.port}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

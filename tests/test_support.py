@@ -1,0 +1,266 @@
+"""The test infrastructure itself: if these fail, other failures mean little."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+import threading
+from pathlib import Path
+
+import conftest
+import pytest
+import webdataset
+from conftest import is_mounted
+from PIL import Image
+from support.datagen import (
+    DEFAULT_CLASS_SIZES,
+    make_imagefolder,
+    pack_with_gnu_tar,
+    pack_with_webdataset,
+    relative_files,
+    sha256_tree,
+    split_sizes,
+)
+from support.s3 import S3Server
+
+# -- moto server and its counters ---------------------------------------------
+
+
+def _counters(server: S3Server) -> tuple[int, int, int]:
+    c = server.counts()
+    return c["get_object_requests"], c["get_object_bytes"], c["list_requests"]
+
+
+def test_ranged_get_counts_only_bytes_sent(s3_server: S3Server) -> None:
+    s3_server.create_bucket("support-ranged")
+    fs = s3_server.filesystem()
+    payload = bytes(range(256)) * 39 + bytes(16)
+    assert len(payload) == 10000
+    fs.pipe_file("support-ranged/dir/blob.bin", payload)
+
+    s3_server.reset_counts()
+    data = fs.cat_file("support-ranged/dir/blob.bin", start=2000, end=3000)
+    assert data == payload[2000:3000]
+    assert _counters(s3_server) == (1, 1000, 0)
+    counts = s3_server.counts()
+    assert counts["requests"] == {"GET": 1}
+    assert counts["bytes"] == {"GET": 1000}
+
+    # A listing is a GET too, but not a GetObject.
+    assert fs.ls("support-ranged/dir", detail=False) == ["support-ranged/dir/blob.bin"]
+    get_requests, get_bytes, lists = _counters(s3_server)
+    assert (get_requests, get_bytes, lists) == (1, 1000, 1)
+    assert s3_server.counts()["requests"]["GET"] == 2
+
+    assert fs.cat_file("support-ranged/dir/blob.bin") == payload
+    assert _counters(s3_server) == (2, 11000, 1)
+
+
+def test_control_endpoint_is_not_counted_and_reset_zeroes(s3_server: S3Server) -> None:
+    s3_server.create_bucket("support-reset")
+    fs = s3_server.filesystem()
+    fs.pipe_file("support-reset/k", b"x" * 10)
+    assert s3_server.counts()["requests"]
+    s3_server.reset_counts()
+    zero = {
+        "requests": {},
+        "bytes": {},
+        "get_object_requests": 0,
+        "get_object_bytes": 0,
+        "list_requests": 0,
+    }
+    assert s3_server.counts() == zero
+    assert s3_server.counts() == zero
+
+
+def test_concurrent_ranged_gets_are_all_counted(s3_server: S3Server) -> None:
+    s3_server.create_bucket("support-concurrent")
+    fs = s3_server.filesystem()
+    payload = bytes(range(256)) * 400
+    fs.pipe_file("support-concurrent/blob", payload)
+    s3_server.reset_counts()
+
+    threads_n, reads_each, length = 8, 10, 777
+    errors: list[BaseException] = []
+
+    def reader(worker: int) -> None:
+        local_fs = s3_server.filesystem()
+        try:
+            for i in range(reads_each):
+                start = (worker * 1000 + i * 97) % (len(payload) - length)
+                got = local_fs.cat_file("support-concurrent/blob", start=start, end=start + length)
+                assert got == payload[start : start + length]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(w,)) for w in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    total = threads_n * reads_each
+    assert _counters(s3_server) == (total, total * length, 0)
+
+
+def test_upload_dir_uploads_every_file(s3_server: S3Server, tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_imagefolder(root, {"a": 2, "ελάφι": 3}, image_bytes=500)
+    s3_server.create_bucket("support-upload")
+    keys = s3_server.upload_dir(root, "support-upload/pre/fix/")
+    expected = sha256_tree(root)
+    assert sorted(keys) == sorted(f"support-upload/pre/fix/{rel}" for rel in expected)
+    fs = s3_server.filesystem()
+    for rel, digest in expected.items():
+        data = fs.cat_file(f"support-upload/pre/fix/{rel}")
+        assert hashlib.sha256(data).hexdigest() == digest
+
+
+def test_env_points_clients_at_the_server(s3_server: S3Server) -> None:
+    env = s3_server.env()
+    assert env["AWS_ENDPOINT_URL"] == s3_server.endpoint
+    assert env["AWS_ACCESS_KEY_ID"] == env["AWS_SECRET_ACCESS_KEY"] == "testing"
+    assert env["AWS_DEFAULT_REGION"] == "us-east-1"
+    assert env["AWS_EC2_METADATA_DISABLED"] == "true"
+
+
+def test_server_stops_on_exit() -> None:
+    with S3Server() as server:
+        assert server.counts()["list_requests"] == 0
+        proc = server._proc
+        assert proc is not None
+    assert proc.poll() is not None
+    with pytest.raises(OSError):
+        server.counts()
+
+
+# -- generated data ----------------------------------------------------------------
+
+
+def test_make_imagefolder_is_deterministic_and_awkward(tmp_path: Path) -> None:
+    files = make_imagefolder(tmp_path / "a", DEFAULT_CLASS_SIZES, seed=3, image_bytes=3000)
+    make_imagefolder(tmp_path / "b", DEFAULT_CLASS_SIZES, seed=3, image_bytes=3000)
+    make_imagefolder(tmp_path / "c", DEFAULT_CLASS_SIZES, seed=4, image_bytes=3000)
+    assert files == sorted(files)
+    assert len(files) == sum(DEFAULT_CLASS_SIZES.values())
+    assert sha256_tree(tmp_path / "a") == sha256_tree(tmp_path / "b")
+    assert sha256_tree(tmp_path / "a").keys() == sha256_tree(tmp_path / "c").keys()
+    assert sha256_tree(tmp_path / "a") != sha256_tree(tmp_path / "c")
+
+    rel = [f.relative_to(tmp_path / "a").as_posix() for f in files]
+    assert any(len(Path(r).name.encode()) > 100 for r in rel)
+    assert any(len(r.encode()) > 255 for r in rel)
+    assert all(len(Path(r).name.encode()) <= 255 for r in rel)
+    assert any(not r.isascii() for r in rel)
+    assert any(" " in r for r in rel)
+    assert any(not Path(r).parent.name.isascii() for r in rel)
+
+    for f in files:
+        assert 2000 <= f.stat().st_size <= 4000, f
+        with Image.open(f) as image:
+            assert image.format == "JPEG"
+            image.load()
+
+
+def test_make_imagefolder_short_names(tmp_path: Path) -> None:
+    files = make_imagefolder(tmp_path, {"x": 6}, long_names=False)
+    assert all(len(f.name.encode()) <= 100 for f in files)
+    assert any(not f.name.isascii() for f in files)
+
+
+def test_split_sizes() -> None:
+    assert split_sizes(19, [3, 7, 5]) == [3, 7, 5, 3, 1]
+    assert split_sizes(10, 4) == [4, 4, 2]
+    assert split_sizes(0, 4) == []
+    with pytest.raises(ValueError):
+        split_sizes(3, [0])
+
+
+def test_gnu_tar_shards_hold_every_file_once(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_imagefolder(root, DEFAULT_CLASS_SIZES, image_bytes=1500)
+    sizes = [3, 7, 5]
+    shards = pack_with_gnu_tar(root, tmp_path / "shards", files_per_shard=sizes)
+    expected = sha256_tree(root)
+    expected_sizes = split_sizes(len(expected), sizes)
+    assert len(set(expected_sizes)) > 1
+    assert [s.name for s in shards] == [f"shard-{i:06d}.tar" for i in range(len(expected_sizes))]
+
+    seen: dict[str, str] = {}
+    long_with_pax_path = 0
+    for shard, size in zip(shards, expected_sizes, strict=True):
+        with tarfile.open(shard) as tf:
+            members = tf.getmembers()
+            files = [m for m in members if m.isfile()]
+            assert len(files) == size
+            dirs = {m.name for m in members if m.isdir()}
+            for index, member in enumerate(members):
+                if member.isdir():
+                    continue
+                parent = member.name.rsplit("/", 1)[0]
+                # The class directory entry comes before its files.
+                assert parent in dirs
+                assert parent in {m.name for m in members[:index] if m.isdir()}
+                assert member.name not in seen, f"{member.name} in two shards"
+                data = tf.extractfile(member).read()  # type: ignore[union-attr]
+                seen[member.name] = hashlib.sha256(data).hexdigest()
+                if len(member.name.encode()) > 100:
+                    assert member.pax_headers.get("path") == member.name
+                    long_with_pax_path += 1
+    assert seen == expected
+    assert long_with_pax_path > 0
+    assert any(len(name.encode()) > 255 for name in seen)
+
+
+def test_webdataset_shards_read_back(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    make_imagefolder(root, DEFAULT_CLASS_SIZES, image_bytes=1500)
+    out = tmp_path / "wds"
+    shards, classes = pack_with_webdataset(root, out, maxcount=6)
+    assert classes == sorted(DEFAULT_CLASS_SIZES)
+    lines = (out / "classes.txt").read_text(encoding="utf-8").splitlines()
+    assert lines == classes
+    total = sum(DEFAULT_CLASS_SIZES.values())
+    assert len(shards) == -(-total // 6)
+
+    # Every image by (label, content hash); each must come back exactly once.
+    expected = sorted(
+        (classes.index(rel.split("/")[0]), digest) for rel, digest in sha256_tree(root).items()
+    )
+    dataset = webdataset.WebDataset([str(s) for s in shards], shardshuffle=False)
+    got = []
+    keys = set()
+    for sample in dataset:
+        key = sample["__key__"]
+        assert "." not in key and "/" not in key
+        assert key not in keys
+        keys.add(key)
+        label = int(sample["cls"])
+        assert key.startswith(f"{label:03d}_")
+        with Image.open(io.BytesIO(sample["jpg"])) as image:
+            assert image.format == "JPEG"
+        got.append((label, hashlib.sha256(sample["jpg"]).hexdigest()))
+    assert sorted(got) == expected
+
+
+def test_relative_files_sorted(tmp_path: Path) -> None:
+    make_imagefolder(tmp_path, {"b": 2, "a": 2})
+    rel = relative_files(tmp_path)
+    assert rel == sorted(rel)
+    assert rel[0].startswith("a/")
+
+
+# -- fixtures ------------------------------------------------------------------
+
+
+def test_mountpoint_is_an_empty_unmounted_dir(mountpoint: Path) -> None:
+    assert mountpoint.is_dir()
+    assert not any(mountpoint.iterdir())
+    assert not is_mounted(mountpoint)
+
+
+def test_missing_fuse_fails_rather_than_skips(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(conftest, "FUSERMOUNT", "fusermount3-not-installed")
+    with pytest.raises(pytest.fail.Exception, match="fusermount3-not-installed"):
+        conftest.require_fuse()
