@@ -1,0 +1,128 @@
+"""Scale check: a 1.28M-entry index (ImageNet-sized, tiny files).
+
+Measures, in one run: the first mount (full index scan + view build), a remount from the
+persisted index, the daemon's RSS, and ``ImageFolder(mount)`` construction against the same
+tree on local disk. Prints a JSON line and a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+
+def make_shards(out: Path, classes: int, per_class: int, shards: int) -> int:
+    """Write GNU-format tar shards of tiny files laid out as train/CLASS/FILE."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = [
+        f"n{c:08d}/n{c:08d}_{i}.JPEG" for c in range(classes) for i in range(per_class)
+    ]
+    per_shard = -(-len(names) // shards)
+    payload = b"\xff\xd8tiny\xff\xd9"
+    header = tarfile.TarInfo("x")
+    header.size, header.mtime, header.mode = len(payload), 1_700_000_000, 0o644
+    padding = b"\0" * (512 - len(payload))
+    for s in range(shards):
+        with open(out / f"train-{s:06d}.tar", "wb") as handle:
+            for name in names[s * per_shard : (s + 1) * per_shard]:
+                header.name = name
+                handle.write(header.tobuf(tarfile.GNU_FORMAT))
+                handle.write(payload + padding)
+            handle.write(b"\0" * 1024)
+    return len(names)
+
+
+def make_local_tree(root: Path, classes: int, per_class: int) -> None:
+    for c in range(classes):
+        folder = root / f"n{c:08d}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            (folder / f"n{c:08d}_{i}.JPEG").write_bytes(b"\xff\xd8tiny\xff\xd9")
+
+
+def daemon_rss_mb(mountpoint: Path) -> float:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"--ready-fd" in cmdline and str(mountpoint).encode() in cmdline:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return float("nan")
+
+
+def shardfs(*args: str) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "shardfs", *args], check=True)
+    return time.perf_counter() - started
+
+
+def imagefolder_seconds(root: Path) -> tuple[float, int]:
+    code = (
+        "import sys, time; from torchvision.datasets import ImageFolder; "
+        "t = time.perf_counter(); d = ImageFolder(sys.argv[1], loader=lambda p: p); "
+        "print(time.perf_counter() - t, len(d))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(root)], check=True, capture_output=True, text=True
+    ).stdout.split()
+    return float(out[0]), int(out[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--classes", type=int, default=1000)
+    parser.add_argument("--per-class", type=int, default=1281)
+    parser.add_argument("--shards", type=int, default=128)
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=Path("results/scale.json"))
+    args = parser.parse_args()
+
+    work = args.work or Path(tempfile.mkdtemp(prefix="shardfs-scale-"))
+    shards, cache, mnt, local = work / "shards", work / "cache", work / "mnt", work / "local"
+    for folder in (cache, mnt):
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+    result: dict[str, float | int] = {}
+    started = time.perf_counter()
+    if not shards.exists():
+        result["entries"] = make_shards(shards, args.classes, args.per_class, args.shards)
+    else:
+        result["entries"] = args.classes * args.per_class
+    result["generate_s"] = time.perf_counter() - started
+    if not local.exists():
+        make_local_tree(local / "train", args.classes, args.per_class)
+
+    result["first_mount_s"] = shardfs("mount", str(shards), str(mnt), "--cache-dir", str(cache))
+    shardfs("umount", str(mnt))
+    result["remount_s"] = shardfs("mount", str(shards), str(mnt), "--cache-dir", str(cache))
+    result["daemon_rss_after_mount_mb"] = daemon_rss_mb(mnt)
+    result["imagefolder_mount_s"], n_mount = imagefolder_seconds(mnt)
+    result["daemon_rss_after_scan_mb"] = daemon_rss_mb(mnt)
+    shardfs("umount", str(mnt))
+    result["imagefolder_local_s"], n_local = imagefolder_seconds(local / "train")
+    result["imagefolder_ratio"] = result["imagefolder_mount_s"] / result["imagefolder_local_s"]
+    result["samples_equal"] = int(n_mount == n_local == result["entries"])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    print("| metric | value |\n|---|---|")
+    for key, value in result.items():
+        print(f"| {key} | {value:.2f} |" if isinstance(value, float) else f"| {key} | {value} |")
+    return 0 if result["samples_equal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
