@@ -1,5 +1,52 @@
-"""shardfs: mount tar shards in object storage as a read-only directory tree."""
+"""shardfs: mount tar shards in object storage as a read-only directory tree.
+
+Only configuration and errors are re-exported here, so ``import shardfs`` stays light: it
+loads neither fsspec, libfuse nor torch.
+"""
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from .config import IndexConfig, MountConfig, ReadConfig, SourceConfig, ViewConfig
+from .errors import (
+    CorruptShardError,
+    FileSystemError,
+    IndexError_,
+    IsADirectoryError_,
+    MountError,
+    NoSuchAttributeError,
+    NotADirectoryError_,
+    NotFoundError,
+    ReadOnlyError,
+    ShardChangedError,
+    ShardfsError,
+    SourceError,
+    SourceNotFoundError,
+    StoreReadError,
+    UnsafeMemberError,
+    UsageError,
+)
+
+__all__ = [
+    "CorruptShardError",
+    "FileSystemError",
+    "IndexConfig",
+    "IndexError_",
+    "IsADirectoryError_",
+    "MountConfig",
+    "MountError",
+    "NoSuchAttributeError",
+    "NotADirectoryError_",
+    "NotFoundError",
+    "ReadConfig",
+    "ReadOnlyError",
+    "ShardChangedError",
+    "ShardfsError",
+    "SourceConfig",
+    "SourceError",
+    "SourceNotFoundError",
+    "StoreReadError",
+    "UnsafeMemberError",
+    "UsageError",
+    "ViewConfig",
+    "__version__",
+]

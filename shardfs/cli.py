@@ -115,9 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument(
         "--foreground", "-f", action="store_true", help="stay attached; log to stderr"
     )
-    mount.add_argument(
-        "--allow-other", action="store_true", help="let other users read the mount"
-    )
+    mount.add_argument("--allow-other", action="store_true", help="let other users read the mount")
     mount.add_argument(
         "--single-threaded",
         action="store_true",
@@ -178,6 +176,8 @@ def _view_config(args: argparse.Namespace) -> ViewConfig:
             classes = tuple(parse_classes(args.classes.read_text(encoding="utf-8")))
         except OSError as exc:
             raise UsageError(f"--classes {args.classes}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--classes {args.classes}: not UTF-8 text ({exc.reason})") from exc
     return ViewConfig(layout=args.layout, classes=classes)
 
 
@@ -258,10 +258,12 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 def cmd_index(args: argparse.Namespace) -> int:
     from .index import SIDECAR_NAME, IndexBuilder, write_sidecar
+    from .mount import check_cache_dir
     from .store import Store
 
     source = _source_config(args)
     index_config = _index_config(args)
+    check_cache_dir(index_config.cache_dir)
     store = Store(source)
     shards = store.list_shards()
     builder = IndexBuilder(store, index_config, progress=_progress_printer())  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,11 +127,15 @@ def storage_options_from_pairs(pairs: list[str]) -> dict[str, Any]:
     for text in pairs:
         key, value = parse_storage_option(text)
         *parents, leaf = key.split(".")
+        if not all(parents) or not leaf:
+            raise UsageError(f"storage option {key!r} has an empty part between dots")
         target = options
         for part in parents:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
                 raise UsageError(f"storage option {key!r} conflicts with an earlier value")
+        if isinstance(target.get(leaf), dict) and not isinstance(value, dict):
+            raise UsageError(f"storage option {key!r} conflicts with an earlier value")
         target[leaf] = value
     return options
 
@@ -148,6 +153,8 @@ def parse_size(text: str) -> int:
         value = float(number)
     except ValueError:
         raise UsageError(f"not a size: {text!r} (examples: 64K, 256MB, 500G)") from None
+    if not math.isfinite(value):
+        raise UsageError(f"not a size: {text!r} (examples: 64K, 256MB, 500G)")
     if value < 0:
         raise UsageError(f"size must not be negative: {text!r}")
     return int(value * _SIZE_UNITS[unit])

@@ -109,9 +109,7 @@ class ShardFileSystem:
                 window_start = offset
                 window_end = min(node.size, offset + max(size, self.config.window))
             shard = self.view.shards[node.shard]
-            data = self.reader.read(
-                shard, node.offset + window_start, node.offset + window_end
-            )
+            data = self.reader.read(shard, node.offset + window_start, node.offset + window_end)
             opened.window_start, opened.window = window_start, data
             return data[offset - window_start : end - window_start]
 

@@ -374,7 +374,8 @@ class IndexBuilder:
             error.args = (f"{error}{more}; use --skip-bad-shards to mount the rest",)
             raise error
         for shard in bad:
-            log.warning(
+            # Callers warn the user through their own channel (CLI line, mount pipe).
+            log.info(
                 "skipping bad shard %s: %s at offset %d", shard.name, shard.reason, shard.offset
             )
 

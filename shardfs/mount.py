@@ -76,7 +76,11 @@ def open_source(
         for folder in folders:
             data = store.read_object(posixpath.join(folder, CLASSES_FILE))
             if data is not None:
-                classes[folder] = parse_classes(data.decode("utf-8"))
+                try:
+                    classes[folder] = parse_classes(data.decode("utf-8"))
+                except UnicodeDecodeError as exc:
+                    name = posixpath.join(folder, CLASSES_FILE)
+                    raise UsageError(f"{name}: not UTF-8 text ({exc.reason})") from exc
 
     def classes_for(folder: str) -> list[str] | None:
         return classes.get(folder, classes.get(""))
@@ -261,6 +265,23 @@ def _update_bar(bar: object | None, text: str) -> object:
     return bar
 
 
+def _process_running(pid: int) -> bool:
+    """True while ``pid`` runs. An exited daemon is reparented and may stay a zombie until
+    its new parent reaps it (a container's init may take seconds, or never); it is done."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat_file:
+            state = stat_file.read().rpartition(")")[2].split()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return not state or state[0] not in ("Z", "X")
+
+
 def unmount(mountpoint: Path, *, timeout: float = 30.0) -> None:
     """Unmount and wait for the daemon to exit."""
     try:
@@ -284,9 +305,7 @@ def unmount(mountpoint: Path, *, timeout: float = 30.0) -> None:
         raise MountError(f"{mountpoint}: unmount failed ({detail})")
     deadline = time.monotonic() + timeout
     while pid is not None and time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not _process_running(pid):
             break
         time.sleep(0.05)
     else:

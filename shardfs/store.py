@@ -7,6 +7,7 @@ works. Foreign exceptions (botocore, aiohttp, OSError) are translated here, in o
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import logging
 import posixpath
@@ -49,12 +50,33 @@ class ShardInfo:
         return (self.name, self.size, self.etag)
 
 
+def _split_top_level(body: str) -> list[str]:
+    """Split a brace body at the commas that are not inside nested braces."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(body):
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+    parts.append(body[start:])
+    return parts
+
+
 def expand_braces(pattern: str) -> list[str]:
-    """Expand webdataset-style ``{000..146}`` ranges and ``{a,b}`` lists, left to right."""
-    match = re.search(r"\{([^{}]*)\}", pattern)
-    if not match:
-        return [pattern]
-    head, tail, body = pattern[: match.start()], pattern[match.end() :], match.group(1)
+    """Expand webdataset-style ``{000..146}`` ranges and ``{a,b}`` lists (nestable), left
+    to right."""
+    open_at = pattern.find("{")
+    close_at = depth = 0
+    for close_at in range(max(open_at, 0), len(pattern)):
+        depth += {"{": 1, "}": -1}.get(pattern[close_at], 0)
+        if depth == 0:
+            break
+    if open_at < 0 or depth != 0:
+        return [pattern]  # no braces, or an unbalanced one: taken literally
+    head, body, tail = pattern[:open_at], pattern[open_at + 1 : close_at], pattern[close_at + 1 :]
     if range_match := re.fullmatch(r"(\d+)\.\.(\d+)", body):
         lo, hi = range_match.group(1), range_match.group(2)
         width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
@@ -62,7 +84,7 @@ def expand_braces(pattern: str) -> list[str]:
         if not choices:
             raise UsageError(f"empty brace range {{{body}}} in {pattern!r}")
     else:
-        choices = body.split(",")
+        choices = [c for part in _split_top_level(body) for c in expand_braces(part)]
     return [head + choice + rest for choice in choices for rest in expand_braces(tail)]
 
 
@@ -72,8 +94,13 @@ def _etag_of(info: dict[str, Any]) -> str:
         if info.get(key):
             return str(info[key]).strip('"')
     for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
-        if info.get(key) is not None:
-            return f"mtime:{info[key]}"
+        value = info.get(key)
+        if value is not None:
+            # Some backends give a datetime from info() but a float from ls()/find()
+            # (memory); both must name the same version.
+            if isinstance(value, datetime.datetime):
+                value = value.timestamp()
+            return f"mtime:{value}"
     return ""
 
 
@@ -103,6 +130,8 @@ class Store:
         url = config.url
         if config.endpoint_url:
             options.setdefault("client_kwargs", {})
+            if not isinstance(options["client_kwargs"], dict):
+                raise UsageError("storage option client_kwargs must be a mapping")
             options["client_kwargs"] = {
                 **options["client_kwargs"],
                 "endpoint_url": config.endpoint_url,

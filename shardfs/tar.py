@@ -23,6 +23,7 @@ class Readable(Protocol):
 
     def read(self, n: int = -1, /) -> bytes: ...
 
+
 __all__ = ["MemberKind", "TarMember", "iter_members"]
 
 BLOCK_SIZE = 512

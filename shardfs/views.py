@@ -435,9 +435,13 @@ class View:
         return _node(found)
 
     def _child_uncached(self, parent: int, name: str) -> Node | None:
-        row = self._conn().execute(
-            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE parent = ? AND name = ?", (parent, name)
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE parent = ? AND name = ?", (parent, name)
+            )
+            .fetchone()
+        )
         return None if row is None else _node(row)
 
     def lookup(self, path: str) -> Node:

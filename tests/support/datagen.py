@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from PIL import Image
 
@@ -218,19 +219,29 @@ def webdataset_key(label: int, index: int, stem: str) -> str:
 
 
 def pack_with_webdataset(
-    root: Path, out_dir: Path, *, maxcount: int
+    root: Path,
+    out_dir: Path,
+    *,
+    maxcount: int,
+    key: Literal["generated", "stem"] = "generated",
+    classes_file: bool = True,
 ) -> tuple[list[Path], list[str]]:
     """Write ImageFolder ``root`` as webdataset shards of ``maxcount`` samples.
 
     Each sample is ``{"__key__", "jpg": bytes, "cls": label}``, where the label
-    is the class's position in the sorted class list. Also writes
-    ``out_dir/classes.txt`` (line i names label i). Returns the shards and classes.
+    is the class's position in the sorted class list. ``key="generated"`` (default)
+    builds keys with ``webdataset_key``; ``key="stem"`` uses each file's stem as is,
+    so a mount presenting ``CLASS/KEY.jpg`` reproduces ``root`` exactly (the stems
+    must then be valid, unique keys). Also writes ``out_dir/classes.txt`` (line i
+    names label i) unless ``classes_file`` is False. Returns the shards and classes.
     """
     import webdataset
 
     out_dir.mkdir(parents=True, exist_ok=True)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    (out_dir / "classes.txt").write_text("".join(f"{c}\n" for c in classes), encoding="utf-8")
+    if classes_file:
+        text = "".join(f"{c}\n" for c in classes)
+        (out_dir / "classes.txt").write_text(text, encoding="utf-8")
     pattern = str(out_dir / "shard-%06d.tar")
     index = 0
     writer = webdataset.ShardWriter(pattern, maxcount=maxcount, verbose=0, mtime=FIXED_MTIME)
@@ -241,7 +252,9 @@ def pack_with_webdataset(
                     continue
                 writer.write(
                     {
-                        "__key__": webdataset_key(label, index, path.stem),
+                        "__key__": (
+                            path.stem if key == "stem" else webdataset_key(label, index, path.stem)
+                        ),
                         "jpg": path.read_bytes(),
                         "cls": label,
                     }

@@ -4,7 +4,8 @@ Run as ``python tests/support/moto_counting.py --host 127.0.0.1 --port PORT``.
 
 ``GET /_counts`` returns the counters as JSON and ``POST /_counts/reset`` zeroes
 them; neither is counted. Body bytes are counted from the iterable the app
-returns, so a ranged GET counts only the bytes of its range.
+returns, so a ranged GET counts only the bytes of its range. GetObject requests
+and bytes are also counted per ``bucket/key`` (``get_object_*_by_key``).
 """
 
 from __future__ import annotations
@@ -76,21 +77,28 @@ class Counters:
             self.get_object_requests = 0
             self.get_object_bytes = 0
             self.list_requests = 0
+            # "bucket/key" -> GetObject requests / body bytes, to tell shard reads apart.
+            self.get_object_requests_by_key: dict[str, int] = {}
+            self.get_object_bytes_by_key: dict[str, int] = {}
 
-    def add_request(self, method: str, kind: str | None) -> None:
+    def add_request(self, method: str, kind: str | None, key: str = "") -> None:
         with self._lock:
             self.requests[method] = self.requests.get(method, 0) + 1
             self.bytes.setdefault(method, 0)
             if kind == "get_object":
                 self.get_object_requests += 1
+                by_key = self.get_object_requests_by_key
+                by_key[key] = by_key.get(key, 0) + 1
             elif kind == "list":
                 self.list_requests += 1
 
-    def add_bytes(self, method: str, kind: str | None, n: int) -> None:
+    def add_bytes(self, method: str, kind: str | None, n: int, key: str = "") -> None:
         with self._lock:
             self.bytes[method] = self.bytes.get(method, 0) + n
             if kind == "get_object":
                 self.get_object_bytes += n
+                by_key = self.get_object_bytes_by_key
+                by_key[key] = by_key.get(key, 0) + n
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -100,6 +108,8 @@ class Counters:
                 "get_object_requests": self.get_object_requests,
                 "get_object_bytes": self.get_object_bytes,
                 "list_requests": self.list_requests,
+                "get_object_requests_by_key": dict(self.get_object_requests_by_key),
+                "get_object_bytes_by_key": dict(self.get_object_bytes_by_key),
             }
 
 
@@ -116,19 +126,23 @@ class CountingMiddleware:
         if path in (COUNTS_PATH, RESET_PATH):
             return self._serve_counts(method, path, start_response)
         kind = classify(method, path, str(environ.get("QUERY_STRING", "")))
-        self.counters.add_request(method, kind)
+        # PATH_INFO is already percent-decoded (WSGI).
+        key = path.lstrip("/") if kind == "get_object" else ""
+        self.counters.add_request(method, kind, key)
         body = self.app(environ, start_response)
         if method == "HEAD":
             # werkzeug never writes a body for HEAD, whatever the app returns.
             return body
-        return self._count_body(body, method, kind)
+        return self._count_body(body, method, kind, key)
 
-    def _count_body(self, body: Iterable[bytes], method: str, kind: str | None) -> Iterator[bytes]:
+    def _count_body(
+        self, body: Iterable[bytes], method: str, kind: str | None, key: str = ""
+    ) -> Iterator[bytes]:
         try:
             for chunk in body:
                 # Count before yielding so the counters are current by the time
                 # the client has the bytes in hand.
-                self.counters.add_bytes(method, kind, len(chunk))
+                self.counters.add_bytes(method, kind, len(chunk), key)
                 yield chunk
         finally:
             close = getattr(body, "close", None)

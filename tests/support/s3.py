@@ -41,7 +41,8 @@ class S3Server:
     """Run ``moto_counting.py`` on a free port for the life of a ``with`` block.
 
     ``counts()`` reports requests and body bytes per HTTP method, plus
-    ``get_object_requests``, ``get_object_bytes`` and ``list_requests``.
+    ``get_object_requests``, ``get_object_bytes`` and ``list_requests``, and
+    ``get_object_requests_by_key`` / ``get_object_bytes_by_key`` ({"bucket/key": n}).
     """
 
     def __init__(

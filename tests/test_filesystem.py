@@ -1,0 +1,208 @@
+"""The filesystem core over a real view, with a fake RangeReader that records every fetch."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from tarbuild import MTIME, directory, make_tar, store_with, symlink
+
+from shardfs.config import IndexConfig, ReadConfig, ViewConfig
+from shardfs.errors import (
+    IsADirectoryError_,
+    NoSuchAttributeError,
+    NotADirectoryError_,
+    NotFoundError,
+)
+from shardfs.filesystem import XATTR_OFFSET, XATTR_SHARD, ShardFileSystem
+from shardfs.index import IndexBuilder
+from shardfs.store import ShardInfo
+from shardfs.views import View, build_view
+
+SMALL = bytes(range(256)) * 4  # 1024 bytes
+BIG = bytes((i * 7 + i // 256) % 251 for i in range(10_000))
+
+
+class RecordingReader:
+    """Serves byte ranges from in-memory shards and records every request."""
+
+    def __init__(self, shards: dict[str, bytes]) -> None:
+        self.shards = shards
+        self.calls: list[tuple[str, int, int]] = []
+
+    def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
+        self.calls.append((shard.name, start, end))
+        return self.shards[shard.name][start:end]
+
+
+SHARDS = {
+    "a.tar": make_tar(
+        [
+            directory("d"),
+            ("d/small.bin", SMALL),
+            ("d/big.bin", BIG),
+            ("empty", b""),
+            symlink("d/link", "small.bin"),
+        ]
+    ),
+    "b.tar": make_tar([("other.txt", b"from b")]),
+}
+
+
+@pytest.fixture
+def view(tmp_path: Path) -> View:
+    store = store_with(SHARDS)
+    index = IndexBuilder(store, IndexConfig(cache_dir=tmp_path)).build(store.list_shards())
+    out = tmp_path / "view.sqlite"
+    build_view(index, out, ViewConfig(layout="raw"), lambda _folder: None)
+    return View(out)
+
+
+def make_fs(view: View, **limits: int) -> tuple[ShardFileSystem, RecordingReader]:
+    reader = RecordingReader(SHARDS)
+    return ShardFileSystem(view, reader, ReadConfig(**limits)), reader
+
+
+def read_all(fs: ShardFileSystem, path: str, chunk: int) -> bytes:
+    handle = fs.open(path)
+    parts = []
+    offset = 0
+    while data := fs.read(handle, offset, chunk):
+        parts.append(data)
+        offset += len(data)
+    fs.release(handle)
+    return b"".join(parts)
+
+
+def test_whole_file_read_is_one_fetch_for_many_chunks(view: View) -> None:
+    fs, reader = make_fs(view)
+    assert read_all(fs, "d/small.bin", 100) == SMALL
+    node = view.lookup("d/small.bin")
+    assert reader.calls == [("a.tar", node.offset, node.offset + len(SMALL))]
+
+
+@pytest.mark.parametrize("chunk", [1000, 4096, 3333, 10_000, 20_000])
+def test_windowed_reads_return_exact_bytes(view: View, chunk: int) -> None:
+    fs, reader = make_fs(view, whole_file_limit=512, window=2048)
+    assert read_all(fs, "d/big.bin", chunk) == BIG
+    node = view.lookup("d/big.bin")
+    for shard, start, end in reader.calls:
+        assert shard == "a.tar"
+        assert node.offset <= start < end <= node.offset + len(BIG)
+        assert end - start >= min(2048, node.offset + len(BIG) - start)
+    if chunk <= 2048:
+        assert len(reader.calls) == -(-len(BIG) // 2048)  # one fetch per window
+
+
+def test_random_access_reads(view: View) -> None:
+    fs, reader = make_fs(view, whole_file_limit=512, window=1000)
+    handle = fs.open("d/big.bin")
+    for offset, size in [(9000, 500), (5, 10), (9990, 100), (4321, 3000), (4400, 50), (0, 1)]:
+        assert fs.read(handle, offset, size) == BIG[offset : offset + size]
+    assert len(reader.calls) == 5  # (4400, 50) is inside the window fetched for (4321, 3000)
+
+
+def test_reads_past_eof(view: View) -> None:
+    fs, reader = make_fs(view, whole_file_limit=512, window=1000)
+    for path, data in [("d/small.bin", SMALL), ("d/big.bin", BIG)]:
+        handle = fs.open(path)
+        assert fs.read(handle, len(data) - 10, 100) == data[-10:]
+        assert fs.read(handle, len(data), 100) == b""
+        assert fs.read(handle, len(data) + 5000, 1) == b""
+    calls = len(reader.calls)
+    handle = fs.open("empty")
+    assert fs.read(handle, 0, 4096) == b""
+    assert len(reader.calls) == calls  # nothing fetched for an empty file
+
+
+def test_handles_are_independent(view: View) -> None:
+    fs, _ = make_fs(view)
+    first = fs.open("d/small.bin")
+    second = fs.open("other.txt")
+    assert first != second
+    assert fs.read(second, 0, 100) == b"from b"
+    assert fs.read(first, 1020, 100) == SMALL[1020:]
+    fs.release(first)
+    with pytest.raises(NotFoundError):
+        fs.read(first, 0, 1)
+    assert fs.read(second, 5, 1) == b"b"
+
+
+def test_open_errors(view: View) -> None:
+    fs, _ = make_fs(view)
+    with pytest.raises(IsADirectoryError_):
+        fs.open("d")
+    with pytest.raises(IsADirectoryError_):
+        fs.open("/")
+    with pytest.raises(NotFoundError):
+        fs.open("d/missing")
+    with pytest.raises(NotADirectoryError_):
+        fs.open("d/small.bin/x")
+
+
+def test_getattr_fields(view: View) -> None:
+    fs, _ = make_fs(view)
+    attrs = fs.getattr("/d/big.bin")
+    node = view.lookup("d/big.bin")
+    assert attrs["st_ino"] == node.ino
+    assert attrs["st_mode"] == stat.S_IFREG | 0o444
+    assert attrs["st_nlink"] == 1
+    assert attrs["st_size"] == len(BIG)
+    assert attrs["st_blocks"] == (len(BIG) + 511) // 512
+    assert attrs["st_mtime"] == attrs["st_ctime"] == attrs["st_atime"] == MTIME
+    assert (attrs["st_uid"], attrs["st_gid"]) == (os.getuid(), os.getgid())
+
+    root = fs.getattr("/")
+    assert root["st_ino"] == 1
+    assert stat.S_ISDIR(root["st_mode"]) and root["st_nlink"] == 2
+    assert fs.getattr("/d")["st_mode"] == stat.S_IFDIR | 0o555
+    link = fs.getattr("/d/link")
+    assert stat.S_ISLNK(link["st_mode"]) and link["st_size"] == len("small.bin")
+    assert fs.readlink("/d/link") == "small.bin"
+    with pytest.raises(NotFoundError):
+        fs.readlink("/d/small.bin")
+    with pytest.raises(NotFoundError):
+        fs.getattr("/nope")
+
+
+def test_readdir(view: View) -> None:
+    fs, _ = make_fs(view)
+    assert [name for name, _ in fs.readdir("/")] == ["d", "empty", "other.txt"]
+    listing = dict(fs.readdir("/d"))
+    assert sorted(listing) == ["big.bin", "link", "small.bin"]
+    assert listing["big.bin"].ino == fs.getattr("/d/big.bin")["st_ino"]
+    with pytest.raises(NotADirectoryError_):
+        fs.readdir("/d/small.bin")
+    with pytest.raises(NotFoundError):
+        fs.readdir("/missing")
+
+
+def test_xattrs(view: View) -> None:
+    fs, _ = make_fs(view)
+    assert fs.listxattr("/other.txt") == [XATTR_SHARD, XATTR_OFFSET]
+    assert fs.getxattr("/other.txt", XATTR_SHARD) == b"b.tar"
+    offset = int(fs.getxattr("/d/big.bin", XATTR_OFFSET))
+    assert SHARDS["a.tar"][offset : offset + len(BIG)] == BIG
+    with pytest.raises(NoSuchAttributeError) as info:
+        fs.getxattr("/other.txt", "user.nothing")
+    assert info.value.errno == 61  # ENODATA
+    assert fs.listxattr("/d") == []
+    assert fs.listxattr("/d/link") == []
+    for name in (XATTR_SHARD, XATTR_OFFSET):
+        with pytest.raises(NoSuchAttributeError):
+            fs.getxattr("/d", name)
+    with pytest.raises(NotFoundError):
+        fs.getxattr("/missing", XATTR_SHARD)
+
+
+def test_statfs(view: View) -> None:
+    fs, _ = make_fs(view)
+    numbers = fs.statfs()
+    total = len(SMALL) + len(BIG) + len("from b")
+    assert numbers["f_bsize"] == numbers["f_frsize"] == 4096
+    assert numbers["f_blocks"] == -(-total // 4096)
+    # files: small, big, empty, link, other.txt; folders: root and d
+    assert numbers["f_files"] == 7
+    assert numbers["f_bfree"] == numbers["f_bavail"] == numbers["f_ffree"] == 0

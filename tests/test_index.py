@@ -1,0 +1,400 @@
+"""The index builder: scanning, persistence, incremental rebuilds, bad shards and sidecars."""
+
+from __future__ import annotations
+
+import sqlite3
+import tarfile
+from pathlib import Path
+
+import pytest
+from tarbuild import directory, hardlink, make_tar, memory_url, put, remove, store_with, symlink
+
+from shardfs.config import IndexConfig, SourceConfig
+from shardfs.errors import CorruptShardError, IndexError_, UnsafeMemberError
+from shardfs.index import (
+    SIDECAR_NAME,
+    IndexBuilder,
+    fingerprint,
+    normalize_member_path,
+    parse_label,
+    scan_shard,
+    split_key,
+    write_sidecar,
+)
+from shardfs.store import Store
+from shardfs.tar import MemberKind
+
+
+def shard_bytes(tag: str, count: int = 3) -> bytes:
+    return make_tar((f"{tag}/f{i}.txt", f"{tag}-{i}".encode() * (i + 1)) for i in range(count))
+
+
+def members(index_path: Path) -> dict[str, tuple[str, int]]:
+    """path -> (shard name, size) of every member of every good shard."""
+    conn = sqlite3.connect(index_path)
+    try:
+        rows = conn.execute(
+            "SELECT m.path, s.name, m.size FROM members m JOIN shards s ON s.id = m.shard "
+            "WHERE s.error IS NULL"
+        ).fetchall()
+    finally:
+        conn.close()
+    return {path: (shard, size) for path, shard, size in rows}
+
+
+def builder(store: Store, cache: Path, **options: object) -> IndexBuilder:
+    return IndexBuilder(store, IndexConfig(cache_dir=cache, scan_workers=3, **options))  # type: ignore[arg-type]
+
+
+def build(store: Store, cache: Path, **options: object) -> tuple[IndexBuilder, Path]:
+    b = builder(store, cache, **options)
+    return b, b.build(store.list_shards())
+
+
+# --- paths and labels -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "clean"),
+    [
+        ("a/b", "a/b"),
+        ("./a//b", "a/b"),
+        ("a/./b/", "a/b"),
+        ("./", ""),
+        (".", ""),
+        ("dir/", "dir"),
+        ("a..b/c..", "a..b/c.."),
+    ],
+)
+def test_normalize_member_path(raw: str, clean: str) -> None:
+    assert normalize_member_path(raw, "s.tar", 0) == clean
+
+
+@pytest.mark.parametrize("raw", ["../x", "/etc/x", "a/../../x", "a/..", "./../x", "//x"])
+def test_normalize_member_path_refuses_escapes(raw: str) -> None:
+    with pytest.raises(UnsafeMemberError) as info:
+        normalize_member_path(raw, "s.tar", 1536)
+    assert (info.value.shard, info.value.offset) == ("s.tar", 1536)
+    assert repr(raw) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("ext", "content", "label"),
+    [
+        ("cls", b"7", 7),
+        ("cls", b" 12\n", 12),
+        ("cls", b"dog", None),
+        ("cls", b"1.5", None),
+        ("cls", b"\xff\xfe", None),
+        ("json", b"3", 3),
+        ("json", b'{"label": 5}', 5),
+        ("json", b'{"cls": 2, "other": 9}', 2),
+        ("json", b'{"class": 1}', 1),
+        ("json", b'{"target": 4}', 4),
+        ("json", b'{"label": "dog"}', None),
+        ("json", b'{"label": true}', None),
+        ("json", b"true", None),
+        ("json", b"[1]", None),
+        ("json", b"{broken", None),
+        ("json", b"", None),
+    ],
+)
+def test_parse_label(ext: str, content: bytes, label: int | None) -> None:
+    assert parse_label(ext, content) == label
+
+
+def test_split_key() -> None:
+    assert split_key("a/b/KEY.seg.png") == ("a/b/KEY", "seg.png")
+    assert split_key("KEY.cls") == ("KEY", "cls")
+    assert split_key("noext") == ("noext", "")
+
+
+# --- scanning one shard -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_scan_shard_rows(fmt: int) -> None:
+    long_name = "d/" + "n" * 150 + ".jpg"
+    archive = make_tar(
+        [
+            directory("./"),
+            directory("d"),
+            ("./d/a.jpg", b"jpeg"),
+            ("d/a.cls", b"3\n"),
+            (long_name, b"L"),
+            symlink("d/s", "a.jpg"),
+            hardlink("d/h", "./d/a.jpg"),
+        ],
+        fmt,
+    )
+    store = store_with({"s.tar": archive})
+    (shard,) = store.list_shards()
+    rows = scan_shard(store, shard)
+    by_path = {row[0]: row for row in rows}
+    assert list(by_path) == ["d", "d/a.jpg", "d/a.cls", long_name, "d/s", "d/h"]
+    assert by_path["d"][5] == MemberKind.DIRECTORY
+    _path, offset, size, _mode, _mtime, kind, _link, label = by_path["d/a.jpg"]
+    assert archive[offset : offset + size] == b"jpeg"
+    assert (kind, label) == (MemberKind.FILE, None)
+    assert by_path["d/a.cls"][7] == 3
+    assert by_path["d/s"][5:7] == (MemberKind.SYMLINK, "a.jpg")
+    assert by_path["d/h"][5:7] == (MemberKind.HARDLINK, "d/a.jpg")
+
+
+@pytest.mark.parametrize("bad", ["../x", "/etc/x", "a/../../x"])
+def test_scan_shard_refuses_unsafe_member_paths(bad: str) -> None:
+    archive = make_tar([("ok.txt", b"1"), (bad, b"2")])
+    store = store_with({"s.tar": archive})
+    (shard,) = store.list_shards()
+    with pytest.raises(UnsafeMemberError) as info:
+        scan_shard(store, shard)
+    assert info.value.shard == "s.tar"
+    assert info.value.offset == 1024  # second member's header: after one header + one block
+
+
+def test_scan_shard_refuses_unsafe_hardlink_target() -> None:
+    store = store_with({"s.tar": make_tar([("ok.txt", b"1"), hardlink("h", "../../etc/passwd")])})
+    (shard,) = store.list_shards()
+    with pytest.raises(UnsafeMemberError, match="etc/passwd"):
+        scan_shard(store, shard)
+
+
+# --- building and persistence -----------------------------------------------------------------
+
+
+def test_build_indexes_every_shard_and_persists(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a"), "b.tar": shard_bytes("b", 2)})
+    progress: list[tuple[int, int, int, int]] = []
+    b = IndexBuilder(store, IndexConfig(cache_dir=tmp_path), progress=lambda *p: progress.append(p))
+    path = b.build(store.list_shards())
+    assert path.is_file() and path.parent == tmp_path / "index"
+    assert b.scanned_shards == 2
+    assert members(path) == {
+        "a/f0.txt": ("a.tar", 3),
+        "a/f1.txt": ("a.tar", 6),
+        "a/f2.txt": ("a.tar", 9),
+        "b/f0.txt": ("b.tar", 3),
+        "b/f1.txt": ("b.tar", 6),
+    }
+    total = sum(s.size for s in store.list_shards())
+    assert progress[0] == (0, 2, 0, total)
+    assert progress[-1] == (2, 2, total, total)
+    assert b.bad_shards() == []
+    leftovers = [p.name for p in path.parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_second_build_scans_nothing(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a"), "b.tar": shard_bytes("b")})
+    first, path = build(store, tmp_path)
+    before = members(path)
+    again, path2 = build(Store(store.config), tmp_path)
+    assert path2 == path
+    assert (first.scanned_shards, again.scanned_shards) == (2, 0)
+    assert members(path2) == before
+
+
+def test_changed_shard_is_rescanned_alone(tmp_path: Path) -> None:
+    store = store_with({n: shard_bytes(n[0]) for n in ("a.tar", "b.tar", "c.tar")})
+    build(store, tmp_path)
+    put(store.config.url, "b.tar", make_tar([("b/new.txt", b"fresh")]))
+    b, path = build(store, tmp_path)
+    assert b.scanned_shards == 1
+    found = members(path)
+    assert found["b/new.txt"] == ("b.tar", 5)
+    assert "b/f0.txt" not in found
+    assert found["a/f2.txt"] == ("a.tar", 9) and found["c/f0.txt"] == ("c.tar", 3)
+
+
+def test_added_shard_is_scanned_alone(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a")})
+    build(store, tmp_path)
+    put(store.config.url, "0.tar", shard_bytes("z"))  # sorts first: shard ids shift
+    b, path = build(store, tmp_path)
+    assert b.scanned_shards == 1
+    found = members(path)
+    assert found["a/f0.txt"] == ("a.tar", 3)
+    assert found["z/f1.txt"] == ("0.tar", 6)
+
+
+def test_removed_shard_drops_its_members(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a"), "b.tar": shard_bytes("b")})
+    build(store, tmp_path)
+    remove(store.config.url, "a.tar")
+    b, path = build(store, tmp_path)
+    assert b.scanned_shards == 0
+    assert sorted(members(path)) == ["b/f0.txt", "b/f1.txt", "b/f2.txt"]
+
+
+def test_shards_in_subfolders_put_members_under_that_folder(tmp_path: Path) -> None:
+    store = store_with(
+        {
+            "top.tar": make_tar([("x.txt", b"top")]),
+            "train/s0.tar": make_tar([("./x.txt", b"train"), hardlink("y.txt", "x.txt")]),
+            "val/deep/s0.tar": make_tar([directory("d"), ("d/x.txt", b"val")]),
+        }
+    )
+    _, path = build(store, tmp_path)
+    found = members(path)
+    assert found["x.txt"] == ("top.tar", 3)
+    assert found["train/x.txt"] == ("train/s0.tar", 5)
+    assert found["val/deep/d"][0] == "val/deep/s0.tar"
+    assert found["val/deep/d/x.txt"] == ("val/deep/s0.tar", 3)
+    conn = sqlite3.connect(path)
+    link = conn.execute("SELECT link FROM members WHERE path = 'train/y.txt'").fetchone()
+    conn.close()
+    assert link == ("train/x.txt",)
+
+
+# --- bad shards -------------------------------------------------------------------------------
+
+
+def truncated_store() -> tuple[Store, int]:
+    """Three shards; b.tar is cut inside its second member's data. Returns the cut offset."""
+    good = shard_bytes("b", 2)
+    bad = make_tar([("b/one.bin", b"1" * 600), ("b/two.bin", b"2" * 3000)])
+    cut = 512 + 1024 + 512 + 1000  # header, data of one.bin (2 blocks), header, part of two.bin
+    store = store_with({"a.tar": shard_bytes("a"), "b.tar": bad[:cut], "c.tar": good})
+    return store, cut
+
+
+def test_corrupt_shard_fails_naming_shard_and_offset(tmp_path: Path) -> None:
+    store, cut = truncated_store()
+    with pytest.raises(CorruptShardError) as info:
+        build(store, tmp_path)
+    err = info.value
+    assert (err.shard, err.offset) == ("b.tar", cut)
+    assert f"b.tar: truncated member data at offset {cut}" in str(err)
+    assert "--skip-bad-shards" in str(err)
+    assert err.exit_code == 4
+
+
+def test_corrupt_shard_fails_again_without_rescanning(tmp_path: Path) -> None:
+    store, _ = truncated_store()
+    with pytest.raises(CorruptShardError):
+        build(store, tmp_path)
+    b = builder(store, tmp_path)
+    with pytest.raises(CorruptShardError, match=r"b\.tar"):
+        b.build(store.list_shards())
+    assert b.scanned_shards == 0
+
+
+def test_skip_bad_shards_indexes_the_rest(tmp_path: Path) -> None:
+    store, cut = truncated_store()
+    b, path = build(store, tmp_path, skip_bad_shards=True)
+    assert [(s.name, s.offset, s.reason) for s in b.bad_shards()] == [
+        ("b.tar", cut, "truncated member data")
+    ]
+    found = members(path)
+    assert sorted(found) == ["a/f0.txt", "a/f1.txt", "a/f2.txt", "b/f0.txt", "b/f1.txt"]
+    assert {shard for shard, _ in found.values()} == {"a.tar", "c.tar"}
+
+    again, _ = build(store, tmp_path, skip_bad_shards=True)
+    assert again.scanned_shards == 0
+    assert [s.name for s in again.bad_shards()] == ["b.tar"]
+
+
+def test_fixed_bad_shard_is_rescanned(tmp_path: Path) -> None:
+    store, _ = truncated_store()
+    build(store, tmp_path, skip_bad_shards=True)
+    put(store.config.url, "b.tar", make_tar([("b/fixed.txt", b"ok")]))
+    b, path = build(store, tmp_path)
+    assert b.scanned_shards == 1
+    assert b.bad_shards() == []
+    assert members(path)["b/fixed.txt"] == ("b.tar", 2)
+
+
+def test_unsafe_member_fails_the_build_naming_the_path(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a"), "evil.tar": make_tar([("../x", b"!")])})
+    with pytest.raises(CorruptShardError, match=r"evil\.tar: member path '\.\./x' escapes"):
+        build(store, tmp_path)
+    b, path = build(store, tmp_path, skip_bad_shards=True)
+    assert [s.name for s in b.bad_shards()] == ["evil.tar"]
+    assert sorted(members(path)) == ["a/f0.txt", "a/f1.txt", "a/f2.txt"]
+
+
+def test_two_bad_shards_are_both_reported(tmp_path: Path) -> None:
+    store = store_with({"a.tar": b"\x01" * 512, "b.tar": b"\x02" * 512, "c.tar": shard_bytes("c")})
+    with pytest.raises(CorruptShardError, match=r"a\.tar: .* offset 0.*and 1 more"):
+        build(store, tmp_path)
+
+
+def test_unwritable_cache_dir_is_index_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    store = store_with({"a.tar": shard_bytes("a")})
+    with pytest.raises(IndexError_, match="cannot create index folder"):
+        build(store, blocker / "cache")
+
+
+def test_unreadable_local_index_is_rebuilt(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a")})
+    _, path = build(store, tmp_path)
+    path.write_bytes(b"garbage" * 100)
+    again, path = build(store, tmp_path)
+    assert again.scanned_shards == 1
+    assert len(members(path)) == 3
+
+
+# --- sidecars ---------------------------------------------------------------------------------
+
+
+def test_sidecar_lets_a_fresh_cache_skip_scanning(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a"), "sub/b.tar": shard_bytes("b")})
+    _, path = build(store, tmp_path / "one")
+    write_sidecar(store, path)
+    assert store.read_object(SIDECAR_NAME) == path.read_bytes()
+
+    second, path2 = build(Store(store.config), tmp_path / "two")
+    assert second.scanned_shards == 0
+    assert members(path2) == members(path)
+    index_dir = tmp_path / "two" / "index"
+    assert sorted(p.name for p in index_dir.iterdir()) == [path2.name]
+
+
+def test_sidecar_covers_only_the_shards_it_knows(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a"), "b.tar": shard_bytes("b")})
+    _, path = build(store, tmp_path / "one")
+    write_sidecar(store, path)
+    put(store.config.url, "b.tar", shard_bytes("B"))
+    put(store.config.url, "c.tar", shard_bytes("c"))
+    b, path2 = build(store, tmp_path / "two")
+    assert b.scanned_shards == 2
+    assert {p.split("/")[0] for p in members(path2)} == {"a", "B", "c"}
+
+
+def test_sidecar_is_ignored_when_disabled(tmp_path: Path) -> None:
+    store = store_with({"a.tar": shard_bytes("a")})
+    _, path = build(store, tmp_path / "one")
+    write_sidecar(store, path)
+    b, _ = build(store, tmp_path / "two", use_sidecar=False)
+    assert b.scanned_shards == 1
+
+
+@pytest.mark.parametrize("garbage", [b"", b"\x00" * 10, b"SQLite format 3\x00" + b"\xff" * 200])
+def test_invalid_sidecar_is_ignored_with_a_rescan(tmp_path: Path, garbage: bytes) -> None:
+    url = memory_url()
+    store = store_with({"a.tar": shard_bytes("a"), "b.tar": shard_bytes("b")}, url)
+    put(url, SIDECAR_NAME, garbage)
+    b, path = build(store, tmp_path)
+    assert b.scanned_shards == 2
+    assert len(members(path)) == 6
+    assert sorted(p.name for p in (tmp_path / "index").iterdir()) == [path.name]
+
+
+def test_fingerprint_depends_on_identities_and_order() -> None:
+    store = store_with({"a.tar": b"1" * 10, "b.tar": b"2" * 10})
+    shards = store.list_shards()
+    assert fingerprint(shards) == fingerprint(list(shards))
+    assert fingerprint(shards) != fingerprint(shards[::-1])
+    assert fingerprint(shards) != fingerprint(shards[:1])
+
+
+def test_local_folder_source(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "s.tar").write_bytes(shard_bytes("s"))
+    store = Store(SourceConfig(str(data)))
+    b, path = build(store, tmp_path / "cache")
+    assert b.scanned_shards == 1
+    assert sorted(members(path)) == ["s/f0.txt", "s/f1.txt", "s/f2.txt"]

@@ -1,0 +1,87 @@
+"""The public names of the package, and what importing it pulls in."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import shardfs
+from shardfs import errors
+
+EXPECTED = [
+    "CorruptShardError",
+    "FileSystemError",
+    "IndexConfig",
+    "IndexError_",
+    "IsADirectoryError_",
+    "MountConfig",
+    "MountError",
+    "NoSuchAttributeError",
+    "NotADirectoryError_",
+    "NotFoundError",
+    "ReadConfig",
+    "ReadOnlyError",
+    "ShardChangedError",
+    "ShardfsError",
+    "SourceConfig",
+    "SourceError",
+    "SourceNotFoundError",
+    "StoreReadError",
+    "UnsafeMemberError",
+    "UsageError",
+    "ViewConfig",
+    "__version__",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(shardfs.__all__) == EXPECTED
+    assert len(set(shardfs.__all__)) == len(shardfs.__all__)
+    for name in shardfs.__all__:
+        assert hasattr(shardfs, name), name
+
+
+def test_every_error_is_exported_and_rooted() -> None:
+    classes = [
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type)
+        and issubclass(value, Exception)
+        and value.__module__ == errors.__name__
+    ]
+    assert sorted(cls.__name__ for cls in classes) == sorted(
+        name for name in EXPECTED if name.endswith(("Error", "Error_"))
+    )
+    for cls in classes:
+        assert issubclass(cls, shardfs.ShardfsError)
+        assert cls.__doc__, cls.__name__
+        assert getattr(shardfs, cls.__name__) is cls
+
+
+def test_version_is_a_release_string() -> None:
+    parts = shardfs.__version__.split(".")
+    assert len(parts) == 3 and all(part.isdigit() for part in parts)
+
+
+def test_importing_the_package_does_not_import_torch() -> None:
+    code = (
+        "import shardfs, shardfs.cli, shardfs.mount, shardfs.filesystem, shardfs.fuse_ops, sys; "
+        "assert 'torch' not in sys.modules, 'torch was imported'; "
+        "assert 'torchvision' not in sys.modules, 'torchvision was imported'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_importing_the_package_does_not_load_fuse_or_fsspec() -> None:
+    code = (
+        "import shardfs, sys; "
+        "loaded = [m for m in ('mfusepy', 'fsspec', 'torch') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr

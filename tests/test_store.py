@@ -1,0 +1,314 @@
+"""The store: brace patterns, listing, ranged reads and error translation, on the memory
+filesystem and local folders."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tarbuild import memory_url, put, remove, store_with
+
+from shardfs.config import SourceConfig
+from shardfs.errors import (
+    ShardChangedError,
+    ShardfsError,
+    SourceError,
+    SourceNotFoundError,
+    StoreReadError,
+    UsageError,
+)
+from shardfs.store import ShardInfo, Store, expand_braces, translate_errors
+
+# --- brace patterns ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("s3://b/a.tar", ["s3://b/a.tar"]),
+        ("t-{0..3}.tar", ["t-0.tar", "t-1.tar", "t-2.tar", "t-3.tar"]),
+        ("t-{000..002}.tar", ["t-000.tar", "t-001.tar", "t-002.tar"]),
+        ("t-{008..011}.tar", ["t-008.tar", "t-009.tar", "t-010.tar", "t-011.tar"]),
+        ("t-{98..101}.tar", ["t-98.tar", "t-99.tar", "t-100.tar", "t-101.tar"]),
+        ("t-{7..7}.tar", ["t-7.tar"]),
+        ("{train,val}.tar", ["train.tar", "val.tar"]),
+        ("{a,b}-{1..2}.tar", ["a-1.tar", "a-2.tar", "b-1.tar", "b-2.tar"]),
+        (
+            "s3://b/{x,y}/s-{00..01}.tar",
+            ["s3://b/x/s-00.tar", "s3://b/x/s-01.tar", "s3://b/y/s-00.tar", "s3://b/y/s-01.tar"],
+        ),
+        ("x{a,{b,c}}y", ["xay", "xby", "xcy"]),
+        ("{a,b{1..2}}", ["a", "b1", "b2"]),
+    ],
+)
+def test_expand_braces(pattern: str, expected: list[str]) -> None:
+    assert expand_braces(pattern) == expected
+
+
+def test_expand_braces_large_range_keeps_padding() -> None:
+    names = expand_braces("s3://b/train-{000000..000146}.tar")
+    assert len(names) == 147
+    assert names[0] == "s3://b/train-000000.tar"
+    assert names[-1] == "s3://b/train-000146.tar"
+
+
+def test_expand_braces_empty_range_is_usage_error() -> None:
+    with pytest.raises(UsageError, match="empty brace range"):
+        expand_braces("t-{5..3}.tar")
+
+
+# --- listing ----------------------------------------------------------------------------------
+
+
+def test_list_shards_recursive_sorted_only_tar() -> None:
+    url = memory_url()
+    for name, size in [
+        ("b.tar", 30),
+        ("a.tar", 10),
+        ("sub/deeper/c.tar", 20),
+        ("sub/a.tar", 5),
+        ("notes.txt", 3),
+        ("x.tar.gz", 4),
+        ("tar", 1),
+        (".shardfs-index.sqlite", 7),
+    ]:
+        put(url, name, b"x" * size)
+    shards = Store(SourceConfig(url)).list_shards()
+    assert [(s.name, s.size) for s in shards] == [
+        ("a.tar", 10),
+        ("b.tar", 30),
+        ("sub/a.tar", 5),
+        ("sub/deeper/c.tar", 20),
+    ]
+    assert all(s.etag for s in shards)
+
+
+def test_list_shards_trailing_slash_and_local_folder(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "one.tar").write_bytes(b"1" * 11)
+    (tmp_path / "sub" / "two.tar").write_bytes(b"2" * 22)
+    (tmp_path / "readme.md").write_text("hi")
+    for url in (str(tmp_path), str(tmp_path) + "/", f"file://{tmp_path}"):
+        shards = Store(SourceConfig(url)).list_shards()
+        assert [(s.name, s.size) for s in shards] == [("one.tar", 11), ("sub/two.tar", 22)]
+
+
+def test_brace_pattern_lists_only_the_named_shards() -> None:
+    url = memory_url()
+    for i in range(4):
+        put(url, f"train-{i:03d}.tar", b"t" * (i + 1))
+    put(url, "val-000.tar", b"v")
+    shards = Store(SourceConfig(url + "/train-{000..002}.tar")).list_shards()
+    assert [s.name for s in shards] == ["train-000.tar", "train-001.tar", "train-002.tar"]
+
+
+def test_brace_pattern_with_a_missing_shard_names_it() -> None:
+    url = memory_url()
+    for i in (0, 1, 3):
+        put(url, f"train-{i:03d}.tar", b"t")
+    store = Store(SourceConfig(url + "/train-{000..003}.tar"))
+    with pytest.raises(SourceNotFoundError, match=r"1 shard\(s\).*train-002\.tar"):
+        store.list_shards()
+
+
+def test_empty_prefix_is_source_not_found() -> None:
+    with pytest.raises(SourceNotFoundError, match="no such folder or prefix"):
+        Store(SourceConfig(memory_url())).list_shards()
+
+
+def test_prefix_without_tars_is_source_not_found() -> None:
+    url = memory_url()
+    put(url, "a.txt", b"x")
+    with pytest.raises(SourceNotFoundError, match=r"no \*\.tar shards"):
+        Store(SourceConfig(url)).list_shards()
+
+
+def test_missing_local_folder_is_source_not_found(tmp_path: Path) -> None:
+    with pytest.raises(SourceNotFoundError) as info:
+        Store(SourceConfig(str(tmp_path / "nope"))).list_shards()
+    assert info.value.exit_code == 3
+
+
+def test_unknown_protocol_is_usage_error() -> None:
+    with pytest.raises(UsageError, match="nosuchproto://"):
+        Store(SourceConfig("nosuchproto://bucket/x"))
+
+
+def test_identity_is_stable_and_distinguishes_sources() -> None:
+    url = memory_url()
+    assert Store(SourceConfig(url)).identity == Store(SourceConfig(url)).identity
+    assert Store(SourceConfig(url)).identity != Store(SourceConfig(url + "/other")).identity
+    with_endpoint = Store(SourceConfig(url, endpoint_url="http://e"))
+    assert with_endpoint.identity != Store(SourceConfig(url)).identity
+
+
+# --- reads ------------------------------------------------------------------------------------
+
+PAYLOAD = bytes(range(256)) * 40  # 10240 bytes, every offset distinguishable
+
+
+def _one_shard() -> tuple[Store, ShardInfo]:
+    store = store_with({"s.tar": PAYLOAD})
+    (shard,) = store.list_shards()
+    return store, shard
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 10240), (0, 1), (100, 612), (10239, 10240)])
+def test_read_range_exact_bytes(start: int, end: int) -> None:
+    store, shard = _one_shard()
+    assert store.read_range(shard, start, end) == PAYLOAD[start:end]
+
+
+def test_read_range_on_shortened_object_is_shard_changed() -> None:
+    store, shard = _one_shard()
+    put(store.config.url, "s.tar", PAYLOAD[:5000])
+    with pytest.raises(ShardChangedError, match=r"s\.tar") as info:
+        store.read_range(shard, 4000, 6000)
+    assert info.value.exit_code == 4
+
+
+def test_read_range_on_deleted_object_is_shard_changed() -> None:
+    store, shard = _one_shard()
+    remove(store.config.url, "s.tar")
+    with pytest.raises(ShardChangedError, match="gone"):
+        store.read_range(shard, 0, 10)
+
+
+def test_read_range_retries_then_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    store, shard = _one_shard()
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    real = store.fs.cat_file
+    calls: list[tuple[int, int]] = []
+
+    def flaky(path: str, start: int, end: int) -> bytes:
+        calls.append((start, end))
+        if len(calls) < 3:
+            raise TimeoutError("slow down")
+        return bytes(real(path, start=start, end=end))
+
+    monkeypatch.setattr(store.fs, "cat_file", flaky)
+    assert store.read_range(shard, 5, 9, retries=4) == PAYLOAD[5:9]
+    assert calls == [(5, 9)] * 3
+
+
+def test_read_range_gives_up_after_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    store, shard = _one_shard()
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    calls = 0
+
+    def broken(path: str, start: int, end: int) -> bytes:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError("connection reset by peer")
+
+    monkeypatch.setattr(store.fs, "cat_file", broken)
+    with pytest.raises(StoreReadError, match=r"s\.tar \[0:4\].*cannot connect"):
+        store.read_range(shard, 0, 4, retries=3)
+    assert calls == 3
+
+
+def test_open_stream_reads_the_whole_shard() -> None:
+    store, shard = _one_shard()
+    with store.open_stream(shard, block_size=1000) as stream:
+        chunks = []
+        while chunk := stream.read(777):
+            chunks.append(chunk)
+    assert b"".join(chunks) == PAYLOAD
+
+
+def test_read_object_missing_is_none_and_write_round_trips() -> None:
+    store, _ = _one_shard()
+    assert store.read_object("classes.txt") is None
+    assert store.read_object("sub/classes.txt") is None
+    store.write_object("classes.txt", b"cat\ndog\n")
+    assert store.read_object("classes.txt") == b"cat\ndog\n"
+
+
+# --- versions (ETag or fallback) --------------------------------------------------------------
+
+
+def test_etag_changes_when_same_size_content_changes_memory() -> None:
+    store, before = _one_shard()
+    put(store.config.url, "s.tar", bytes(reversed(PAYLOAD)))
+    (after,) = store.list_shards()
+    assert after.size == before.size
+    assert after.etag != before.etag
+    assert after.identity != before.identity
+
+
+def test_etag_changes_when_same_size_content_changes_local(tmp_path: Path) -> None:
+    path = tmp_path / "s.tar"
+    path.write_bytes(b"a" * 100)
+    os.utime(path, ns=(1_700_000_000_000_000_001, 1_700_000_000_000_000_001))
+    store = Store(SourceConfig(str(tmp_path)))
+    (before,) = store.list_shards()
+    path.write_bytes(b"b" * 100)
+    (after,) = store.list_shards()
+    assert after.size == before.size
+    assert after.etag != before.etag
+
+
+@pytest.mark.parametrize("where", ["memory", "local"])
+def test_check_current_accepts_unchanged_and_rejects_changed(where: str, tmp_path: Path) -> None:
+    if where == "memory":
+        store, shard = _one_shard()
+    else:
+        (tmp_path / "s.tar").write_bytes(PAYLOAD)
+        store = Store(SourceConfig(str(tmp_path)))
+        (shard,) = store.list_shards()
+    store.check_current(shard)  # listing and info must agree on the version
+    store.check_current(shard)
+    time.sleep(0.002)
+    store.write_object("s.tar", bytes(reversed(PAYLOAD)))
+    with pytest.raises(ShardChangedError, match=r"s\.tar"):
+        store.check_current(shard)
+
+
+# --- error translation ------------------------------------------------------------------------
+
+
+class NoCredentialsError(Exception):
+    pass
+
+
+class EndpointConnectionError(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "text"),
+    [
+        (FileNotFoundError(2, "No such file", "b/k"), SourceNotFoundError, "not found"),
+        (PermissionError(13, "Forbidden"), SourceError, "access denied"),
+        (NoCredentialsError("Unable to locate credentials"), SourceError, "no credentials"),
+        (EndpointConnectionError("http://x"), SourceError, "cannot connect"),
+        (ConnectionRefusedError("refused"), SourceError, "cannot connect"),
+        (RuntimeError("boom\nsecond line"), SourceError, "what: RuntimeError: boom"),
+        (ValueError(""), SourceError, "what: ValueError: ValueError"),
+    ],
+)
+def test_translate_errors(exc: Exception, kind: type[ShardfsError], text: str) -> None:
+    err = translate_errors("what", exc)
+    assert type(err) is kind
+    assert str(err).startswith("what: ")
+    assert text in str(err)
+    assert "\n" not in str(err)
+
+
+def test_translate_errors_keeps_our_own_errors() -> None:
+    ours = ShardChangedError("x")
+    assert translate_errors("what", ours) is ours
+
+
+def test_permission_error_is_not_source_not_found() -> None:
+    err: Any = translate_errors("what", PermissionError("denied"))
+    assert not isinstance(err, SourceNotFoundError)
+    assert err.exit_code == 3
+
+
+@pytest.mark.parametrize("pattern", ["a{b.tar", "a}b.tar", "a{b{c,d}.tar"])
+def test_expand_braces_unbalanced_is_literal(pattern: str) -> None:
+    assert expand_braces(pattern) == [pattern]
