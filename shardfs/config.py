@@ -158,3 +158,40 @@ def parse_size(text: str) -> int:
     if value < 0:
         raise UsageError(f"size must not be negative: {text!r}")
     return int(value * _SIZE_UNITS[unit])
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The persistent block cache.
+
+    cache_dir: where blocks live (``CACHE_DIR/blocks``). Default: ``default_cache_dir()``.
+    size: the bound, in bytes or as a percentage of the cache disk (``"20%"``).
+        Default: ``"50%"`` of the disk that holds ``cache_dir``.
+    min_free: free space always left on the cache disk; the cache shrinks below ``size``
+        to keep it. Default: 1 GiB.
+    block_size: bytes per block; a block never spans two shards. Default: 4 MiB.
+    chunk_size: bytes per checksummed chunk inside a block, so a small read verifies only
+        what it returns. Default: 64 KiB.
+    enabled: False serves every read from the store (``--no-cache``). Default: True.
+    """
+
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    size: str = "50%"
+    min_free: int = 1 << 30
+    block_size: int = 4 << 20
+    chunk_size: int = 64 << 10
+    enabled: bool = True
+
+
+def resolve_cache_size(spec: str, disk_bytes: int) -> int:
+    """``"500G"`` -> bytes; ``"20%"`` -> that share of ``disk_bytes``."""
+    text = spec.strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            raise UsageError(f"not a percentage: {spec!r}") from None
+        if not 0 < share <= 100:
+            raise UsageError(f"cache size percentage must be in (0, 100]: {spec!r}")
+        return int(disk_bytes * share / 100)
+    return parse_size(text)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -199,15 +200,21 @@ def run_foreground(
     core = ShardFileSystem(opened.view, core_reader, read_config)
     pid_path = pid_file(mount_config.mountpoint)
 
+    served = threading.Event()
+
     def on_ready() -> None:
         pid_path.write_text(str(os.getpid()))
         log.info("mounted %s at %s", source.url, mount_config.mountpoint)
         channel.send("ready", f"{opened.view.report.files} {opened.view.layout}")
+        served.set()
 
     try:
         fuse_ops.serve(core, mount_config, on_ready)
     except RuntimeError as exc:
-        raise MountError(f"{mount_config.mountpoint}: FUSE mount failed ({exc})") from exc
+        if not served.is_set():
+            raise MountError(f"{mount_config.mountpoint}: FUSE mount failed ({exc})") from exc
+        # libfuse 3 returns non-zero when SIGINT/SIGTERM end its loop; that is a clean stop.
+        log.info("FUSE loop ended with status %s", exc)
     finally:
         with contextlib.suppress(FileNotFoundError):
             pid_path.unlink()

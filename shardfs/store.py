@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import hashlib
 import logging
+import os
 import posixpath
 import re
 import time
@@ -151,21 +152,30 @@ class Store:
         self.root: str = root.rstrip("/")
 
     @property
-    def identity(self) -> str:
-        """A stable id of this source, used to key the persisted index."""
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+    def protocol(self) -> str:
+        protocol = self.fs.protocol
+        return protocol if isinstance(protocol, str) else str(protocol[0])
+
+    def _endpoint(self) -> str:
         endpoint = self.config.endpoint_url or ""
         if not endpoint:
             client_kwargs = self.config.storage_options.get("client_kwargs") or {}
             endpoint = str(client_kwargs.get("endpoint_url", ""))
-        if not endpoint and protocol in ("s3", "s3a"):
-            import os
-
+        if not endpoint and self.protocol in ("s3", "s3a"):
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
                 "AWS_ENDPOINT_URL", ""
             )
-        text = f"{protocol}://{self.root}|{endpoint}|{'|'.join(self._pattern or [])}"
+        return endpoint
+
+    @property
+    def identity(self) -> str:
+        """A stable id of this source, used to key the persisted index."""
+        text = f"{self.protocol}://{self.root}|{self._endpoint()}|{'|'.join(self._pattern or [])}"
         return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def location(self, shard: ShardInfo) -> str:
+        """Where a shard's bytes live, whatever source URL named it (keys the block cache)."""
+        return f"{self.protocol}://{self._path(shard.name)}|{self._endpoint()}"
 
     def describe(self) -> str:
         return self.config.url

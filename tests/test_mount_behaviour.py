@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import io
 import os
+import random
 import signal
 import stat
 import tarfile
@@ -193,7 +195,7 @@ def test_readdir_returns_d_type_and_inode(mounted: Path) -> None:
 
 
 def test_sigterm_to_the_daemon_unmounts_cleanly(
-    dataset: tuple[Path, list[Path], str], mounted: Path
+    dataset: tuple[Path, list[Path], str], mounted: Path, tmp_path: Path
 ) -> None:
     pid_path = pid_file(mounted)
     pid = int(pid_path.read_text())
@@ -206,6 +208,12 @@ def test_sigterm_to_the_daemon_unmounts_cleanly(
     assert not is_mounted(mounted)  # no dead mount left behind
     assert not pid_path.exists()
     assert list(mounted.iterdir()) == []
+    # The daemon's log (its stderr) shows a clean stop, not an error.
+    (log,) = (tmp_path / "cache" / "logs").iterdir()
+    text = log.read_text()
+    assert "unmounted" in text
+    assert "error" not in text.lower()
+    assert "Traceback" not in text
 
 
 def test_foreground_mount_serves_until_sigint(
@@ -278,4 +286,42 @@ def test_symlinks_inside_are_served_and_outside_left_out(
     for rel in ("d/escape", "d/e/escape2", "absolute"):
         assert not os.path.lexists(mountpoint / rel), rel
     assert sorted(os.listdir(mountpoint)) == ["d", "to_dir", "top.txt"]
+    umount(mountpoint)
+
+
+# -- a file larger than one read window --------------------------------------------------------
+
+
+def test_file_larger_than_the_read_window_reads_back_exactly(
+    s3_server: S3Server, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    # ReadConfig: files over 8 MiB are fetched in 8 MiB windows, not whole.
+    payload = random.Random("big").randbytes((9 << 20) + 4097)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("small.bin", b"small"), ("big/blob.bin", payload)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    bucket = new_bucket(s3_server, "big")
+    s3_server.filesystem().pipe_file(f"{bucket}/p/shard-000000.tar", buf.getvalue())
+
+    mount(f"s3://{bucket}/p/", mountpoint, tmp_path / "c", env=env)
+    path = mountpoint / "big" / "blob.bin"
+    assert path.stat().st_size == len(payload)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # Seeks back and forth across the window boundary, before the page cache holds any.
+        for offset, size in [
+            (len(payload) - 100, 1000),
+            ((8 << 20) - 10, 20),
+            (5, 3),
+            ((8 << 20) + 3, 70_000),
+            (len(payload), 10),
+        ]:
+            assert os.pread(fd, size, offset) == payload[offset : offset + size], offset
+    finally:
+        os.close(fd)
+    assert hashlib.sha256(path.read_bytes()).digest() == hashlib.sha256(payload).digest()
+    assert (mountpoint / "small.bin").read_bytes() == b"small"
     umount(mountpoint)

@@ -93,7 +93,9 @@ def member_offsets(data: bytes) -> list[tuple[str, int, int]]:
         return [(m.name, m.offset, m.offset_data) for m in tar.getmembers()]
 
 
+@pytest.mark.parametrize("cut", ["in-data", "in-header"])
 def test_truncated_shard_fails_naming_shard_and_offset_or_is_skipped(
+    cut: str,
     good: tuple[Path, list[Path]],
     s3_server: S3Server,
     env: dict[str, str],
@@ -103,9 +105,9 @@ def test_truncated_shard_fails_naming_shard_and_offset_or_is_skipped(
     src, shards = good
     data = {shard.name: shard.read_bytes() for shard in shards}
     bad = shards[1].name
-    # Cut inside the data of the shard's last file.
-    _name, _header, data_offset = member_offsets(data[bad])[-1]
-    data[bad] = data[bad][: data_offset + 100]
+    # Cut inside the data, or inside the header, of the shard's last file.
+    _name, header, data_offset = member_offsets(data[bad])[-1]
+    data[bad] = data[bad][: data_offset + 100 if cut == "in-data" else header + 100]
     source = upload_shards(s3_server, "truncated", data)
 
     code, line = mount_fails(source, mountpoint, tmp_path, env)

@@ -55,6 +55,9 @@ def test_ranged_get_counts_only_bytes_sent(s3_server: S3Server) -> None:
 
     assert fs.cat_file("support-ranged/dir/blob.bin") == payload
     assert _counters(s3_server) == (2, 11000, 1)
+    counts = s3_server.counts()
+    assert counts["get_object_requests_by_key"] == {"support-ranged/dir/blob.bin": 2}
+    assert counts["get_object_bytes_by_key"] == {"support-ranged/dir/blob.bin": 11000}
 
 
 def test_control_endpoint_is_not_counted_and_reset_zeroes(s3_server: S3Server) -> None:
@@ -69,6 +72,8 @@ def test_control_endpoint_is_not_counted_and_reset_zeroes(s3_server: S3Server) -
         "get_object_requests": 0,
         "get_object_bytes": 0,
         "list_requests": 0,
+        "get_object_requests_by_key": {},
+        "get_object_bytes_by_key": {},
     }
     assert s3_server.counts() == zero
     assert s3_server.counts() == zero

@@ -1,0 +1,496 @@
+"""The persistent block cache: shard-aligned blocks on local disk, bounded, crash-safe, verified.
+
+Layout under ``CACHE_DIR``::
+
+    blocks/ab/<shard key>/<block index>   one file per block: header + data
+    tmp/<pid>-<n>.tmp                    blocks being written (renamed into blocks/)
+    cache.sqlite                         size and last use of each block (for the bound)
+    locks                                byte-range locks: one fetch per block across mounts
+
+A block file starts with a header that carries the shard key, the block index, the data
+length and an xxh3-64 checksum of every 64 KiB chunk (plus one of the header itself). A read
+verifies only the chunks it returns, so a warm small read stays cheap while no byte is ever
+served unchecked. A file that fails a check is deleted, counted and fetched again.
+
+A block is written to ``tmp/`` and renamed into place, so a daemon killed at any moment
+leaves either a whole block or none; leftover temp files of dead processes are removed at
+start by listing ``tmp/`` alone. The cache never sees the store: ``get`` takes a fetch
+function, which makes every part testable with a fake fetcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import itertools
+import logging
+import os
+import shutil
+import sqlite3
+import struct
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from .config import CacheConfig, resolve_cache_size
+from .stats import Stats
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"SHFSBLK1"
+_FIXED = struct.Struct("<8sIIQQ16sII")  # magic, header len, chunk, data len, index, key, n, 0
+_LOCK_SLOTS = 1 << 16
+_DEGRADED_RETRY_S = 30.0
+_ATIME_FLUSH_S = 5.0
+_EVICT_LOW_WATER = 0.9
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS blocks (path TEXT PRIMARY KEY, size INTEGER NOT NULL,
+                                   atime REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS blocks_by_atime ON blocks (atime);
+CREATE TABLE IF NOT EXISTS total (id INTEGER PRIMARY KEY CHECK (id = 1), bytes INTEGER NOT NULL);
+INSERT OR IGNORE INTO total VALUES (1, 0);
+"""
+
+
+def shard_key(location: str, size: int, etag: str) -> str:
+    """A shard's cache identity: where it lives and which version it is."""
+    text = f"{location}\0{size}\0{etag}"
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKey:
+    shard: str  # shard_key(), 32 hex digits
+    index: int
+
+
+class CorruptBlockError(Exception):
+    """A block file failed a check; internal to the cache, never reaches a reader."""
+
+
+def encode_block(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
+    """Header + data, as written to disk."""
+    count = (len(data) + chunk_size - 1) // chunk_size
+    sums = [
+        xxhash.xxh3_64_intdigest(data[i * chunk_size : (i + 1) * chunk_size]) for i in range(count)
+    ]
+    header_len = _FIXED.size + 8 * count + 8
+    head = _FIXED.pack(
+        MAGIC, header_len, chunk_size, len(data), key.index, bytes.fromhex(key.shard), count, 0
+    ) + struct.pack(f"<{count}Q", *sums)
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head)) + data
+
+
+def read_verified(fd: int, key: BlockKey, start: int, end: int, expected_len: int) -> bytes:
+    """Bytes ``[start, end)`` of the block in ``fd``, verified chunk by chunk."""
+    fixed = os.pread(fd, _FIXED.size, 0)
+    if len(fixed) != _FIXED.size:
+        raise CorruptBlockError("truncated header")
+    magic, header_len, chunk, data_len, index, raw_key, count, _ = _FIXED.unpack(fixed)
+    if magic != MAGIC or raw_key.hex() != key.shard or index != key.index:
+        raise CorruptBlockError("wrong magic or key")
+    if data_len != expected_len or chunk <= 0 or count != (data_len + chunk - 1) // chunk:
+        raise CorruptBlockError("wrong length")
+    if header_len != _FIXED.size + 8 * count + 8:
+        raise CorruptBlockError("wrong header length")
+    rest = os.pread(fd, header_len - _FIXED.size, _FIXED.size)
+    if len(rest) != header_len - _FIXED.size:
+        raise CorruptBlockError("truncated header")
+    (header_sum,) = struct.unpack_from("<Q", rest, 8 * count)
+    if xxhash.xxh3_64_intdigest(fixed + rest[: 8 * count]) != header_sum:
+        raise CorruptBlockError("header checksum mismatch")
+    first, last = start // chunk, (end - 1) // chunk
+    span_start = first * chunk
+    span_end = min((last + 1) * chunk, data_len)
+    data = os.pread(fd, span_end - span_start, header_len + span_start)
+    if len(data) != span_end - span_start:
+        raise CorruptBlockError("truncated data")
+    sums = struct.unpack_from(f"<{last - first + 1}Q", rest, 8 * first)
+    for i, expected in enumerate(sums):
+        piece = data[i * chunk : (i + 1) * chunk]
+        if xxhash.xxh3_64_intdigest(piece) != expected:
+            raise CorruptBlockError(f"checksum mismatch in chunk {first + i}")
+    return data[start - span_start : end - span_start]
+
+
+class BlockCache:
+    """Shard-aligned blocks on disk, shared safely by every mount that uses the same folder."""
+
+    def __init__(self, config: CacheConfig, stats: Stats | None = None) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else Stats()
+        self.root = config.cache_dir
+        self.blocks_dir = self.root / "blocks"
+        self.tmp_dir = self.root / "tmp"
+        for folder in (self.blocks_dir, self.tmp_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        disk = shutil.disk_usage(self.root)
+        self.max_bytes = resolve_cache_size(config.size, disk.total)
+        self._db_path = self.root / "cache.sqlite"
+        self._local = threading.local()
+        with self._db() as db:
+            db.executescript(_SCHEMA)
+        self._lock_fd = os.open(self.root / "locks", os.O_RDWR | os.O_CREAT, 0o644)
+        self._inflight: dict[BlockKey, threading.Event] = {}
+        self._inflight_lock = threading.Lock()
+        self._pins: Counter[str] = Counter()
+        self._pins_lock = threading.Lock()
+        self._touched: dict[str, float] = {}
+        self._touched_lock = threading.Lock()
+        self._last_flush = time.monotonic()
+        self._degraded_until = 0.0
+        self._warned = False
+        self._tmp_names = itertools.count()
+        self._evicting = threading.Lock()
+        self._closed = False
+        self._remove_stale_temp_files()
+
+    # -- public -------------------------------------------------------------------------
+
+    def get(
+        self,
+        key: BlockKey,
+        start: int,
+        end: int,
+        block_len: int,
+        fetch: Callable[[], bytes],
+    ) -> bytes:
+        """Bytes ``[start, end)`` of a block of ``block_len`` bytes; fetched once on a miss."""
+        while True:
+            data = self._load(key, start, end, block_len)
+            if data is not None:
+                self.stats.add(cache_hits=1)
+                return data
+            with self._inflight_lock:
+                waiting = self._inflight.get(key)
+                if waiting is None:
+                    self._inflight[key] = threading.Event()
+            if waiting is not None:
+                waiting.wait()
+                continue  # the other thread stored it (or failed): look again
+            try:
+                return self._fetch_and_store(key, start, end, block_len, fetch)
+            finally:
+                with self._inflight_lock:
+                    self._inflight.pop(key).set()
+
+    def usage(self) -> int:
+        try:
+            with self._db() as db:
+                return int(db.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
+        except sqlite3.Error:
+            return -1
+
+    def limit(self) -> int:
+        """The bound in force now: ``--cache-size``, lowered to keep ``min_free`` free."""
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError:
+            return self.max_bytes
+        return max(0, min(self.max_bytes, self.usage() + free - self.config.min_free))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._flush_access_times(force=True)
+        os.close(self._lock_fd)
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+
+    # -- paths and bookkeeping ---------------------------------------------------------
+
+    def path_of(self, key: BlockKey) -> Path:
+        return self.blocks_dir / key.shard[:2] / key.shard / str(key.index)
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self._db_path, timeout=30, isolation_level=None)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._local.conn = conn
+        yield conn
+
+    def _remove_stale_temp_files(self) -> None:
+        """Delete temp files whose writer process is gone; only ``tmp/`` is listed."""
+        for entry in os.scandir(self.tmp_dir):
+            pid_text = entry.name.split("-", 1)[0]
+            alive = False
+            if pid_text.isdigit():
+                try:
+                    os.kill(int(pid_text), 0)
+                    alive = True
+                except ProcessLookupError:
+                    alive = False
+                except PermissionError:
+                    alive = True
+            if not alive:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+    # -- reading -----------------------------------------------------------------------
+
+    def _load(self, key: BlockKey, start: int, end: int, block_len: int) -> bytes | None:
+        path = str(self.path_of(key))
+        with self._pins_lock:
+            self._pins[path] += 1
+        try:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                log.warning("cannot open cached block %s: %s", path, exc)
+                return None
+            try:
+                data = read_verified(fd, key, start, end, block_len)
+            except (CorruptBlockError, struct.error) as exc:
+                self.stats.add(checksum_failures=1)
+                log.warning("discarding corrupt cached block %s (%s)", path, exc)
+                self._forget(path)
+                return None
+            except OSError as exc:
+                log.warning("cannot read cached block %s: %s", path, exc)
+                return None
+            finally:
+                os.close(fd)
+        finally:
+            with self._pins_lock:
+                self._pins[path] -= 1
+                if not self._pins[path]:
+                    del self._pins[path]
+        with self._touched_lock:
+            self._touched[path] = time.time()
+        self._flush_access_times()
+        return data
+
+    def _forget(self, path: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        with contextlib.suppress(sqlite3.Error), self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            row = db.execute("SELECT size FROM blocks WHERE path = ?", (path,)).fetchone()
+            if row is not None:
+                db.execute("DELETE FROM blocks WHERE path = ?", (path,))
+                db.execute("UPDATE total SET bytes = bytes - ? WHERE id = 1", (row[0],))
+            db.execute("COMMIT")
+
+    def _flush_access_times(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_flush < _ATIME_FLUSH_S:
+            return
+        with self._touched_lock:
+            self._last_flush = now
+            touched, self._touched = self._touched, {}
+        if not touched:
+            return
+        try:
+            with self._db() as db:
+                db.executemany(
+                    "UPDATE blocks SET atime = ? WHERE path = ?",
+                    [(atime, path) for path, atime in touched.items()],
+                )
+        except sqlite3.Error as exc:
+            log.debug("could not record block use: %s", exc)
+
+    # -- fetching and writing ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _cross_process_lock(self, key: BlockKey) -> Iterator[None]:
+        slot = int(key.shard[:8], 16) ^ key.index
+        slot %= _LOCK_SLOTS
+        while True:
+            try:
+                fcntl.lockf(self._lock_fd, fcntl.LOCK_EX, 1, slot)
+                break
+            except OSError as exc:
+                # Record locks belong to the process, so two multithreaded mounts waiting
+                # crosswise look like a deadlock to the kernel. It is none (a holder never
+                # waits for another slot), so wait and try again.
+                if exc.errno != errno.EDEADLK:
+                    raise
+                time.sleep(0.01)
+        try:
+            yield
+        finally:
+            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, slot)
+
+    def _fetch_and_store(
+        self, key: BlockKey, start: int, end: int, block_len: int, fetch: Callable[[], bytes]
+    ) -> bytes:
+        with self._cross_process_lock(key):
+            data = self._load(key, start, end, block_len)  # another mount may have fetched it
+            if data is not None:
+                self.stats.add(cache_hits=1)
+                return data
+            block = fetch()
+            self.stats.add(cache_misses=1)
+            if len(block) != block_len:
+                raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
+            self._store(key, block)
+        return block[start:end]
+
+    def _store(self, key: BlockKey, block: bytes) -> None:
+        if time.monotonic() < self._degraded_until:
+            return
+        encoded = encode_block(key, block, self.config.chunk_size)
+        final = self.path_of(key)
+        tmp = self.tmp_dir / f"{os.getpid()}-{next(self._tmp_names)}-{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            self._make_room(len(encoded))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(encoded)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
+            with self._db() as db:
+                db.execute("BEGIN IMMEDIATE")
+                inserted = db.execute(
+                    "INSERT OR IGNORE INTO blocks VALUES (?, ?, ?)",
+                    (str(final), len(encoded), time.time()),
+                ).rowcount
+                if inserted:
+                    db.execute("UPDATE total SET bytes = bytes + ? WHERE id = 1", (len(encoded),))
+                db.execute("COMMIT")
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+            self.stats.add(blocks_written=1)
+        except (OSError, sqlite3.Error) as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            self._degrade(exc)
+
+    def _degrade(self, exc: BaseException) -> None:
+        """A full or read-only cache disk: keep serving from the store, warn once."""
+        self.stats.add(cache_write_errors=1)
+        self._degraded_until = time.monotonic() + _DEGRADED_RETRY_S
+        if not self._warned:
+            self._warned = True
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            log.warning("cache disk unusable (%s); reading from the store without caching", reason)
+        if isinstance(exc, OSError) and exc.errno not in (
+            errno.ENOSPC,
+            errno.EROFS,
+            errno.EDQUOT,
+            errno.EACCES,
+            errno.EPERM,
+            errno.EIO,
+            errno.ENOENT,
+        ):
+            log.debug("cache write failed", exc_info=exc)
+
+    def _make_room(self, incoming: int) -> None:
+        """Evict least recently used blocks so that ``incoming`` bytes fit under the bound."""
+        limit = self.limit()
+        if incoming > limit:
+            raise OSError(errno.ENOSPC, "cache bound smaller than one block")
+        if self.usage() + incoming <= limit:
+            return
+        with self._evicting:
+            self._flush_access_times(force=True)
+            target = int(limit * _EVICT_LOW_WATER) - incoming
+            self.evict_to(max(0, target))
+
+    def evict_to(self, target: int) -> int:
+        """Remove least recently used blocks until usage is at most ``target``; returns count."""
+        removed = 0
+        with self._db() as db:
+            while True:
+                db.execute("BEGIN IMMEDIATE")
+                used = int(db.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
+                if used <= target:
+                    db.execute("COMMIT")
+                    return removed
+                rows = db.execute(
+                    "SELECT path, size FROM blocks ORDER BY atime LIMIT 64"
+                ).fetchall()
+                with self._pins_lock:
+                    victims = [(p, s) for p, s in rows if p not in self._pins]
+                freed, chosen = 0, []
+                for path, size in victims:
+                    if used - freed <= target:
+                        break
+                    chosen.append(path)
+                    freed += size
+                if not chosen:
+                    db.execute("COMMIT")
+                    return removed
+                db.executemany("DELETE FROM blocks WHERE path = ?", [(p,) for p in chosen])
+                db.execute("UPDATE total SET bytes = bytes - ? WHERE id = 1", (freed,))
+                db.execute("COMMIT")
+                for path in chosen:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                removed += len(chosen)
+                self.stats.add(blocks_evicted=len(chosen))
+
+
+def cache_info(cache_dir: Path) -> dict[str, int | str]:
+    """What is in a cache folder, without opening it for writing."""
+    info: dict[str, int | str] = {"cache_dir": str(cache_dir)}
+    db_path = cache_dir / "cache.sqlite"
+    blocks = used = 0
+    if db_path.exists():
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+        try:
+            blocks = int(conn.execute("SELECT COUNT(*) FROM blocks").fetchone()[0])
+            used = int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
+        except sqlite3.Error:
+            pass
+        finally:
+            conn.close()
+    info["blocks"] = blocks
+    info["block_bytes"] = used
+    for name in ("index", "views"):
+        folder = cache_dir / name
+        files = list(folder.glob("*.sqlite")) if folder.exists() else []
+        info[f"{name}_files"] = len(files)
+        info[f"{name}_bytes"] = sum(f.stat().st_size for f in files)
+    return info
+
+
+def clear_cache(cache_dir: Path, *, everything: bool = False) -> int:
+    """Drop every cached block (and with ``everything`` the indexes and views).
+
+    Safe while mounts use the folder: the blocks folder is renamed away in one step, so a
+    reader either still holds an open block (valid until closed) or misses and refetches.
+    Returns the number of bytes the bookkeeping said were used.
+    """
+    blocks_dir = cache_dir / "blocks"
+    used = 0
+    db_path = cache_dir / "cache.sqlite"
+    if db_path.exists():
+        conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            used = int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
+            trash = cache_dir / f"trash-{uuid.uuid4().hex[:8]}"
+            if blocks_dir.exists():
+                os.rename(blocks_dir, trash)
+            blocks_dir.mkdir()
+            conn.execute("DELETE FROM blocks")
+            conn.execute("UPDATE total SET bytes = 0 WHERE id = 1")
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        shutil.rmtree(trash, ignore_errors=True)
+    elif blocks_dir.exists():
+        shutil.rmtree(blocks_dir, ignore_errors=True)
+    if everything:
+        for name in ("index", "views"):
+            shutil.rmtree(cache_dir / name, ignore_errors=True)
+    return used

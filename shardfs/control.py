@@ -1,0 +1,103 @@
+"""The control channel of a running mount: a unix socket that answers with live stats.
+
+``shardfs stats MOUNTPOINT`` connects to the socket of that mountpoint, sends one command
+line and reads one JSON document. The socket and the daemon's pid file live in a private
+runtime folder (``$XDG_RUNTIME_DIR`` or the temp folder), named after the mountpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import MountError
+
+log = logging.getLogger(__name__)
+
+
+def runtime_dir() -> Path:
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    path = Path(base) / f"shardfs-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def _runtime_name(mountpoint: Path) -> str:
+    return hashlib.sha256(str(mountpoint.resolve()).encode()).hexdigest()[:16]
+
+
+def pid_file(mountpoint: Path) -> Path:
+    return runtime_dir() / f"{_runtime_name(mountpoint)}.pid"
+
+
+def socket_path(mountpoint: Path) -> Path:
+    return runtime_dir() / f"{_runtime_name(mountpoint)}.sock"
+
+
+class ControlServer:
+    """Answers ``stats`` on a unix socket from a daemon thread."""
+
+    def __init__(self, mountpoint: Path, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.path = socket_path(mountpoint)
+        self.snapshot = snapshot
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(str(self.path))
+        os.chmod(self.path, 0o600)
+        self._sock.listen(8)
+        self._thread = threading.Thread(target=self._serve, name="control", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    conn.settimeout(5)
+                    command = conn.recv(64).decode("ascii", "replace").strip()
+                    if command == "stats":
+                        reply: dict[str, Any] = self.snapshot()
+                    else:
+                        reply = {"error": f"unknown command {command!r}"}
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+                except Exception:
+                    log.exception("control request failed")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def query(mountpoint: Path, command: str = "stats", timeout: float = 10.0) -> dict[str, Any]:
+    """Ask the daemon serving ``mountpoint``; MountError if none answers."""
+    path = socket_path(mountpoint)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(path))
+            sock.sendall(command.encode() + b"\n")
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+    except OSError as exc:
+        raise MountError(f"{mountpoint}: no shardfs mount answers there ({exc.strerror})") from exc
+    try:
+        reply: dict[str, Any] = json.loads(b"".join(chunks))
+    except ValueError as exc:
+        raise MountError(f"{mountpoint}: garbled reply from the daemon") from exc
+    return reply

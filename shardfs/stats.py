@@ -1,0 +1,37 @@
+"""Live counters of a mount, shared by the filesystem core, the reader and the block cache."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class Stats:
+    """Monotonic counters; ``add`` is thread-safe, ``snapshot`` gives a consistent copy."""
+
+    bytes_served: int = 0
+    bytes_fetched: int = 0
+    store_requests: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    blocks_written: int = 0
+    blocks_evicted: int = 0
+    checksum_failures: int = 0
+    cache_write_errors: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: int) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            values: dict[str, Any] = {
+                f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")
+            }
+        lookups = values["cache_hits"] + values["cache_misses"]
+        values["hit_ratio"] = values["cache_hits"] / lookups if lookups else 0.0
+        return values

@@ -1,0 +1,731 @@
+"""The persistent block cache, driven with a fake fetcher: bytes, verification, crash
+safety, the bound, degrading on a bad disk, and concurrency across threads and processes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import shardfs.cache
+from shardfs.cache import (
+    MAGIC,
+    BlockCache,
+    BlockKey,
+    cache_info,
+    clear_cache,
+    encode_block,
+    read_verified,
+    shard_key,
+)
+from shardfs.config import CacheConfig, resolve_cache_size
+from shardfs.errors import UsageError
+from shardfs.stats import Stats
+
+BLOCK = 4096
+CHUNK = 512
+HEADER = 56 + 8 * (BLOCK // CHUNK) + 8  # fixed part + one sum per chunk + header sum
+ENCODED = HEADER + BLOCK  # bytes on disk for one full block
+KEY = shard_key("memory://bucket/train-000.tar", 1 << 20, "etag-1")
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+class Source:
+    """Deterministic block contents and a fetcher per block that counts its calls."""
+
+    def __init__(self, seed: int = 0, block_len: int = BLOCK) -> None:
+        self.seed = seed
+        self.block_len = block_len
+        self.calls: list[int] = []
+        self._lock = threading.Lock()
+
+    def block(self, index: int) -> bytes:
+        return random.Random(self.seed * 1_000_003 + index).randbytes(self.block_len)
+
+    def fetcher(self, index: int, delay: float = 0.0) -> Callable[[], bytes]:
+        def fetch() -> bytes:
+            with self._lock:
+                self.calls.append(index)
+            if delay:
+                time.sleep(delay)
+            return self.block(index)
+
+        return fetch
+
+    def get(self, cache: BlockCache, index: int, start: int = 0, end: int | None = None) -> bytes:
+        end = self.block_len if end is None else end
+        return cache.get(BlockKey(KEY, index), start, end, self.block_len, self.fetcher(index))
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def open_cache(cache_dir: Path) -> Iterator[Callable[..., BlockCache]]:
+    """Opens BlockCache instances on ``cache_dir`` (small blocks, no min_free); closes them."""
+    opened: list[BlockCache] = []
+
+    def make(**overrides: Any) -> BlockCache:
+        settings: dict[str, Any] = {
+            "cache_dir": cache_dir,
+            "size": "64M",
+            "min_free": 0,
+            "block_size": BLOCK,
+            "chunk_size": CHUNK,
+            **overrides,
+        }
+        cache = BlockCache(CacheConfig(**settings), Stats())
+        opened.append(cache)
+        return cache
+
+    yield make
+    for cache in opened:
+        cache.close()
+
+
+def block_files(cache: BlockCache) -> list[Path]:
+    return sorted(p for p in cache.blocks_dir.rglob("*") if p.is_file())
+
+
+def tmp_files(cache: BlockCache) -> list[str]:
+    return sorted(os.listdir(cache.tmp_dir))
+
+
+def assert_block_file_valid(cache: BlockCache, index: int, expected: bytes) -> None:
+    fd = os.open(cache.path_of(BlockKey(KEY, index)), os.O_RDONLY)
+    try:
+        assert read_verified(fd, BlockKey(KEY, index), 0, len(expected), len(expected)) == expected
+    finally:
+        os.close(fd)
+
+
+# --- bytes, hits and misses -------------------------------------------------------------------
+
+RANGES = [
+    (0, 1),
+    (0, CHUNK),
+    (CHUNK - 1, CHUNK),
+    (CHUNK - 1, CHUNK + 1),
+    (CHUNK, 2 * CHUNK),
+    (CHUNK + 7, 5 * CHUNK - 3),
+    (1000, 3000),
+    (BLOCK - CHUNK, BLOCK),
+    (BLOCK - 1, BLOCK),
+    (0, BLOCK),
+    (17, 17),
+]
+
+
+def test_get_returns_exact_bytes_for_every_range(open_cache: Callable[..., BlockCache]) -> None:
+    cache, source = open_cache(), Source()
+    for start, end in RANGES:
+        for index in (0, 1):
+            assert source.get(cache, index, start, end) == source.block(index)[start:end]
+    assert sorted(source.calls) == [0, 1]  # one fetch per block, whatever the ranges
+
+
+def test_short_last_block_returns_exact_bytes(open_cache: Callable[..., BlockCache]) -> None:
+    cache, source = open_cache(), Source(block_len=1000)  # not a multiple of the chunk size
+    for start, end in [(0, 1000), (999, 1000), (500, 513), (511, 512), (512, 1000)]:
+        assert source.get(cache, 3, start, end) == source.block(3)[start:end]
+    assert source.calls == [3]
+    assert_block_file_valid(cache, 3, source.block(3))
+
+
+def test_miss_fetches_once_then_hits(open_cache: Callable[..., BlockCache]) -> None:
+    cache, source = open_cache(), Source()
+    assert source.get(cache, 0, 100, 200) == source.block(0)[100:200]
+    assert (cache.stats.cache_misses, cache.stats.cache_hits) == (1, 0)
+    assert source.get(cache, 0, 3000, 4000) == source.block(0)[3000:4000]
+    assert (cache.stats.cache_misses, cache.stats.cache_hits) == (1, 1)
+    assert source.calls == [0]
+    assert cache.stats.blocks_written == 1
+    assert cache.stats.snapshot()["hit_ratio"] == 0.5
+
+
+def test_new_instance_serves_from_disk_without_fetching(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    first, source = open_cache(), Source()
+    for index in range(4):
+        source.get(first, index)
+    first.close()
+
+    again = Source()  # same contents, fresh counters: a remount
+    second = open_cache()
+    for index in range(4):
+        assert again.get(second, index, 10, 4000) == source.block(index)[10:4000]
+    assert again.calls == []
+    assert (second.stats.cache_hits, second.stats.cache_misses) == (4, 0)
+    assert second.usage() == 4 * ENCODED
+
+
+# --- verification -----------------------------------------------------------------------------
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def damage_then_read(
+    open_cache: Callable[..., BlockCache], damage: Callable[[BlockCache, Path], None]
+) -> tuple[BlockCache, Source]:
+    """Cache block 0, damage its file, read it whole; checks the refetch and the new file."""
+    cache, source = open_cache(), Source()
+    source.get(cache, 0)
+    path = cache.path_of(BlockKey(KEY, 0))
+    damage(cache, path)
+
+    assert source.get(cache, 0) == source.block(0)
+    assert cache.stats.checksum_failures == 1
+    assert source.calls == [0, 0]
+    assert_block_file_valid(cache, 0, source.block(0))
+    assert path.stat().st_size == ENCODED
+    assert cache.usage() == ENCODED  # the bad file was forgotten, the new one counted once
+    assert source.get(cache, 0) == source.block(0)  # and it is a hit again
+    assert source.calls == [0, 0]
+    return cache, source
+
+
+@pytest.mark.parametrize("offset", [0, 1, CHUNK - 1, CHUNK, 3 * CHUNK + 100, BLOCK - 1])
+def test_flipped_data_byte_is_detected_and_refetched(
+    open_cache: Callable[..., BlockCache], offset: int
+) -> None:
+    damage_then_read(open_cache, lambda cache, path: flip_byte(path, HEADER + offset))
+
+
+@pytest.mark.parametrize("length", [0, 10, HEADER - 1, HEADER, HEADER + CHUNK, ENCODED - 1])
+def test_truncated_block_file_is_detected(
+    open_cache: Callable[..., BlockCache], length: int
+) -> None:
+    def truncate(cache: BlockCache, path: Path) -> None:
+        os.truncate(path, length)
+
+    damage_then_read(open_cache, truncate)
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        8,  # header length
+        12,  # chunk size
+        16,  # data length
+        24,  # block index
+        40,  # shard key
+        56,  # first chunk checksum
+        56 + 8 * 7,  # last chunk checksum
+        HEADER - 1,  # header checksum
+    ],
+)
+def test_corrupt_header_is_detected(open_cache: Callable[..., BlockCache], offset: int) -> None:
+    damage_then_read(open_cache, lambda cache, path: flip_byte(path, offset))
+
+
+def test_wrong_magic_is_detected(open_cache: Callable[..., BlockCache]) -> None:
+    def wrong_magic(cache: BlockCache, path: Path) -> None:
+        raw = path.read_bytes()
+        assert raw.startswith(MAGIC)
+        path.write_bytes(b"NOTABLK1" + raw[len(MAGIC) :])
+
+    damage_then_read(open_cache, wrong_magic)
+
+
+@pytest.mark.parametrize("other", [BlockKey(KEY, 1), BlockKey(shard_key("x", 1, "e"), 0)])
+def test_block_copied_to_another_keys_path_is_detected(
+    open_cache: Callable[..., BlockCache], other: BlockKey
+) -> None:
+    """A whole, self-consistent block file in the wrong place is still rejected."""
+    wrong = Source(seed=99)
+
+    def replace_with_other_block(cache: BlockCache, path: Path) -> None:
+        path.write_bytes(encode_block(other, wrong.block(other.index), CHUNK))
+
+    damage_then_read(open_cache, replace_with_other_block)
+
+
+def test_corrupt_chunk_outside_the_read_is_only_detected_when_read(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    """Only the chunks a read returns are verified: damage elsewhere surfaces later, and
+    corrupted bytes are never returned."""
+    cache, source = open_cache(), Source()
+    data = source.block(0)
+    source.get(cache, 0)
+    flip_byte(cache.path_of(BlockKey(KEY, 0)), HEADER + 5 * CHUNK + 3)  # chunk 5
+
+    assert source.get(cache, 0, 0, 5 * CHUNK) == data[: 5 * CHUNK]  # chunks 0-4: fine
+    assert source.get(cache, 0, 6 * CHUNK, BLOCK) == data[6 * CHUNK :]  # chunks 6-7: fine
+    assert cache.stats.checksum_failures == 0
+    assert source.calls == [0]
+
+    assert source.get(cache, 0, 5 * CHUNK + 3, 5 * CHUNK + 4) == data[5 * CHUNK + 3 : 5 * CHUNK + 4]
+    assert cache.stats.checksum_failures == 1
+    assert source.calls == [0, 0]
+    assert_block_file_valid(cache, 0, data)
+
+
+def test_block_of_another_length_is_rejected(open_cache: Callable[..., BlockCache]) -> None:
+    """The caller's block length is checked against the header (a shorter shard version)."""
+    cache, source = open_cache(), Source()
+    source.get(cache, 0)
+    short = Source(block_len=1000)
+    assert short.get(cache, 0, 0, 1000) == short.block(0)
+    assert cache.stats.checksum_failures == 1
+    assert short.calls == [0]
+
+
+# --- crash safety -----------------------------------------------------------------------------
+
+
+def dead_pid() -> int:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(proc.stdout)
+
+
+def test_stale_temp_files_of_dead_processes_are_removed_on_start(
+    cache_dir: Path, open_cache: Callable[..., BlockCache]
+) -> None:
+    (cache_dir / "tmp").mkdir(parents=True)
+    dead = f"{dead_pid()}-0-deadbeef.tmp"
+    live = f"{os.getpid()}-0-cafef00d.tmp"
+    junk = "not-a-pid.tmp"
+    for name in (dead, live, junk):
+        (cache_dir / "tmp" / name).write_bytes(b"partial block")
+
+    cache = open_cache()
+    assert tmp_files(cache) == [live]
+    assert block_files(cache) == []
+
+
+def test_failed_fetch_leaves_nothing_and_is_retried(open_cache: Callable[..., BlockCache]) -> None:
+    cache, source = open_cache(), Source()
+    attempts: list[int] = []
+
+    def failing() -> bytes:
+        attempts.append(1)
+        raise ConnectionError("store went away mid-download")
+
+    with pytest.raises(ConnectionError):
+        cache.get(BlockKey(KEY, 0), 0, BLOCK, BLOCK, failing)
+    assert block_files(cache) == []
+    assert tmp_files(cache) == []
+    assert cache.usage() == 0
+
+    assert source.get(cache, 0) == source.block(0)
+    assert attempts == [1]
+    assert source.calls == [0]
+
+
+@pytest.mark.parametrize("length", [0, BLOCK - 1, BLOCK + 1])
+def test_fetch_of_wrong_length_raises_and_stores_nothing(
+    open_cache: Callable[..., BlockCache], length: int
+) -> None:
+    cache = open_cache()
+    with pytest.raises(ValueError, match="fetched"):
+        cache.get(BlockKey(KEY, 0), 0, 10, BLOCK, lambda: b"x" * length)
+    assert block_files(cache) == []
+    assert tmp_files(cache) == []
+    assert cache.usage() == 0
+    assert cache.stats.blocks_written == 0
+
+
+# --- the bound --------------------------------------------------------------------------------
+
+
+def disk_bytes(cache: BlockCache) -> int:
+    return sum(p.stat().st_size for p in block_files(cache))
+
+
+def test_bound_holds_while_reading_many_blocks(open_cache: Callable[..., BlockCache]) -> None:
+    limit = 10 * ENCODED + 100
+    cache, source = open_cache(size=str(limit)), Source()
+    assert cache.limit() == limit
+    for index in range(60):
+        assert source.get(cache, index, 5, 4000) == source.block(index)[5:4000]
+        assert cache.usage() <= limit + ENCODED
+        assert cache.usage() == disk_bytes(cache)
+    assert cache.stats.blocks_evicted > 0
+    assert cache.stats.blocks_evicted == 60 - len(block_files(cache))
+    assert cache.stats.blocks_written == 60
+    # The most recent block is always kept.
+    assert cache.path_of(BlockKey(KEY, 59)).exists()
+
+
+def assert_survivors_are_most_recent(cache: BlockCache, lru_order: list[int]) -> None:
+    """The blocks still on disk are the most recently used ones: a suffix of ``lru_order``."""
+    alive = [i for i in lru_order if cache.path_of(BlockKey(KEY, i)).exists()]
+    assert alive == lru_order[len(lru_order) - len(alive) :], alive
+
+
+@pytest.mark.parametrize("flush_every", [0.0, 5.0])
+def test_eviction_takes_least_recently_used_first(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch, flush_every: float
+) -> None:
+    """Access times wait in memory (5 s by default); eviction flushes them first."""
+    monkeypatch.setattr(shardfs.cache, "_ATIME_FLUSH_S", flush_every)
+    cache, source = open_cache(size=str(10 * ENCODED)), Source()
+    for index in range(10):
+        source.get(cache, index)
+    for index in (5, 0, 7):  # touch: these become the most recently used
+        source.get(cache, index, 0, 1)
+    order = [1, 2, 3, 4, 6, 8, 9, 5, 0, 7]
+    assert cache.stats.blocks_evicted == 0
+    for index in range(10, 22):
+        source.get(cache, index)
+        order.append(index)
+        assert_survivors_are_most_recent(cache, order)
+        assert cache.usage() <= 10 * ENCODED
+    assert cache.stats.blocks_evicted == 22 - len(block_files(cache))
+    assert not cache.path_of(BlockKey(KEY, 7)).exists()  # in the end even touched ones go
+    assert source.calls == list(range(22))
+
+
+def test_pinned_blocks_are_not_evicted(open_cache: Callable[..., BlockCache]) -> None:
+    cache, source = open_cache(), Source()
+    for index in range(5):
+        source.get(cache, index)
+    pinned = [str(cache.path_of(BlockKey(KEY, i))) for i in (0, 3)]
+    cache._pins.update(pinned)
+    try:
+        removed = cache.evict_to(0)
+    finally:
+        cache._pins.subtract(pinned)
+    assert removed == 3
+    assert [str(p) for p in block_files(cache)] == sorted(pinned)
+    assert cache.usage() == 2 * ENCODED == disk_bytes(cache)
+    assert cache.stats.blocks_evicted == 3
+
+
+# --- min_free and degrading -------------------------------------------------------------------
+
+
+def fake_disk(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+    usage = SimpleNamespace(total=1 << 40, used=(1 << 40) - free, free=free)
+    monkeypatch.setattr(shardfs.cache.shutil, "disk_usage", lambda path: usage)
+
+
+def test_min_free_shrinks_the_bound(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    min_free = 1 << 20
+    fake_disk(monkeypatch, free=min_free + 100 * ENCODED)
+    cache, source = open_cache(size=str(50 * ENCODED), min_free=min_free), Source()
+    assert cache.limit() == 50 * ENCODED
+    for index in range(6):
+        source.get(cache, index)
+    assert cache.usage() == 6 * ENCODED
+
+    fake_disk(monkeypatch, free=min_free - 2 * ENCODED)  # the disk filled up from elsewhere
+    assert cache.limit() == 4 * ENCODED
+    assert source.get(cache, 6) == source.block(6)
+    assert cache.usage() <= 4 * ENCODED
+    assert cache.usage() == disk_bytes(cache)
+    assert cache.stats.blocks_evicted >= 3
+    assert cache.stats.cache_write_errors == 0
+
+
+def test_min_free_below_one_block_stops_writes_without_errors(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    min_free = 1 << 20
+    fake_disk(monkeypatch, free=min_free - 10)
+    cache, source = open_cache(size="1G", min_free=min_free), Source()
+    assert cache.limit() == 0
+    with caplog.at_level(logging.WARNING, logger="shardfs.cache"):
+        for index in range(5):
+            assert source.get(cache, index, 1, 100) == source.block(index)[1:100]
+    assert block_files(cache) == []
+    assert tmp_files(cache) == []
+    assert cache.usage() == 0
+    assert cache.stats.blocks_written == 0
+    assert cache.stats.cache_write_errors >= 1
+    assert len([r for r in caplog.records if "cache disk unusable" in r.message]) == 1
+
+
+def fail_writes_into(monkeypatch: pytest.MonkeyPatch, folder: Path, what: str) -> None:
+    """Make os.open (or os.write) fail with ENOSPC for files in ``folder``: root ignores
+    chmod, so a read-only folder cannot be simulated with permissions."""
+    real_open, real_write = os.open, os.write
+    bad_fds: set[int] = set()
+
+    def fake_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        inside = str(path).startswith(str(folder))
+        if inside and what == "open":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        fd = real_open(path, flags, *args, **kwargs)
+        if inside:
+            bad_fds.add(fd)
+        return fd
+
+    def fake_write(fd: int, data: Any) -> int:
+        if fd in bad_fds:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(shardfs.cache.os, "open", fake_open)
+    monkeypatch.setattr(shardfs.cache.os, "write", fake_write)
+
+
+@pytest.mark.parametrize("what", ["open", "write"])
+def test_unwritable_cache_disk_degrades_with_one_warning(
+    open_cache: Callable[..., BlockCache],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: Any,
+    what: str,
+) -> None:
+    cache, source = open_cache(), Source()
+    fail_writes_into(monkeypatch, cache.tmp_dir, what)
+    monkeypatch.setattr(shardfs.cache, "_DEGRADED_RETRY_S", 0.0)  # retry the disk every time
+    with caplog.at_level(logging.WARNING, logger="shardfs.cache"):
+        for index in range(5):
+            assert source.get(cache, index, 7, 3000) == source.block(index)[7:3000]
+    assert cache.stats.cache_write_errors == 5
+    assert cache.stats.blocks_written == 0
+    assert block_files(cache) == []
+    assert tmp_files(cache) == []
+    assert cache.usage() == 0
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "No space left on device" in warnings[0].getMessage()
+
+    monkeypatch.undo()  # the disk recovers: writes resume
+    assert source.get(cache, 9) == source.block(9)
+    assert block_files(cache) == [cache.path_of(BlockKey(KEY, 9))]
+
+
+def test_degraded_cache_does_not_retry_the_disk_at_once(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, source = open_cache(), Source()
+    fail_writes_into(monkeypatch, cache.tmp_dir, "open")
+    for index in range(5):
+        assert source.get(cache, index) == source.block(index)
+    assert cache.stats.cache_write_errors == 1  # then 30 s without touching the disk
+    assert source.calls == [0, 1, 2, 3, 4]
+
+
+# --- concurrency ------------------------------------------------------------------------------
+
+
+def test_threads_asking_for_one_block_fetch_it_once(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    cache, source = open_cache(), Source()
+    barrier = threading.Barrier(8)
+    results: list[bytes] = []
+    errors: list[BaseException] = []
+
+    def reader(n: int) -> None:
+        try:
+            barrier.wait()
+            key = BlockKey(KEY, 0)
+            data = cache.get(key, n * 100, n * 100 + 50, BLOCK, source.fetcher(0, delay=0.2))
+            results.append(data)
+            assert data == source.block(0)[n * 100 : n * 100 + 50]
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert errors == []
+    assert len(results) == 8
+    assert source.calls == [0]
+    assert (cache.stats.cache_misses, cache.stats.cache_hits) == (1, 7)
+
+
+_WORKER = r"""
+import json, os, sys, threading, time
+from pathlib import Path
+from shardfs.cache import BlockCache, BlockKey
+from shardfs.config import CacheConfig
+
+cache_dir, name, plan = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+key, block = plan["key"], plan["block"]
+cache = BlockCache(CacheConfig(cache_dir=cache_dir, size="64M", min_free=0,
+                               block_size=block, chunk_size=512))
+(cache_dir / f"ready-{name}").touch()
+deadline = time.monotonic() + 20
+while not (cache_dir / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.005)
+results = {}
+
+def content(index):
+    return bytes([index % 251]) * block
+
+def run(thread_no, delay, indexes, fetch_sleep):
+    time.sleep(delay)
+    for index in indexes:
+        def fetch(index=index):
+            with open(cache_dir / "fetches", "a") as f:
+                f.write(f"{name} {index}\n")
+            time.sleep(fetch_sleep)
+            return content(index)
+        try:
+            data = cache.get(BlockKey(key, index), 0, block, block, fetch)
+            results[f"{thread_no}:{index}"] = "ok" if data == content(index) else "wrong bytes"
+        except Exception as exc:
+            results[f"{thread_no}:{index}"] = f"{type(exc).__name__}: {exc}"
+
+threads = [threading.Thread(target=run, args=(n, *t)) for n, t in enumerate(plan["threads"])]
+for t in threads: t.start()
+for t in threads: t.join()
+cache.close()
+print(json.dumps(results))
+"""
+
+
+def run_processes(cache_dir: Path, plans: dict[str, list[tuple[float, list[int], float]]]) -> Any:
+    """Start one worker process per plan, release them together, return their results and
+    the fetches they made (one line per fetch, from all processes)."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    procs = {}
+    for name, threads in plans.items():
+        plan = json.dumps({"key": KEY, "block": BLOCK, "threads": threads})
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(cache_dir), name, plan],
+            cwd=PROJECT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while not all((cache_dir / f"ready-{n}").exists() for n in plans):
+            assert time.monotonic() < deadline, "workers did not start"
+            assert all(p.poll() is None for p in procs.values()), "a worker died at start"
+            time.sleep(0.01)
+        (cache_dir / "go").touch()
+        results = {}
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+            results[name] = json.loads(out)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    fetches_file = cache_dir / "fetches"
+    fetches = fetches_file.read_text().splitlines() if fetches_file.exists() else []
+    return results, [int(line.split()[1]) for line in fetches]
+
+
+def test_two_processes_fetch_each_block_once(cache_dir: Path) -> None:
+    blocks = list(range(6))
+    results, fetches = run_processes(
+        cache_dir,
+        {"a": [(0.0, blocks, 0.05)], "b": [(0.0, blocks, 0.05)]},
+    )
+    for name in ("a", "b"):
+        assert set(results[name].values()) == {"ok"}, results[name]
+    assert sorted(fetches) == blocks
+
+
+def test_two_multithreaded_processes_waiting_crosswise_do_not_fail(cache_dir: Path) -> None:
+    """Process a holds block 0 and waits for block 1 that b holds, while b asks for block 0.
+
+    This is no deadlock (each holder finishes its fetch), but POSIX record locks belong to
+    the process, so the kernel may report EDEADLK; a read must not fail because of it.
+    """
+    results, fetches = run_processes(
+        cache_dir,
+        {
+            "a": [(0.0, [0], 1.0), (0.2, [1], 0.0)],
+            "b": [(0.0, [1], 1.0), (0.4, [0], 0.0)],
+        },
+    )
+    for name in ("a", "b"):
+        assert set(results[name].values()) == {"ok"}, results[name]
+    assert sorted(fetches) == [0, 1]
+
+
+def test_clear_cache_while_another_instance_is_open(
+    cache_dir: Path, open_cache: Callable[..., BlockCache]
+) -> None:
+    cache, source = open_cache(), Source()
+    for index in range(3):
+        source.get(cache, index)
+    info = cache_info(cache_dir)
+    assert info["blocks"] == 3
+    assert info["block_bytes"] == 3 * ENCODED
+
+    assert clear_cache(cache_dir) == 3 * ENCODED
+    info = cache_info(cache_dir)
+    assert (info["blocks"], info["block_bytes"]) == (0, 0)
+    assert block_files(cache) == []
+    assert not list(cache_dir.glob("trash-*"))
+
+    for index in range(3):
+        assert source.get(cache, index, 1, 4000) == source.block(index)[1:4000]
+    assert source.calls == [0, 1, 2, 0, 1, 2]
+    assert cache.usage() == 3 * ENCODED == disk_bytes(cache)
+    assert cache_info(cache_dir)["blocks"] == 3
+
+
+def test_cache_info_of_missing_folder(tmp_path: Path) -> None:
+    info = cache_info(tmp_path / "nothing")
+    assert (info["blocks"], info["block_bytes"], info["index_files"]) == (0, 0, 0)
+
+
+# --- keys and sizes ---------------------------------------------------------------------------
+
+
+def test_shard_key_depends_on_location_size_and_etag() -> None:
+    base = shard_key("s3://b/a.tar|", 100, "e1")
+    assert len(base) == 32
+    assert base == shard_key("s3://b/a.tar|", 100, "e1")
+    others = {
+        shard_key("s3://b/a.tar|http://other", 100, "e1"),
+        shard_key("s3://c/a.tar|", 100, "e1"),
+        shard_key("s3://b/a.tar|", 101, "e1"),
+        shard_key("s3://b/a.tar|", 100, "e2"),
+    }
+    assert base not in others
+    assert len(others) == 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "disk", "expected"),
+    [
+        ("50%", 1000, 500),
+        ("100%", 1000, 1000),
+        (" 12.5% ", 800, 100),
+        ("0.001%", 10**9, 10**4),
+        ("4096", 1, 4096),
+        ("64K", 1, 64 << 10),
+        ("500G", 1, 500 << 30),
+        ("1.5TiB", 1, int(1.5 * (1 << 40))),
+    ],
+)
+def test_resolve_cache_size(spec: str, disk: int, expected: int) -> None:
+    assert resolve_cache_size(spec, disk) == expected
+
+
+@pytest.mark.parametrize("spec", ["0%", "150%", "-5%", "abc%", "%", "nan%", "abc", "-1G"])
+def test_resolve_cache_size_rejects(spec: str) -> None:
+    with pytest.raises(UsageError):
+        resolve_cache_size(spec, 1 << 40)
