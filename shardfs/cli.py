@@ -4,6 +4,7 @@ become one line on stderr and an exit code (tracebacks only with ``-v``)."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -13,12 +14,15 @@ from pathlib import Path
 
 from . import __version__
 from .config import (
+    CacheConfig,
     IndexConfig,
     MountConfig,
     ReadConfig,
     SourceConfig,
     ViewConfig,
     default_cache_dir,
+    parse_size,
+    resolve_cache_size,
     storage_options_from_pairs,
 )
 from .errors import ShardfsError, UsageError
@@ -121,7 +125,63 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve FUSE requests from one thread (a slow read then blocks every reader)",
     )
+    mount.add_argument(
+        "--cache-size",
+        default="50%",
+        metavar="SIZE",
+        help="bound of the block cache, e.g. 500G or 20%% of the cache disk (default: 50%%)",
+    )
+    mount.add_argument(
+        "--cache-min-free",
+        default="1G",
+        metavar="SIZE",
+        help="free space always left on the cache disk (default: 1G)",
+    )
+    mount.add_argument(
+        "--block-size",
+        default="4M",
+        metavar="SIZE",
+        help="cache block size; a block never spans two shards (default: 4M)",
+    )
+    mount.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="read every byte from the store; keep nothing on local disk",
+    )
     mount.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+
+    stats = commands.add_parser(
+        "stats",
+        parents=[common],
+        help="live counters of a mount: bytes fetched and served, cache hits, evictions",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    stats.add_argument("mountpoint", type=Path)
+    stats.add_argument("--json", action="store_true", help="print JSON")
+
+    cache = commands.add_parser(
+        "cache",
+        parents=[common],
+        help="inspect or clear the local cache folder",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cache.add_argument(
+        "action",
+        choices=("info", "clear"),
+        help="info: what is cached; clear: drop every cached block (safe while mounted)",
+    )
+    cache.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help=f"the cache folder (default: {default_cache_dir()})",
+    )
+    cache.add_argument(
+        "--all", action="store_true", help="with clear: also drop the indexes and views"
+    )
+    cache.add_argument("--json", action="store_true", help="with info: print JSON")
 
     umount = commands.add_parser(
         "umount",
@@ -195,6 +255,21 @@ def _progress_printer() -> object | None:
     return progress
 
 
+def _cache_config(args: argparse.Namespace, cache_dir: Path) -> CacheConfig:
+    block_size = parse_size(args.block_size)
+    if not 64 << 10 <= block_size <= 256 << 20:
+        raise UsageError(f"--block-size {args.block_size}: must be between 64K and 256M")
+    config = CacheConfig(
+        cache_dir=cache_dir,
+        size=args.cache_size,
+        min_free=parse_size(args.cache_min_free),
+        block_size=block_size,
+        enabled=not args.no_cache,
+    )
+    resolve_cache_size(config.size, 1)  # reject a malformed --cache-size before mounting
+    return config
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     from .mount import (
         ReadyChannel,
@@ -215,6 +290,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         threads=not args.single_threaded,
     )
     if not args.foreground:
+        _cache_config(args, index_config.cache_dir)
         check_mountpoint(mountpoint)
         check_cache_dir(index_config.cache_dir)
         log_path = index_config.cache_dir / "logs" / f"mount-{os.getpid()}.log"
@@ -238,7 +314,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
         progress = _progress_printer()  # type: ignore[assignment]
     try:
         run_foreground(
-            source, index_config, view_config, mount_config, ReadConfig(), channel, progress
+            source,
+            index_config,
+            view_config,
+            mount_config,
+            ReadConfig(),
+            _cache_config(args, index_config.cache_dir),
+            channel,
+            progress,
         )
     except ShardfsError as exc:
         channel.send("error", f"{exc.exit_code} {exc}")
@@ -280,7 +363,77 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"mount": cmd_mount, "umount": cmd_umount, "index": cmd_index}
+def _format_bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from .control import query
+
+    values = query(args.mountpoint.absolute())
+    if args.json:
+        print(json.dumps(values, indent=2, sort_keys=True))
+        return 0
+    rows = [
+        ("source", values["source"]),
+        ("files", f"{values['files']} ({values['layout']} layout)"),
+        ("bytes served", _format_bytes(values["bytes_served"])),
+        (
+            "bytes fetched",
+            f"{_format_bytes(values['bytes_fetched'])} in {values['store_requests']} requests",
+        ),
+        (
+            "cache hits / misses",
+            f"{values['cache_hits']} / {values['cache_misses']} "
+            f"(hit ratio {values['hit_ratio']:.1%})",
+        ),
+        (
+            "cache used / limit",
+            f"{_format_bytes(values['cache_bytes_used'])} / "
+            f"{_format_bytes(values['cache_bytes_limit'])}",
+        ),
+        ("blocks evicted", str(values["blocks_evicted"])),
+        ("checksum failures", str(values["checksum_failures"])),
+        ("cache write errors", str(values["cache_write_errors"])),
+    ]
+    for name, value in rows:
+        print(f"{name:<20} {value}")
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from .cache import cache_info, clear_cache
+
+    cache_dir = (args.cache_dir if args.cache_dir is not None else default_cache_dir()).absolute()
+    if not cache_dir.is_dir():
+        raise UsageError(f"--cache-dir {cache_dir}: no such folder")
+    if args.action == "clear":
+        freed = clear_cache(cache_dir, everything=args.all)
+        what = "blocks, indexes and views" if args.all else "blocks"
+        print(f"cleared cached {what} in {cache_dir} ({_format_bytes(freed)} of blocks)")
+        return 0
+    info = cache_info(cache_dir)
+    if args.json:
+        print(json.dumps(info, indent=2, sort_keys=True))
+        return 0
+    print(f"cache folder   {info['cache_dir']}")
+    print(f"blocks         {info['blocks']} ({_format_bytes(int(info['block_bytes']))})")
+    print(f"indexes        {info['index_files']} ({_format_bytes(int(info['index_bytes']))})")
+    print(f"views          {info['views_files']} ({_format_bytes(int(info['views_bytes']))})")
+    return 0
+
+
+COMMANDS = {
+    "mount": cmd_mount,
+    "umount": cmd_umount,
+    "index": cmd_index,
+    "stats": cmd_stats,
+    "cache": cmd_cache,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -302,6 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shardfs: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # stdout went away (e.g. piped into head): stop quietly, as other tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         if args.verbose:
             traceback.print_exc()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .config import ReadConfig
 from .errors import IsADirectoryError_, NoSuchAttributeError, NotADirectoryError_, NotFoundError
 from .reader import RangeReader
+from .stats import Stats
 from .tar import MemberKind
 from .views import Node, View
 
@@ -35,10 +36,17 @@ class _OpenFile:
 class ShardFileSystem:
     """A read-only tree over a materialised view, reading bytes through a RangeReader."""
 
-    def __init__(self, view: View, reader: RangeReader, config: ReadConfig | None = None) -> None:
+    def __init__(
+        self,
+        view: View,
+        reader: RangeReader,
+        config: ReadConfig | None = None,
+        stats: Stats | None = None,
+    ) -> None:
         self.view = view
         self.reader = reader
         self.config = config or ReadConfig()
+        self.stats = stats if stats is not None else Stats()
         self._handles: dict[int, _OpenFile] = {}
         self._next_handle = itertools.count(1)
         self._handles_lock = threading.Lock()
@@ -100,18 +108,25 @@ class ShardFileSystem:
         if offset >= end:
             return b""
         with opened.lock:
-            start_in_window = offset - opened.window_start
-            if start_in_window >= 0 and end - opened.window_start <= len(opened.window):
-                return opened.window[start_in_window : start_in_window + (end - offset)]
-            if node.size <= self.config.whole_file_limit:
-                window_start, window_end = 0, node.size
-            else:
-                window_start = offset
-                window_end = min(node.size, offset + max(size, self.config.window))
-            shard = self.view.shards[node.shard]
-            data = self.reader.read(shard, node.offset + window_start, node.offset + window_end)
-            opened.window_start, opened.window = window_start, data
-            return data[offset - window_start : end - window_start]
+            data = self._read_window(opened, offset, end, size)
+        self.stats.add(bytes_served=len(data))
+        return data
+
+    def _read_window(self, opened: _OpenFile, offset: int, end: int, size: int) -> bytes:
+        """Serve from the handle's window, refilling it from the reader when needed."""
+        node = opened.node
+        start_in_window = offset - opened.window_start
+        if start_in_window >= 0 and end - opened.window_start <= len(opened.window):
+            return opened.window[start_in_window : start_in_window + (end - offset)]
+        if node.size <= self.config.whole_file_limit:
+            window_start, window_end = 0, node.size
+        else:
+            window_start = offset
+            window_end = min(node.size, offset + max(size, self.config.window))
+        shard = self.view.shards[node.shard]
+        data = self.reader.read(shard, node.offset + window_start, node.offset + window_end)
+        opened.window_start, opened.window = window_start, data
+        return data[offset - window_start : end - window_start]
 
     def listxattr(self, path: str) -> list[str]:
         node = self.view.lookup(path)

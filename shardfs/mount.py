@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import posixpath
@@ -24,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import IndexConfig, MountConfig, ReadConfig, SourceConfig, ViewConfig
+from .cache import BlockCache
+from .config import CacheConfig, IndexConfig, MountConfig, ReadConfig, SourceConfig, ViewConfig
+from .control import ControlServer, pid_file
 from .errors import MountError, ShardfsError, UsageError
 from .index import IndexBuilder, Progress, fingerprint
-from .reader import DirectReader
+from .reader import CachedReader, DirectReader, RangeReader
+from .stats import Stats
 from .store import Store
 from .views import CLASSES_FILE, View, ViewReport, build_view, parse_classes, view_key
 
@@ -134,18 +136,6 @@ def check_cache_dir(cache_dir: Path) -> None:
         raise UsageError(f"--cache-dir {cache_dir}: not writable ({reason})") from exc
 
 
-def _runtime_dir() -> Path:
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    path = Path(base) / f"shardfs-{os.getuid()}"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
-
-
-def pid_file(mountpoint: Path) -> Path:
-    digest = hashlib.sha256(str(mountpoint.resolve()).encode()).hexdigest()[:16]
-    return _runtime_dir() / f"{digest}.pid"
-
-
 class ReadyChannel:
     """The child's side of the pipe: progress, warnings, then ``ready`` or ``error``."""
 
@@ -179,6 +169,7 @@ def run_foreground(
     view_config: ViewConfig,
     mount_config: MountConfig,
     read_config: ReadConfig,
+    cache_config: CacheConfig,
     channel: ReadyChannel,
     progress: Progress | None,
 ) -> None:
@@ -194,11 +185,35 @@ def run_foreground(
         progress=progress,
         warn=lambda text: _warn_both(channel, text),
     )
-    core_reader = DirectReader(opened.store, retries=read_config.retries)
     from .filesystem import ShardFileSystem
 
-    core = ShardFileSystem(opened.view, core_reader, read_config)
+    stats = Stats()
+    cache = BlockCache(cache_config, stats) if cache_config.enabled else None
+    reader: RangeReader
+    if cache is not None:
+        reader = CachedReader(opened.store, cache, stats, retries=read_config.retries)
+    else:
+        reader = DirectReader(opened.store, stats, retries=read_config.retries)
+    core = ShardFileSystem(opened.view, reader, read_config, stats)
     pid_path = pid_file(mount_config.mountpoint)
+
+    def snapshot() -> dict[str, Any]:
+        values = stats.snapshot()
+        values.update(
+            source=source.url,
+            mountpoint=str(mount_config.mountpoint),
+            layout=opened.view.layout,
+            files=opened.view.report.files,
+            dataset_bytes=opened.view.report.bytes,
+            cache_enabled=cache is not None,
+            cache_dir=str(cache_config.cache_dir),
+            block_size=cache_config.block_size,
+            cache_bytes_used=cache.usage() if cache else 0,
+            cache_bytes_limit=cache.limit() if cache else 0,
+        )
+        return values
+
+    control = ControlServer(mount_config.mountpoint, snapshot)
 
     served = threading.Event()
 
@@ -218,6 +233,9 @@ def run_foreground(
     finally:
         with contextlib.suppress(FileNotFoundError):
             pid_path.unlink()
+        control.close()
+        if cache is not None:
+            cache.close()
         opened.view.close()
     log.info("unmounted %s", mount_config.mountpoint)
 

@@ -28,6 +28,8 @@ class DirectReader:
         self.retries = retries
 
     def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
+        if start >= end:
+            return b""
         data = self.store.read_range(shard, start, end, retries=self.retries)
         self.stats.add(store_requests=1, bytes_fetched=len(data))
         return data
@@ -52,6 +54,8 @@ class CachedReader:
         return key
 
     def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
+        if start >= end:
+            return b""  # else a whole block would be fetched for nothing
         size = self.block_size
         skey = self._shard_key(shard)
         pieces = []

@@ -1,0 +1,215 @@
+"""Range readers over real fsspec stores (memory and a local folder): the direct reader and
+the reader through the block cache return the same bytes; the cached one fetches each
+block once and never mixes versions or locations of a shard."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tarbuild import memory_url, put, remove
+
+from shardfs.cache import BlockCache, BlockKey
+from shardfs.config import CacheConfig, SourceConfig
+from shardfs.errors import ShardChangedError
+from shardfs.reader import CachedReader, DirectReader, RangeReader
+from shardfs.stats import Stats
+from shardfs.store import ShardInfo, Store
+
+BLOCK = 4096
+SIZE = 5 * BLOCK + 123  # the last block is short
+
+
+def payload(size: int = SIZE, seed: int = 1) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+@pytest.fixture
+def block_cache(tmp_path: Path) -> Iterator[BlockCache]:
+    config = CacheConfig(
+        cache_dir=tmp_path / "cache", size="64M", min_free=0, block_size=BLOCK, chunk_size=512
+    )
+    cache = BlockCache(config, Stats())
+    yield cache
+    cache.close()
+
+
+def block_files(cache: BlockCache) -> list[Path]:
+    return [p for p in cache.blocks_dir.rglob("*") if p.is_file()]
+
+
+def memory_store(shards: dict[str, bytes]) -> Store:
+    url = memory_url()
+    for name, data in shards.items():
+        put(url, name, data)
+    return Store(SourceConfig(url))
+
+
+def local_store(folder: Path, shards: dict[str, bytes]) -> Store:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in shards.items():
+        (folder / name).write_bytes(data)
+    return Store(SourceConfig(str(folder)))
+
+
+def only_shard(store: Store) -> ShardInfo:
+    (shard,) = store.list_shards()
+    return shard
+
+
+READERS: dict[str, Callable[[Store, BlockCache], RangeReader]] = {
+    "direct": lambda store, cache: DirectReader(store, retries=1),
+    "cached": lambda store, cache: CachedReader(store, cache, cache.stats, retries=1),
+}
+
+RANGES = [
+    (0, 1),
+    (0, SIZE),
+    (0, BLOCK),
+    (BLOCK - 1, BLOCK + 1),
+    (BLOCK, 2 * BLOCK),
+    (100, 3 * BLOCK + 7),
+    (2 * BLOCK - 511, 2 * BLOCK + 513),
+    (5 * BLOCK - 1, SIZE),
+    (5 * BLOCK, SIZE),
+    (SIZE - 1, SIZE),
+]
+
+
+@pytest.mark.parametrize("where", ["memory", "local"])
+@pytest.mark.parametrize("kind", sorted(READERS))
+def test_reads_return_exact_bytes(
+    block_cache: BlockCache, tmp_path: Path, kind: str, where: str
+) -> None:
+    data = payload()
+    shards = {"a.tar": data}
+    store = memory_store(shards) if where == "memory" else local_store(tmp_path / "src", shards)
+    reader = READERS[kind](store, block_cache)
+    shard = only_shard(store)
+    for _ in range(2):  # cold, then warm for the cached reader
+        for start, end in RANGES:
+            assert reader.read(shard, start, end) == data[start:end], (start, end)
+    rng = random.Random(7)
+    for _ in range(50):
+        start = rng.randrange(SIZE)
+        end = rng.randrange(start + 1, SIZE + 1)
+        assert reader.read(shard, start, end) == data[start:end], (start, end)
+
+
+@pytest.mark.parametrize("kind", sorted(READERS))
+@pytest.mark.parametrize("at", [0, 100, BLOCK, SIZE])
+def test_empty_read_returns_nothing_and_fetches_nothing(
+    block_cache: BlockCache, kind: str, at: int
+) -> None:
+    store = memory_store({"a.tar": payload()})
+    reader = READERS[kind](store, block_cache)
+    stats: Stats = reader.stats  # type: ignore[attr-defined]
+    assert reader.read(only_shard(store), at, at) == b""
+    assert stats.store_requests == 0
+
+
+def test_cached_reader_fetches_each_block_once(block_cache: BlockCache) -> None:
+    data = payload()
+    store = memory_store({"a.tar": data})
+    shard = only_shard(store)
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
+    stats = block_cache.stats
+
+    assert reader.read(shard, BLOCK + 5, 4 * BLOCK - 5) == data[BLOCK + 5 : 4 * BLOCK - 5]
+    assert (stats.store_requests, stats.bytes_fetched) == (3, 3 * BLOCK)  # blocks 1, 2, 3
+    assert (stats.cache_misses, stats.cache_hits) == (3, 0)
+
+    assert reader.read(shard, 0, SIZE) == data
+    assert stats.store_requests == 6  # only blocks 0, 4 and the short block 5 were new
+    assert stats.bytes_fetched == 5 * BLOCK + 123 == SIZE
+    assert (stats.cache_misses, stats.cache_hits) == (6, 3)
+
+    assert reader.read(shard, 0, SIZE) == data
+    assert stats.store_requests == 6
+    assert len(block_files(block_cache)) == 6
+
+
+def test_direct_reader_counts_every_request() -> None:
+    data = payload()
+    store = memory_store({"a.tar": data})
+    reader = DirectReader(store, retries=1)
+    shard = only_shard(store)
+    for _ in range(3):
+        assert reader.read(shard, 10, 5000) == data[10:5000]
+    assert (reader.stats.store_requests, reader.stats.bytes_fetched) == (3, 3 * 4990)
+
+
+@pytest.mark.parametrize("changed", [{"etag": "v2"}, {"size": SIZE - 1000}], ids=["etag", "size"])
+def test_changed_shard_never_serves_old_blocks(
+    block_cache: BlockCache, changed: dict[str, object]
+) -> None:
+    old = payload(seed=1)
+    store = memory_store({"a.tar": old})
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
+    v1 = ShardInfo("a.tar", SIZE, "v1")
+    assert reader.read(v1, 0, 3 * BLOCK) == old[: 3 * BLOCK]
+
+    v2 = ShardInfo("a.tar", int(changed.get("size", SIZE)), str(changed.get("etag", "v1")))
+    new = payload(v2.size, seed=2)
+    put(store.config.url, "a.tar", new)  # same name, new contents
+    assert reader._shard_key(v1) != reader._shard_key(v2)
+    assert reader.read(v2, 0, 3 * BLOCK) == new[: 3 * BLOCK]
+    assert block_cache.stats.store_requests == 6
+    assert len(block_files(block_cache)) == 6
+
+
+def test_same_name_in_two_locations_gets_two_keys(block_cache: BlockCache) -> None:
+    """Same name, size and etag, in two places: the location keeps them apart."""
+    first, second = payload(seed=1), payload(seed=2)
+    store_a = memory_store({"a.tar": first})
+    store_b = memory_store({"a.tar": second})
+    shard = ShardInfo("a.tar", SIZE, "same-etag")
+    reader_a = CachedReader(store_a, block_cache, block_cache.stats, retries=1)
+    reader_b = CachedReader(store_b, block_cache, block_cache.stats, retries=1)
+
+    assert store_a.location(shard) != store_b.location(shard)
+    assert reader_a._shard_key(shard) != reader_b._shard_key(shard)
+    assert reader_a.read(shard, 0, SIZE) == first
+    assert reader_b.read(shard, 0, SIZE) == second
+    assert reader_a.read(shard, 0, SIZE) == first
+    assert block_cache.stats.store_requests == 12
+
+
+def test_location_ignores_how_the_source_was_named(tmp_path: Path) -> None:
+    """A brace pattern and a folder URL for the same shard share cached blocks."""
+    url = memory_url()
+    put(url, "a-0.tar", b"x")
+    put(url, "a-1.tar", b"y")
+    plain, pattern = Store(SourceConfig(url)), Store(SourceConfig(url + "/a-{0..1}.tar"))
+    shard = ShardInfo("a-1.tar", 1, "e")
+    assert plain.location(shard) == pattern.location(shard)
+    assert plain.identity != pattern.identity
+
+
+def test_store_failure_caches_nothing_and_is_retried(block_cache: BlockCache) -> None:
+    data = payload()
+    store = memory_store({"a.tar": data})
+    shard = only_shard(store)
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
+    remove(store.config.url, "a.tar")
+    with pytest.raises(ShardChangedError):
+        reader.read(shard, 0, 10)
+    assert block_files(block_cache) == []
+    assert list(block_cache.tmp_dir.iterdir()) == []
+
+    put(store.config.url, "a.tar", data)
+    assert reader.read(shard, 0, 10) == data[:10]
+    assert block_files(block_cache) == [block_cache.path_of(BlockKey(reader._shard_key(shard), 0))]
+
+
+def test_shorter_shard_in_the_store_is_never_cached(block_cache: BlockCache) -> None:
+    """The store now holds fewer bytes than indexed: the read fails, nothing is stored."""
+    store = memory_store({"a.tar": payload(SIZE - 200)})
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
+    shard = ShardInfo("a.tar", SIZE, "indexed")
+    assert reader.read(shard, 0, 10) == payload(SIZE - 200)[:10]  # block 0 is intact
+    with pytest.raises(ShardChangedError):
+        reader.read(shard, SIZE - 10, SIZE)
+    assert len(block_files(block_cache)) == 1
