@@ -22,9 +22,7 @@ from pathlib import Path
 def make_shards(out: Path, classes: int, per_class: int, shards: int) -> int:
     """Write GNU-format tar shards of tiny files laid out as train/CLASS/FILE."""
     out.mkdir(parents=True, exist_ok=True)
-    names = [
-        f"n{c:08d}/n{c:08d}_{i}.JPEG" for c in range(classes) for i in range(per_class)
-    ]
+    names = [f"n{c:08d}/n{c:08d}_{i}.JPEG" for c in range(classes) for i in range(per_class)]
     per_shard = -(-len(names) // shards)
     payload = b"\xff\xd8tiny\xff\xd9"
     header = tarfile.TarInfo("x")

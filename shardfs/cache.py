@@ -61,6 +61,23 @@ INSERT OR IGNORE INTO total VALUES (1, 0);
 """
 
 
+def _process_running(pid: int) -> bool:
+    """True while ``pid`` runs. A killed daemon stays a zombie until its (re)parent reaps
+    it, which a container's init may never do; a zombie writes nothing, so it is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat_file:
+            state = stat_file.read().rpartition(")")[2].split()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return not state or state[0] not in ("Z", "X")
+
+
 def shard_key(location: str, size: int, etag: str) -> str:
     """A shard's cache identity: where it lives and which version it is."""
     text = f"{location}\0{size}\0{etag}"
@@ -137,9 +154,11 @@ class BlockCache:
         self.max_bytes = resolve_cache_size(config.size, disk.total)
         self._db_path = self.root / "cache.sqlite"
         self._local = threading.local()
-        with self._db() as db:
-            db.executescript(_SCHEMA)
         self._lock_fd = os.open(self.root / "locks", os.O_RDWR | os.O_CREAT, 0o644)
+        # Switching a new database to WAL fails at once ("database is locked") when another
+        # mount does the same, so mounts set it up one at a time (the byte after the slots).
+        with self._locked(_LOCK_SLOTS), self._db() as db:
+            db.executescript(_SCHEMA)
         self._inflight: dict[BlockKey, threading.Event] = {}
         self._inflight_lock = threading.Lock()
         self._pins: Counter[str] = Counter()
@@ -227,16 +246,7 @@ class BlockCache:
         """Delete temp files whose writer process is gone; only ``tmp/`` is listed."""
         for entry in os.scandir(self.tmp_dir):
             pid_text = entry.name.split("-", 1)[0]
-            alive = False
-            if pid_text.isdigit():
-                try:
-                    os.kill(int(pid_text), 0)
-                    alive = True
-                except ProcessLookupError:
-                    alive = False
-                except PermissionError:
-                    alive = True
-            if not alive:
+            if not (pid_text.isdigit() and _process_running(int(pid_text))):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
 
@@ -307,13 +317,16 @@ class BlockCache:
 
     # -- fetching and writing ----------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _cross_process_lock(self, key: BlockKey) -> Iterator[None]:
+    def _cross_process_lock(self, key: BlockKey) -> contextlib.AbstractContextManager[None]:
         slot = int(key.shard[:8], 16) ^ key.index
-        slot %= _LOCK_SLOTS
+        return self._locked(slot % _LOCK_SLOTS)
+
+    @contextlib.contextmanager
+    def _locked(self, offset: int) -> Iterator[None]:
+        """Hold byte ``offset`` of the lock file; one holder across processes."""
         while True:
             try:
-                fcntl.lockf(self._lock_fd, fcntl.LOCK_EX, 1, slot)
+                fcntl.lockf(self._lock_fd, fcntl.LOCK_EX, 1, offset)
                 break
             except OSError as exc:
                 # Record locks belong to the process, so two multithreaded mounts waiting
@@ -325,7 +338,7 @@ class BlockCache:
         try:
             yield
         finally:
-            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, slot)
+            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
 
     def _fetch_and_store(
         self, key: BlockKey, start: int, end: int, block_len: int, fetch: Callable[[], bytes]

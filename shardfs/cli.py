@@ -139,9 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mount.add_argument(
         "--block-size",
-        default="4M",
+        default="8M",
         metavar="SIZE",
-        help="cache block size; a block never spans two shards (default: 4M)",
+        help="cache block size; a block never spans two shards (default: 8M)",
     )
     mount.add_argument(
         "--no-cache",

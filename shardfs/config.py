@@ -169,7 +169,8 @@ class CacheConfig:
         Default: ``"50%"`` of the disk that holds ``cache_dir``.
     min_free: free space always left on the cache disk; the cache shrinks below ``size``
         to keep it. Default: 1 GiB.
-    block_size: bytes per block; a block never spans two shards. Default: 4 MiB.
+    block_size: bytes per block; a block never spans two shards. Default: 8 MiB (see
+        docs/design.md for the measurement).
     chunk_size: bytes per checksummed chunk inside a block, so a small read verifies only
         what it returns. Default: 64 KiB.
     enabled: False serves every read from the store (``--no-cache``). Default: True.
@@ -178,7 +179,7 @@ class CacheConfig:
     cache_dir: Path = field(default_factory=default_cache_dir)
     size: str = "50%"
     min_free: int = 1 << 30
-    block_size: int = 4 << 20
+    block_size: int = 8 << 20
     chunk_size: int = 64 << 10
     enabled: bool = True
 

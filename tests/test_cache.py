@@ -565,12 +565,12 @@ from shardfs.config import CacheConfig
 
 cache_dir, name, plan = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 key, block = plan["key"], plan["block"]
-cache = BlockCache(CacheConfig(cache_dir=cache_dir, size="64M", min_free=0,
-                               block_size=block, chunk_size=512))
 (cache_dir / f"ready-{name}").touch()
 deadline = time.monotonic() + 20
 while not (cache_dir / "go").exists() and time.monotonic() < deadline:
     time.sleep(0.005)
+cache = BlockCache(CacheConfig(cache_dir=cache_dir, size="64M", min_free=0,
+                               block_size=block, chunk_size=512))
 results = {}
 
 def content(index):
@@ -616,7 +616,8 @@ def run_processes(cache_dir: Path, plans: dict[str, list[tuple[float, list[int],
         deadline = time.monotonic() + 20
         while not all((cache_dir / f"ready-{n}").exists() for n in plans):
             assert time.monotonic() < deadline, "workers did not start"
-            assert all(p.poll() is None for p in procs.values()), "a worker died at start"
+            for proc in procs.values():
+                assert proc.poll() is None, f"a worker died at start: {proc.communicate()[1]}"
             time.sleep(0.01)
         (cache_dir / "go").touch()
         results = {}
@@ -643,6 +644,60 @@ def test_two_processes_fetch_each_block_once(cache_dir: Path) -> None:
     for name in ("a", "b"):
         assert set(results[name].values()) == {"ok"}, results[name]
     assert sorted(fetches) == blocks
+
+
+_OPENER = r"""
+import json, sys, time
+from pathlib import Path
+from shardfs.cache import BlockCache
+from shardfs.config import CacheConfig
+
+root, name, trials = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+(root / f"ready-{name}").touch()
+deadline = time.monotonic() + 20
+while not (root / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.002)
+t0 = float((root / "go").read_text())
+errors = []
+for trial in range(trials):
+    while time.time() < t0 + trial * 0.01:  # every process opens folder ``trial`` together
+        pass
+    try:
+        BlockCache(CacheConfig(cache_dir=root / str(trial), size="1M", min_free=0)).close()
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+print(json.dumps(errors))
+"""
+
+
+def test_mounts_opening_a_new_folder_together_all_succeed(tmp_path: Path) -> None:
+    """Four processes open each of 40 fresh cache folders at the same instant."""
+    names, trials = "abcd", 40
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPENER, str(tmp_path), name, str(trials)],
+            cwd=PROJECT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in names
+    ]
+    try:
+        deadline = time.monotonic() + 20
+        while not all((tmp_path / f"ready-{n}").exists() for n in names):
+            assert time.monotonic() < deadline, "workers did not start"
+            time.sleep(0.01)
+        (tmp_path / "go").write_text(str(time.time() + 0.05))
+        for proc in procs:
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+            assert json.loads(out) == []
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def test_two_multithreaded_processes_waiting_crosswise_do_not_fail(cache_dir: Path) -> None:
