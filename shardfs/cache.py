@@ -240,7 +240,15 @@ class BlockCache:
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             self._local.conn = conn
-        yield conn
+        try:
+            yield conn
+        except BaseException:
+            # A statement failed inside BEGIN ... COMMIT: without a rollback this thread's
+            # connection would stay in the transaction and every later write would fail.
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            raise
 
     def _remove_stale_temp_files(self) -> None:
         """Delete temp files whose writer process is gone; only ``tmp/`` is listed."""
@@ -361,6 +369,7 @@ class BlockCache:
         encoded = encode_block(key, block, self.config.chunk_size)
         final = self.path_of(key)
         tmp = self.tmp_dir / f"{os.getpid()}-{next(self._tmp_names)}-{uuid.uuid4().hex[:8]}.tmp"
+        inserted = 0
         try:
             self._make_room(len(encoded))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -385,6 +394,8 @@ class BlockCache:
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            if inserted:
+                self._forget(str(final))  # counted, but never renamed into place
             self._degrade(exc)
 
     def _degrade(self, exc: BaseException) -> None:

@@ -167,6 +167,29 @@ def connect(path: Path, *, readonly: bool = False) -> sqlite3.Connection:
     return conn
 
 
+def create_index(path: Path, source: str, shards: list[ShardInfo]) -> sqlite3.Connection:
+    """A new index file holding the shard table; shard ids are 1-based list positions."""
+    conn = connect(path)
+    conn.execute("PRAGMA journal_mode = OFF")
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.executescript(_SCHEMA)
+    conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+    conn.execute("INSERT INTO meta VALUES ('source', ?)", (source,))
+    conn.execute("INSERT INTO meta VALUES ('fingerprint', ?)", (fingerprint(shards),))
+    conn.executemany(
+        "INSERT INTO shards (id, name, size, etag) VALUES (?, ?, ?, ?)",
+        [(sid, s.name, s.size, s.etag) for sid, s in enumerate(shards, start=1)],
+    )
+    return conn
+
+
+def insert_members(conn: sqlite3.Connection, shard_id: int, rows: list[MemberRow]) -> None:
+    conn.executemany(
+        "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        ((shard_id, *row) for row in rows),
+    )
+
+
 def _read_shard_table(path: Path) -> dict[tuple[str, int, str], int] | None:
     """Identity -> shard id of an existing index file, or None if unusable."""
     if not path.exists():
@@ -246,19 +269,9 @@ class IndexBuilder:
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            conn = connect(tmp)
-            conn.execute("PRAGMA journal_mode = OFF")
-            conn.execute("PRAGMA synchronous = OFF")
-            conn.executescript(_SCHEMA)
-            conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            conn.execute("INSERT INTO meta VALUES ('source', ?)", (self.store.describe(),))
-            conn.execute("INSERT INTO meta VALUES ('fingerprint', ?)", (fingerprint(shards),))
+            conn = create_index(tmp, self.store.describe(), shards)
             to_scan: list[tuple[int, ShardInfo]] = []
             for sid, shard in enumerate(shards, start=1):
-                conn.execute(
-                    "INSERT INTO shards (id, name, size, etag) VALUES (?, ?, ?, ?)",
-                    (sid, shard.name, shard.size, shard.etag),
-                )
                 if shard.identity in local:
                     self._copy_shard(conn, self.path, local[shard.identity], sid)
                 elif shard.identity in sidecar and sidecar_path is not None:
@@ -347,10 +360,7 @@ class IndexBuilder:
                 (result.offset, result.reason, sid),
             )
         else:
-            conn.executemany(
-                "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                ((sid, *row) for row in result),
-            )
+            insert_members(conn, sid, result)
         conn.commit()
 
     def bad_shards(self) -> list[BadShard]:

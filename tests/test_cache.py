@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import random
+import shutil
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -422,7 +424,7 @@ def test_pinned_blocks_are_not_evicted(open_cache: Callable[..., BlockCache]) ->
 
 def fake_disk(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
     usage = SimpleNamespace(total=1 << 40, used=(1 << 40) - free, free=free)
-    monkeypatch.setattr(shardfs.cache.shutil, "disk_usage", lambda path: usage)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
 
 
 def test_min_free_shrinks_the_bound(
@@ -483,8 +485,8 @@ def fail_writes_into(monkeypatch: pytest.MonkeyPatch, folder: Path, what: str) -
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_write(fd, data)
 
-    monkeypatch.setattr(shardfs.cache.os, "open", fake_open)
-    monkeypatch.setattr(shardfs.cache.os, "write", fake_write)
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "write", fake_write)
 
 
 @pytest.mark.parametrize("what", ["open", "write"])
@@ -784,3 +786,55 @@ def test_resolve_cache_size(spec: str, disk: int, expected: int) -> None:
 def test_resolve_cache_size_rejects(spec: str) -> None:
     with pytest.raises(UsageError):
         resolve_cache_size(spec, 1 << 40)
+
+
+# --- bookkeeping after failed writes ------------------------------------------------------------
+
+
+def test_failed_rename_leaves_usage_matching_the_disk(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, source = open_cache(), Source()
+    source.get(cache, 0)
+
+    def no_rename(src: Any, dst: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "replace", no_rename)
+    assert source.get(cache, 1) == source.block(1)
+    assert cache.stats.cache_write_errors == 1
+    assert tmp_files(cache) == []
+    assert cache.usage() == ENCODED == disk_bytes(cache)
+    assert cache_info(cache.root)["blocks"] == 1
+
+
+class FailingConnection:
+    """A sqlite connection whose statements starting with ``fail_on`` raise, once."""
+
+    def __init__(self, conn: Any, fail_on: str) -> None:
+        self.conn, self.fail_on = conn, fail_on
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if self.fail_on and sql.startswith(self.fail_on):
+            self.fail_on = ""
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.conn.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conn, name)
+
+
+def test_database_error_inside_a_transaction_does_not_wedge_the_cache(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shardfs.cache, "_DEGRADED_RETRY_S", 0.0)
+    cache, source = open_cache(), Source()
+    source.get(cache, 0)
+    cache._local.conn = FailingConnection(cache._local.conn, "UPDATE total SET bytes = bytes +")
+    assert source.get(cache, 1) == source.block(1)
+    assert cache.stats.cache_write_errors == 1
+    assert cache.usage() == ENCODED == disk_bytes(cache)
+
+    assert source.get(cache, 2) == source.block(2)  # the next write works again
+    assert cache.stats.cache_write_errors == 1
+    assert cache.usage() == 2 * ENCODED == disk_bytes(cache)

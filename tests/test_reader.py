@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tarbuild import memory_url, put, remove
@@ -143,7 +144,7 @@ def test_direct_reader_counts_every_request() -> None:
 
 @pytest.mark.parametrize("changed", [{"etag": "v2"}, {"size": SIZE - 1000}], ids=["etag", "size"])
 def test_changed_shard_never_serves_old_blocks(
-    block_cache: BlockCache, changed: dict[str, object]
+    block_cache: BlockCache, changed: dict[str, Any]
 ) -> None:
     old = payload(seed=1)
     store = memory_store({"a.tar": old})
