@@ -8,8 +8,10 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import __version__
@@ -40,10 +42,13 @@ EXIT_CODES = """exit codes:
 log = logging.getLogger("shardfs")
 
 
-def _source_arguments(parser: argparse.ArgumentParser) -> None:
+def _source_arguments(
+    parser: argparse.ArgumentParser, positional: str = "source", what: str = ""
+) -> None:
     parser.add_argument(
-        "source",
-        help="fsspec URL of the folder/prefix holding *.tar shards (s3://b/p/, gs://..., "
+        positional,
+        help=what
+        or "fsspec URL of the folder/prefix holding *.tar shards (s3://b/p/, gs://..., "
         "file:///data, a local path) or a brace pattern like s3://b/train-{000..146}.tar",
     )
     parser.add_argument(
@@ -150,6 +155,67 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mount.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
 
+    pack = commands.add_parser(
+        "pack",
+        parents=[common],
+        help="pack a folder tree (e.g. an ImageFolder) into tar shards plus an index sidecar",
+        description="Pack every file under SRC_DIR into tar shards at DEST (any fsspec URL), "
+        "with an index sidecar so the first mount needs no scan. No file is dropped: shards "
+        "hold any number of files and the last one may be small.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pack.add_argument("src_dir", type=Path, help="the folder tree to pack")
+    _source_arguments(pack, positional="dest", what="where to write the shards")
+    pack.add_argument(
+        "--format",
+        choices=("tree", "webdataset"),
+        default="tree",
+        help="tree (default): members are CLASS/FILE, mounted with the raw view; webdataset: "
+        "CLASS/KEY.ext + CLASS/KEY.cls and a classes.txt, mounted with the imagefolder view",
+    )
+    pack.add_argument(
+        "--shard-size",
+        default="256M",
+        metavar="SIZE",
+        help="close a shard before it exceeds SIZE (default: 256M)",
+    )
+    pack.add_argument("--max-count", type=int, default=None, help="at most N files per shard")
+    pack.add_argument(
+        "--shuffle-seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="spread files (and so classes) across shards in a random order fixed by N; "
+        "default: sorted order",
+    )
+    pack.add_argument(
+        "--resume", action="store_true", help="continue an interrupted pack into DEST"
+    )
+    pack.add_argument(
+        "--skip-errors",
+        action="store_true",
+        help="leave out unreadable files and broken symlinks, and list them",
+    )
+    pack.add_argument(
+        "--workers", type=int, default=4, help="shards written in parallel (default: 4)"
+    )
+    pack.add_argument(
+        "--verify",
+        action="store_true",
+        help="afterwards, compare the packed dataset with SRC_DIR by hash",
+    )
+
+    verify = commands.add_parser(
+        "verify",
+        parents=[common],
+        help="compare a packed dataset with its source tree, by hash, without mounting",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verify.add_argument("src_dir", type=Path, help="the folder tree that was packed")
+    _source_arguments(verify)
+
     stats = commands.add_parser(
         "stats",
         parents=[common],
@@ -212,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _source_config(args: argparse.Namespace) -> SourceConfig:
     return SourceConfig(
-        url=args.source,
+        url=args.dest if args.command == "pack" else args.source,
         storage_options=storage_options_from_pairs(args.options),
         endpoint_url=args.endpoint_url,
     )
@@ -363,6 +429,77 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    from .pack import PackConfig, Packer
+
+    if args.max_count is not None and args.max_count < 1:
+        raise UsageError("--max-count must be at least 1")
+    config = PackConfig(
+        format=args.format,
+        shard_size=parse_size(args.shard_size),
+        max_count=args.max_count,
+        shuffle_seed=args.shuffle_seed,
+        resume=args.resume,
+        skip_errors=args.skip_errors,
+        workers=args.workers,
+    )
+    progress, close = _pack_progress()
+    started = time.perf_counter()
+    try:
+        report = Packer(args.src_dir, _source_config(args), config, progress=progress).run()
+    finally:
+        close()
+    seconds = time.perf_counter() - started
+    for error in report.errors:
+        print(f"shardfs: skipped: {error}", file=sys.stderr)
+    resumed = f", {report.skipped_existing} already there" if report.skipped_existing else ""
+    print(
+        f"packed {report.files} files ({_format_bytes(report.bytes)}) into {report.shards} "
+        f"shards at {args.dest}{resumed} in {seconds:.1f} s "
+        f"({report.bytes / max(seconds, 1e-9) / 1e6:.0f} MB/s)"
+    )
+    if args.verify:
+        return _run_verify(args)
+    return 0
+
+
+def _pack_progress() -> tuple[Callable[[int, int, int, int], None] | None, Callable[[], None]]:
+    """A tqdm bar (bytes, throughput, ETA, files) when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(unit="B", unit_scale=True, desc="packing")
+    lock = threading.Lock()
+
+    def progress(files: int, total_files: int, done: int, total: int) -> None:
+        with lock:
+            bar.total = total
+            bar.update(done - bar.n)
+            bar.set_postfix_str(f"{files}/{total_files} files", refresh=False)
+
+    return progress, bar.close
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from .verify import verify
+
+    report = verify(
+        args.src_dir, _source_config(args), _index_config(args), ViewConfig(layout="auto")
+    )
+    if report.ok:
+        print(f"verified: {report.summary()}")
+        return 0
+    print(f"shardfs: error: verify failed: {report.summary()}", file=sys.stderr)
+    return 4
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    if not args.src_dir.is_dir():
+        raise UsageError(f"{args.src_dir}: not a folder")
+    return _run_verify(args)
+
+
 def _format_bytes(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(count) < 1024 or unit == "TiB":
@@ -432,6 +569,8 @@ COMMANDS = {
     "umount": cmd_umount,
     "index": cmd_index,
     "stats": cmd_stats,
+    "pack": cmd_pack,
+    "verify": cmd_verify,
     "cache": cmd_cache,
 }
 

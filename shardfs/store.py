@@ -289,10 +289,44 @@ class Store:
         except Exception as exc:
             raise translate_errors(name, exc) from exc
 
+    def list_names(self) -> list[str]:
+        """Names of every object under the root (empty if the root does not exist)."""
+        prefix = self.root + "/" if self.root else ""
+        try:
+            found = self.fs.find(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise translate_errors(self.config.url, exc) from exc
+        return sorted(p[len(prefix) :] if p.startswith(prefix) else p for p in found)
+
+    def put_file_atomic(self, local_path: str, name: str) -> None:
+        """Upload a local file so that ``name`` appears complete or not at all.
+
+        Object stores make a PUT (or a completed multipart upload) visible whole; on a
+        local or mounted folder we write a hidden temp name and rename it.
+        """
+        path = self._path(name)
+        try:
+            if self.protocol in ("file", "local"):
+                folder, base = posixpath.split(path)
+                self.fs.makedirs(folder, exist_ok=True)
+                tmp = posixpath.join(folder, f".{base}.tmp-{os.getpid()}-{time.monotonic_ns()}")
+                self.fs.put_file(local_path, tmp)
+                self.fs.mv(tmp, path)
+            else:
+                self.fs.put_file(local_path, path)
+        except Exception as exc:
+            raise translate_errors(name, exc) from exc
+        self.fs.invalidate_cache(path)
+
     def write_object(self, name: str, data: bytes) -> None:
         """Write a small object next to the shards in one PUT."""
         path = self._path(name)
+        if self.protocol in ("file", "local"):
+            self._call(name, lambda: self.fs.makedirs(posixpath.dirname(path), exist_ok=True))
         self._call(name, lambda: self.fs.pipe_file(path, data))
+        self.fs.invalidate_cache(path)
 
 
 class _TranslatingReader:

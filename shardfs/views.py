@@ -465,6 +465,24 @@ class View:
         for name, *row in cursor:
             yield name, _node(tuple(row))
 
+    def files(self) -> Iterator[tuple[str, Node]]:
+        """Every regular file with its path, in (shard, offset) order."""
+        conn = self._conn()
+        folders = {ROOT_INO: ""}
+        rows = conn.execute(
+            "SELECT ino, parent, name FROM nodes WHERE kind = ? AND ino != ? ORDER BY ino",
+            (int(MemberKind.DIRECTORY), ROOT_INO),
+        )
+        for ino, parent, name in rows:  # a folder's parent always has a smaller inode
+            folders[ino] = posixpath.join(folders[parent], name)
+        cursor = conn.execute(
+            f"SELECT parent, name, {_NODE_COLUMNS} FROM nodes WHERE kind = ? "
+            "ORDER BY shard, offset",
+            (int(MemberKind.FILE),),
+        )
+        for parent, name, *row in cursor:
+            yield posixpath.join(folders[parent], name), _node(tuple(row))
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
