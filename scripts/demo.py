@@ -1,9 +1,9 @@
 """The README's first command: a local S3 server, a generated dataset, a mount, one epoch.
 
-Steps: start moto's S3 server on loopback; generate a small ImageFolder-like set of real
-JPEGs; write webdataset-style tar shards (KEY.jpg + KEY.cls, classes.txt) into the server;
-``shardfs mount`` it; read one epoch with torchvision's ImageFolder and a shuffled
-DataLoader with 2 workers; unmount; stop the server.
+Steps: start moto's S3 server on loopback; generate a small ImageFolder tree of real JPEGs;
+``shardfs pack`` it into webdataset-style tar shards in the server; ``shardfs mount`` it;
+read one epoch with torchvision's ImageFolder and a shuffled DataLoader with 2 workers;
+unmount; stop the server.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import urllib.request
@@ -63,33 +62,24 @@ def jpeg(rng: random.Random, label: int, side: int) -> bytes:
     return out.getvalue()
 
 
-def write_shards(out: Path, classes: list[str], per_class: int, side: int) -> int:
-    """webdataset-style shards with uneven sample counts; returns the number of images."""
+def write_tree(root: Path, classes: list[str], per_class: int, side: int) -> int:
+    """An ImageFolder tree of real JPEGs with uneven class sizes; returns the image count."""
     rng = random.Random(0)
-    samples = [(c, i) for c in range(len(classes)) for i in range(per_class + c % 3)]
-    rng.shuffle(samples)
-    out.mkdir(parents=True)
-    (out / "classes.txt").write_text("\n".join(classes) + "\n")
-    shard, start = 0, 0
-    while start < len(samples):
-        count = rng.randint(40, 90)
-        with tarfile.open(out / f"shard-{shard:06d}.tar", "w", format=tarfile.PAX_FORMAT) as tar:
-            for label, index in samples[start : start + count]:
-                key = f"{classes[label]}_{index:05d}"
-                for ext, data in (("jpg", jpeg(rng, label, side)), ("cls", str(label).encode())):
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size, info.mtime = len(data), 1_700_000_000
-                    tar.addfile(info, io.BytesIO(data))
-        shard, start = shard + 1, start + count
-    return len(samples)
+    count = 0
+    for label, name in enumerate(classes):
+        folder = root / name
+        folder.mkdir(parents=True)
+        for index in range(per_class + label % 3):
+            (folder / f"{name}_{index:05d}.jpg").write_bytes(jpeg(rng, label, side))
+            count += 1
+    return count
 
 
-def upload(folder: Path, endpoint: str) -> None:
+def make_bucket(endpoint: str) -> None:
     import s3fs
 
     fs = s3fs.S3FileSystem(key="demo", secret="demo", endpoint_url=endpoint)
     fs.call_s3("create_bucket", Bucket=BUCKET)
-    fs.put(str(folder) + "/", f"{BUCKET}/{PREFIX}/train/", recursive=True)
 
 
 def epoch(root: Path) -> tuple[int, float]:
@@ -134,10 +124,22 @@ def main() -> int:
     mounted = False
     try:
         classes = [f"class_{i:02d}" for i in range(args.classes)]
-        count = write_shards(work / "shards", classes, args.per_class, args.side)
-        upload(work / "shards", endpoint)
-        print(f"demo: {count} JPEGs in tar shards at s3://{BUCKET}/{PREFIX}/train/ ({endpoint})")
+        count = write_tree(work / "train", classes, args.per_class, args.side)
+        make_bucket(endpoint)
         source = f"s3://{BUCKET}/{PREFIX}"
+        shardfs(
+            "pack",
+            str(work / "train"),
+            f"{source}/train",
+            "--format",
+            "webdataset",
+            "--shard-size",
+            "2M",
+            "--shuffle-seed",
+            "0",
+            env=env,
+        )
+        print(f"demo: {count} JPEGs packed into tar shards at {source}/train/ ({endpoint})")
         shardfs("mount", source, str(mountpoint), "--cache-dir", str(work / "cache"), env=env)
         mounted = True
         seen, seconds = epoch(mountpoint / "train")
