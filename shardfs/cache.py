@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import itertools
 import logging
@@ -202,6 +203,117 @@ class BlockCache:
                 with self._inflight_lock:
                     self._inflight.pop(key).set()
 
+    def get_split(
+        self,
+        key: BlockKey,
+        start: int,
+        end: int,
+        block_len: int,
+        fetch_range: Callable[[int, int], bytes],
+        run_later: Callable[[Callable[[], None]], None],
+    ) -> bytes:
+        """Like ``get``, but a miss fetches only ``[start, end)`` for the reader and hands the
+        rest of the block to ``run_later``, so a cold read never waits for a whole block."""
+        while True:
+            data = self._load(key, start, end, block_len)
+            if data is not None:
+                self.stats.add(cache_hits=1)
+                return data
+            if not self._claim(key):
+                continue
+            slot = self._slot(key)
+            try:
+                self._lock_slot(slot)
+            except BaseException:
+                self._release(key)
+                raise
+            try:
+                data = self._load(key, start, end, block_len)  # another mount fetched it
+                if data is not None:
+                    self.stats.add(cache_hits=1)
+                    self._unlock_and_release(key, slot)
+                    return data
+                needed = fetch_range(start, end)
+                self.stats.add(cache_misses=1)
+            except BaseException:
+                self._unlock_and_release(key, slot)
+                raise
+            fill = functools.partial(
+                self._complete, key, slot, start, end, block_len, needed, fetch_range
+            )
+            try:
+                run_later(fill)
+            except Exception:
+                fill()
+            return needed
+
+    def _complete(
+        self,
+        key: BlockKey,
+        slot: int,
+        start: int,
+        end: int,
+        block_len: int,
+        needed: bytes,
+        fetch_range: Callable[[int, int], bytes],
+    ) -> None:
+        """Fetch the rest of a block around ``needed`` and store it; then let others in."""
+        try:
+            before = fetch_range(0, start) if start else b""
+            after = fetch_range(end, block_len) if end < block_len else b""
+            self._store(key, before + needed + after, expected=block_len)
+        except Exception as exc:
+            log.warning("could not complete block %s/%d: %s", key.shard, key.index, exc)
+        finally:
+            self._unlock_and_release(key, slot)
+
+    def prefetch(
+        self, key: BlockKey, block_len: int, fetch_range: Callable[[int, int], bytes]
+    ) -> bool:
+        """Fetch a whole block ahead of need. Returns False, fetching nothing, when the block
+        is cached or in flight, or when it would not fit without evicting anything."""
+        if os.path.exists(self.path_of(key)):
+            return False
+        if self.usage() + block_len > self.limit():
+            return False
+        if not self._claim(key, wait=False):
+            return False
+        slot = self._slot(key)
+        try:
+            self._lock_slot(slot)
+            try:
+                if os.path.exists(self.path_of(key)):
+                    return False
+                block = fetch_range(0, block_len)
+                self.stats.add(prefetched_blocks=1)
+                self._store(key, block, expected=block_len)
+                return True
+            finally:
+                self._unlock_slot(slot)
+        finally:
+            self._release(key)
+
+    def _claim(self, key: BlockKey, *, wait: bool = True) -> bool:
+        """Become the one thread fetching ``key``; else (if ``wait``) wait for the owner."""
+        with self._inflight_lock:
+            waiting = self._inflight.get(key)
+            if waiting is None:
+                self._inflight[key] = threading.Event()
+                return True
+        if wait:
+            waiting.wait()
+        return False
+
+    def _release(self, key: BlockKey) -> None:
+        with self._inflight_lock:
+            self._inflight.pop(key).set()
+
+    def _unlock_and_release(self, key: BlockKey, slot: int) -> None:
+        try:
+            self._unlock_slot(slot)
+        finally:
+            self._release(key)
+
     def usage(self) -> int:
         try:
             with self._db() as db:
@@ -326,16 +438,18 @@ class BlockCache:
     # -- fetching and writing ----------------------------------------------------------
 
     def _cross_process_lock(self, key: BlockKey) -> contextlib.AbstractContextManager[None]:
-        slot = int(key.shard[:8], 16) ^ key.index
-        return self._locked(slot % _LOCK_SLOTS)
+        return self._locked(self._slot(key))
 
-    @contextlib.contextmanager
-    def _locked(self, offset: int) -> Iterator[None]:
+    @staticmethod
+    def _slot(key: BlockKey) -> int:
+        return (int(key.shard[:8], 16) ^ key.index) % _LOCK_SLOTS
+
+    def _lock_slot(self, offset: int) -> None:
         """Hold byte ``offset`` of the lock file; one holder across processes."""
         while True:
             try:
                 fcntl.lockf(self._lock_fd, fcntl.LOCK_EX, 1, offset)
-                break
+                return
             except OSError as exc:
                 # Record locks belong to the process, so two multithreaded mounts waiting
                 # crosswise look like a deadlock to the kernel. It is none (a holder never
@@ -343,10 +457,17 @@ class BlockCache:
                 if exc.errno != errno.EDEADLK:
                     raise
                 time.sleep(0.01)
+
+    def _unlock_slot(self, offset: int) -> None:
+        fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
+
+    @contextlib.contextmanager
+    def _locked(self, offset: int) -> Iterator[None]:
+        self._lock_slot(offset)
         try:
             yield
         finally:
-            fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
+            self._unlock_slot(offset)
 
     def _fetch_and_store(
         self, key: BlockKey, start: int, end: int, block_len: int, fetch: Callable[[], bytes]
@@ -363,7 +484,9 @@ class BlockCache:
             self._store(key, block)
         return block[start:end]
 
-    def _store(self, key: BlockKey, block: bytes) -> None:
+    def _store(self, key: BlockKey, block: bytes, *, expected: int | None = None) -> None:
+        if expected is not None and len(block) != expected:
+            raise ValueError(f"assembled {len(block)} bytes for a block of {expected}")
         if time.monotonic() < self._degraded_until:
             return
         encoded = encode_block(key, block, self.config.chunk_size)

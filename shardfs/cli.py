@@ -19,6 +19,7 @@ from .config import (
     CacheConfig,
     IndexConfig,
     MountConfig,
+    ReadaheadConfig,
     ReadConfig,
     SourceConfig,
     ViewConfig,
@@ -82,6 +83,37 @@ def _source_arguments(
     )
 
 
+def _cache_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-size",
+        default="50%",
+        metavar="SIZE",
+        help="bound of the block cache, e.g. 500G or 20%% of the cache disk (default: 50%%)",
+    )
+    parser.add_argument(
+        "--cache-min-free",
+        default="1G",
+        metavar="SIZE",
+        help="free space always left on the cache disk (default: 1G)",
+    )
+    parser.add_argument(
+        "--block-size",
+        default="8M",
+        metavar="SIZE",
+        help="cache block size; a block never spans two shards (default: 8M)",
+    )
+
+
+def _prefetch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prefetch-streams",
+        type=int,
+        default=4,
+        metavar="N",
+        help="concurrent background GETs (default: 4)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -130,23 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve FUSE requests from one thread (a slow read then blocks every reader)",
     )
+    _cache_arguments(mount)
+    _prefetch_arguments(mount)
     mount.add_argument(
-        "--cache-size",
-        default="50%",
-        metavar="SIZE",
-        help="bound of the block cache, e.g. 500G or 20%% of the cache disk (default: 50%%)",
-    )
-    mount.add_argument(
-        "--cache-min-free",
-        default="1G",
-        metavar="SIZE",
-        help="free space always left on the cache disk (default: 1G)",
-    )
-    mount.add_argument(
-        "--block-size",
-        default="8M",
-        metavar="SIZE",
-        help="cache block size; a block never spans two shards (default: 8M)",
+        "--prefetch",
+        choices=("none", "shard", "all"),
+        default="shard",
+        help="shard (default): once a shard is read, fetch the rest of it in the background; "
+        "all: fetch every shard from mount time on; none: fetch only what is read",
     )
     mount.add_argument(
         "--no-cache",
@@ -154,6 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="read every byte from the store; keep nothing on local disk",
     )
     mount.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+
+    warm = commands.add_parser(
+        "warm",
+        parents=[common],
+        help="stream a whole dataset into the local block cache",
+        description="Fetch every block of every shard of SOURCE into the block cache, with "
+        "concurrent ranged GETs, so that the next mount reads nothing from the store.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _source_arguments(warm)
+    _cache_arguments(warm)
+    _prefetch_arguments(warm)
 
     pack = commands.add_parser(
         "pack",
@@ -330,10 +366,31 @@ def _cache_config(args: argparse.Namespace, cache_dir: Path) -> CacheConfig:
         size=args.cache_size,
         min_free=parse_size(args.cache_min_free),
         block_size=block_size,
-        enabled=not args.no_cache,
+        enabled=not getattr(args, "no_cache", False),
     )
     resolve_cache_size(config.size, 1)  # reject a malformed --cache-size before mounting
     return config
+
+
+def _readahead_config(args: argparse.Namespace) -> ReadaheadConfig:
+    if args.prefetch_streams < 1:
+        raise UsageError("--prefetch-streams must be at least 1")
+    return ReadaheadConfig(prefetch=getattr(args, "prefetch", "all"), streams=args.prefetch_streams)
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from .warm import warm
+
+    index_config = _index_config(args)
+    report = warm(
+        _source_config(args),
+        index_config,
+        _cache_config(args, index_config.cache_dir),
+        _readahead_config(args),
+        show_progress=sys.stderr.isatty(),
+    )
+    print(report.summary())
+    return 0
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -357,6 +414,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     )
     if not args.foreground:
         _cache_config(args, index_config.cache_dir)
+        _readahead_config(args)
         check_mountpoint(mountpoint)
         check_cache_dir(index_config.cache_dir)
         log_path = index_config.cache_dir / "logs" / f"mount-{os.getpid()}.log"
@@ -386,6 +444,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             mount_config,
             ReadConfig(),
             _cache_config(args, index_config.cache_dir),
+            _readahead_config(args),
             channel,
             progress,
         )
@@ -570,6 +629,7 @@ COMMANDS = {
     "index": cmd_index,
     "stats": cmd_stats,
     "pack": cmd_pack,
+    "warm": cmd_warm,
     "verify": cmd_verify,
     "cache": cmd_cache,
 }

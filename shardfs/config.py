@@ -196,3 +196,20 @@ def resolve_cache_size(spec: str, disk_bytes: int) -> int:
             raise UsageError(f"cache size percentage must be in (0, 100]: {spec!r}")
         return int(disk_bytes * share / 100)
     return parse_size(text)
+
+
+Prefetch = Literal["none", "shard", "all"]
+
+
+@dataclass(frozen=True)
+class ReadaheadConfig:
+    """Background fetching into the block cache.
+
+    prefetch: ``shard`` (default) fetches the rest of a shard once a reader touches it;
+        ``all`` fetches every shard from mount time on; ``none`` fetches only what is read.
+    streams: concurrent background GETs (``--prefetch-streams``). Default: 4 (see
+        docs/design.md for the measurement).
+    """
+
+    prefetch: Prefetch = "shard"
+    streams: int = 4

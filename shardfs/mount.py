@@ -24,10 +24,19 @@ from pathlib import Path
 from typing import Any
 
 from .cache import BlockCache
-from .config import CacheConfig, IndexConfig, MountConfig, ReadConfig, SourceConfig, ViewConfig
+from .config import (
+    CacheConfig,
+    IndexConfig,
+    MountConfig,
+    ReadaheadConfig,
+    ReadConfig,
+    SourceConfig,
+    ViewConfig,
+)
 from .control import ControlServer, pid_file
 from .errors import MountError, ShardfsError, UsageError
 from .index import IndexBuilder, Progress, fingerprint
+from .readahead import Prefetcher
 from .reader import CachedReader, DirectReader, RangeReader
 from .stats import Stats
 from .store import Store
@@ -170,6 +179,7 @@ def run_foreground(
     mount_config: MountConfig,
     read_config: ReadConfig,
     cache_config: CacheConfig,
+    readahead_config: ReadaheadConfig,
     channel: ReadyChannel,
     progress: Progress | None,
 ) -> None:
@@ -190,8 +200,13 @@ def run_foreground(
     stats = Stats()
     cache = BlockCache(cache_config, stats) if cache_config.enabled else None
     reader: RangeReader
+    prefetcher = None
     if cache is not None:
-        reader = CachedReader(opened.store, cache, stats, retries=read_config.retries)
+        if readahead_config.prefetch != "none":
+            prefetcher = Prefetcher(readahead_config.streams)
+        reader = cached = CachedReader(
+            opened.store, cache, stats, retries=read_config.retries, prefetcher=prefetcher
+        )
     else:
         reader = DirectReader(opened.store, stats, retries=read_config.retries)
     core = ShardFileSystem(opened.view, reader, read_config, stats)
@@ -221,6 +236,11 @@ def run_foreground(
         pid_path.write_text(str(os.getpid()))
         log.info("mounted %s at %s", source.url, mount_config.mountpoint)
         channel.send("ready", f"{opened.view.report.files} {opened.view.layout}")
+        if prefetcher is not None and readahead_config.prefetch == "all":
+            shards = list(opened.view.shards.values())
+            threading.Thread(
+                target=lambda: [cached.read_ahead(s) for s in shards], daemon=True
+            ).start()
         served.set()
 
     try:
@@ -234,6 +254,8 @@ def run_foreground(
         with contextlib.suppress(FileNotFoundError):
             pid_path.unlink()
         control.close()
+        if prefetcher is not None:
+            prefetcher.close()
         if cache is not None:
             cache.close()
         opened.view.close()

@@ -170,9 +170,18 @@ def scan_tree(root: Path) -> tuple[list[SourceFile], list[str], list[str]]:
     files: list[SourceFile] = []
     folders: list[str] = []
     errors: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, onerror=lambda e: errors.append(str(e))):
+    seen: set[tuple[int, int]] = set()
+    # Folder links are followed, as torchvision's ImageFolder does; a loop is an error.
+    walk = os.walk(root, onerror=lambda e: errors.append(str(e)), followlinks=True)
+    for dirpath, dirnames, filenames in walk:
         dirnames.sort()
         rel_dir = os.path.relpath(dirpath, root)
+        folder_info = os.stat(dirpath)
+        if (folder_info.st_dev, folder_info.st_ino) in seen:
+            errors.append(f"{rel_dir}: a link to a folder that is already packed (a loop?)")
+            dirnames.clear()
+            continue
+        seen.add((folder_info.st_dev, folder_info.st_ino))
         if rel_dir != ".":
             folders.append(rel_dir.replace(os.sep, "/"))
         for name in sorted(filenames):
@@ -380,6 +389,8 @@ class Packer:
             )
         if present and manifest is None:
             raise UsageError(f"{self.dest.url}: --resume: no {MANIFEST_NAME} here, not a pack")
+        for name in self.store.remove_temp_files(present):  # a killed run's half uploads
+            log.info("removed leftover temp file %s", name)
         if manifest is not None:
             try:
                 recorded = json.loads(manifest)["fingerprint"]

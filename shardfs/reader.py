@@ -6,9 +6,13 @@ to the store; the block cache and readahead implement the same protocol.
 
 from __future__ import annotations
 
+import functools
+import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from .cache import BlockCache, BlockKey, shard_key
+from .readahead import Prefetcher
 from .stats import Stats
 from .store import ShardInfo, Store
 
@@ -36,45 +40,97 @@ class DirectReader:
 
 
 class CachedReader:
-    """Reads through the persistent block cache: each block of a shard is fetched once."""
+    """Reads through the persistent block cache: each block of a shard is fetched once.
 
-    def __init__(self, store: Store, cache: BlockCache, stats: Stats, *, retries: int = 4) -> None:
+    With a ``Prefetcher``, a miss fetches only the bytes asked for and completes the block in
+    the background, and the first read inside a shard schedules the rest of that shard.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        cache: BlockCache,
+        stats: Stats,
+        *,
+        retries: int = 4,
+        prefetcher: Prefetcher | None = None,
+    ) -> None:
         self.store = store
         self.cache = cache
         self.stats = stats
         self.retries = retries
+        self.prefetcher = prefetcher
         self.block_size = cache.config.block_size
         self._keys: dict[ShardInfo, str] = {}
+        self._scheduled: set[str] = set()
+        self._lock = threading.Lock()
 
-    def _shard_key(self, shard: ShardInfo) -> str:
+    def shard_key(self, shard: ShardInfo) -> str:
         key = self._keys.get(shard)
         if key is None:
             key = shard_key(self.store.location(shard), shard.size, shard.etag)
             self._keys[shard] = key
         return key
 
+    def _fetch_range(self, shard: ShardInfo, index: int) -> Callable[[int, int], bytes]:
+        base = index * self.block_size
+
+        def fetch(start: int, end: int) -> bytes:
+            data = self.store.read_range(shard, base + start, base + end, retries=self.retries)
+            self.stats.add(store_requests=1, bytes_fetched=len(data))
+            return data
+
+        return fetch
+
+    def block_count(self, shard: ShardInfo) -> int:
+        return -(-shard.size // self.block_size)
+
+    def _block_len(self, shard: ShardInfo, index: int) -> int:
+        return min(self.block_size, shard.size - index * self.block_size)
+
     def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
         if start >= end:
-            return b""  # else a whole block would be fetched for nothing
+            return b""
         size = self.block_size
-        skey = self._shard_key(shard)
+        skey = self.shard_key(shard)
         pieces = []
-        for index in range(start // size, (end - 1) // size + 1):
+        first, last = start // size, (end - 1) // size
+        for index in range(first, last + 1):
             block_start = index * size
-            block_end = min(block_start + size, shard.size)
-
-            def fetch(block_start: int = block_start, block_end: int = block_end) -> bytes:
-                data = self.store.read_range(shard, block_start, block_end, retries=self.retries)
-                self.stats.add(store_requests=1, bytes_fetched=len(data))
-                return data
-
-            pieces.append(
-                self.cache.get(
-                    BlockKey(skey, index),
-                    max(start, block_start) - block_start,
-                    min(end, block_end) - block_start,
-                    block_end - block_start,
-                    fetch,
+            block_len = self._block_len(shard, index)
+            key = BlockKey(skey, index)
+            lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
+            hi -= block_start
+            fetch_range = self._fetch_range(shard, index)
+            if self.prefetcher is not None:
+                data = self.cache.get_split(
+                    key, lo, hi, block_len, fetch_range, self.prefetcher.run_soon
                 )
-            )
+            else:
+                whole = functools.partial(fetch_range, 0, block_len)
+                data = self.cache.get(key, lo, hi, block_len, whole)
+            pieces.append(data)
+        if self.prefetcher is not None and skey not in self._scheduled:
+            self.read_ahead(shard, after=last)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def read_ahead(self, shard: ShardInfo, after: int = -1) -> int:
+        """Queue every block of ``shard`` (from ``after + 1``, wrapping); once per shard."""
+        if self.prefetcher is None:
+            return 0
+        skey = self.shard_key(shard)
+        with self._lock:
+            if skey in self._scheduled:
+                return 0
+            self._scheduled.add(skey)
+        count = self.block_count(shard)
+        order = [(after + 1 + i) % count for i in range(count) if (after + 1 + i) % count != after]
+        return self.prefetcher.schedule(self._prefetch_task(shard, skey, i) for i in order)
+
+    def _prefetch_task(self, shard: ShardInfo, skey: str, index: int) -> Callable[[], bool]:
+        def task() -> bool:
+            block_len = self._block_len(shard, index)
+            fetch_range = self._fetch_range(shard, index)
+            return self.cache.prefetch(BlockKey(skey, index), block_len, fetch_range)
+
+        return task

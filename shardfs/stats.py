@@ -17,6 +17,7 @@ class Stats:
     cache_hits: int = 0
     cache_misses: int = 0
     blocks_written: int = 0
+    prefetched_blocks: int = 0
     blocks_evicted: int = 0
     checksum_failures: int = 0
     cache_write_errors: int = 0

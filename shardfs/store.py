@@ -35,6 +35,8 @@ from .tar import Readable
 log = logging.getLogger(__name__)
 
 SHARD_SUFFIX = ".tar"
+# put_file_atomic's temp names on a local folder: ``.NAME.tmp-PID-NS``.
+_TEMP_NAME = re.compile(r"\..+\.tmp-\d+-\d+")
 T = TypeVar("T")
 
 
@@ -319,6 +321,20 @@ class Store:
         except Exception as exc:
             raise translate_errors(name, exc) from exc
         self.fs.invalidate_cache(path)
+
+    def remove_temp_files(self, names: list[str]) -> list[str]:
+        """Delete the temp names a killed ``put_file_atomic`` left among ``names``."""
+        left = [n for n in names if _TEMP_NAME.fullmatch(posixpath.basename(n))]
+        for name in left:
+            path = self._path(name)
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                raise translate_errors(name, exc) from exc
+            self.fs.invalidate_cache(path)
+        return left
 
     def write_object(self, name: str, data: bytes) -> None:
         """Write a small object next to the shards in one PUT."""

@@ -28,17 +28,23 @@ from conftest import is_mounted, run_shardfs, unmount
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import (
     assert_one_error_line,
-    mount,
     new_bucket,
     process_gone,
     umount,
     wait_for,
 )
+from support.mounts import mount as _mount
 from support.s3 import S3Server
 
 from shardfs.control import pid_file
 
 pytestmark = pytest.mark.integration
+
+
+def mount(*args: Any, **kwargs: Any) -> Any:
+    """These tests pin the block cache on its own: demand reads only, no readahead
+    (tests/test_mount_readahead.py covers readahead)."""
+    return _mount(*args, "--prefetch", "none", **kwargs)
 
 N_FILES = 80
 FILES_PER_SHARD = [14, 12, 16]

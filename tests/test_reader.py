@@ -155,7 +155,7 @@ def test_changed_shard_never_serves_old_blocks(
     v2 = ShardInfo("a.tar", int(changed.get("size", SIZE)), str(changed.get("etag", "v1")))
     new = payload(v2.size, seed=2)
     put(store.config.url, "a.tar", new)  # same name, new contents
-    assert reader._shard_key(v1) != reader._shard_key(v2)
+    assert reader.shard_key(v1) != reader.shard_key(v2)
     assert reader.read(v2, 0, 3 * BLOCK) == new[: 3 * BLOCK]
     assert block_cache.stats.store_requests == 6
     assert len(block_files(block_cache)) == 6
@@ -171,7 +171,7 @@ def test_same_name_in_two_locations_gets_two_keys(block_cache: BlockCache) -> No
     reader_b = CachedReader(store_b, block_cache, block_cache.stats, retries=1)
 
     assert store_a.location(shard) != store_b.location(shard)
-    assert reader_a._shard_key(shard) != reader_b._shard_key(shard)
+    assert reader_a.shard_key(shard) != reader_b.shard_key(shard)
     assert reader_a.read(shard, 0, SIZE) == first
     assert reader_b.read(shard, 0, SIZE) == second
     assert reader_a.read(shard, 0, SIZE) == first
@@ -202,7 +202,7 @@ def test_store_failure_caches_nothing_and_is_retried(block_cache: BlockCache) ->
 
     put(store.config.url, "a.tar", data)
     assert reader.read(shard, 0, 10) == data[:10]
-    assert block_files(block_cache) == [block_cache.path_of(BlockKey(reader._shard_key(shard), 0))]
+    assert block_files(block_cache) == [block_cache.path_of(BlockKey(reader.shard_key(shard), 0))]
 
 
 def test_shorter_shard_in_the_store_is_never_cached(block_cache: BlockCache) -> None:
