@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test test-unit lint format clean
+.PHONY: setup system-deps demo test test-unit lint format clean bench bench-scale bench-deps
 
 setup: system-deps $(STAMP)
 
@@ -34,6 +34,23 @@ lint: setup
 format: setup
 	$(BIN)/ruff check --fix shardfs tests scripts
 	$(BIN)/ruff format shardfs tests scripts
+
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	touch $(BENCH_STAMP)
+
+bench-deps: setup $(BENCH_STAMP)
+
+# The benchmark: local ImageFolder vs shardfs vs webdataset vs ratarmount over a local S3
+# server. Writes results/bench.json, results/bench.md and results/bench.png.
+# BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS=--quick`.
+bench: bench-deps
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+bench-scale: bench-deps
+	$(BIN)/python bench/scale.py --out results/scale.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

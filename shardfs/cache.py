@@ -293,6 +293,22 @@ class BlockCache:
         finally:
             self._release(key)
 
+    def put(self, key: BlockKey, block: bytes) -> bool:
+        """Store a block that was downloaded anyway (an index scan), unless it is cached,
+        in flight, or would need evicting; returns True if stored."""
+        if os.path.exists(self.path_of(key)) or self.usage() + len(block) > self.limit():
+            return False
+        if not self._claim(key, wait=False):
+            return False
+        try:
+            with self._cross_process_lock(key):
+                if os.path.exists(self.path_of(key)):
+                    return False
+                self._store(key, block)
+                return True
+        finally:
+            self._release(key)
+
     def _claim(self, key: BlockKey, *, wait: bool = True) -> bool:
         """Become the one thread fetching ``key``; else (if ``wait``) wait for the owner."""
         with self._inflight_lock:

@@ -25,7 +25,7 @@ from pathlib import Path
 from .config import IndexConfig
 from .errors import CorruptShardError, IndexError_, UnsafeMemberError
 from .store import ShardInfo, Store
-from .tar import MemberKind, TarMember, iter_members
+from .tar import MemberKind, Readable, TarMember, iter_members
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +114,61 @@ def _wants_content(member: TarMember) -> bool:
     )
 
 
-def scan_shard(store: Store, shard: ShardInfo) -> list[MemberRow]:
-    """Stream one shard and return a row per member worth serving."""
+BlockSink = Callable[[ShardInfo, int, bytes], None]
+"""Receives (shard, block index, block bytes) for every whole block a scan streamed."""
+
+
+class _BlockTee:
+    """Passes a shard stream through while cutting it into cache blocks for a sink, so the
+    bytes a scan downloads are not downloaded again when files are read."""
+
+    def __init__(
+        self, stream: Readable, shard: ShardInfo, block_size: int, sink: BlockSink
+    ) -> None:
+        self._stream = stream
+        self._shard = shard
+        self._block_size = block_size
+        self._sink = sink
+        self._buffer = bytearray()
+        self._index = 0
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._stream.read(n)
+        self._buffer += data
+        while len(self._buffer) >= self._block_size:
+            self._emit(bytes(self._buffer[: self._block_size]))
+            del self._buffer[: self._block_size]
+        return data
+
+    def finish(self) -> None:
+        """Read the archive's tail padding too, so that the last block is whole."""
+        while self.read(1 << 20):
+            pass
+        if self._buffer and self._index * self._block_size + len(self._buffer) == self._shard.size:
+            self._emit(bytes(self._buffer))
+        self._buffer.clear()
+
+    def _emit(self, block: bytes) -> None:
+        try:
+            self._sink(self._shard, self._index, block)
+        except Exception as exc:  # the cache is an optimisation here, never a failure
+            log.debug("block sink failed: %s", exc)
+        self._index += 1
+
+
+def scan_shard(
+    store: Store,
+    shard: ShardInfo,
+    block_sink: BlockSink | None = None,
+    block_size: int = 0,
+) -> list[MemberRow]:
+    """Stream one shard and return a row per member worth serving; with ``block_sink``, also
+    hand every block of the shard to it."""
     rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)
-    with store.open_stream(shard) as stream:
+    with store.open_stream(shard) as raw:
+        tee = _BlockTee(raw, shard, block_size, block_sink) if block_sink and block_size else None
+        stream: Readable = tee if tee is not None else raw
         for member, content in iter_members(stream, shard.name, capture=_wants_content):
             if member.kind == MemberKind.OTHER:
                 continue
@@ -147,6 +197,8 @@ def scan_shard(store: Store, shard: ShardInfo) -> list[MemberRow]:
                     label,
                 )
             )
+        if tee is not None:
+            tee.finish()
     return rows
 
 
@@ -220,8 +272,16 @@ class IndexBuilder:
     """Brings the persisted index of one source up to date with the store's shard list."""
 
     def __init__(
-        self, store: Store, config: IndexConfig, *, progress: Progress | None = None
+        self,
+        store: Store,
+        config: IndexConfig,
+        *,
+        progress: Progress | None = None,
+        block_sink: BlockSink | None = None,
+        block_size: int = 0,
     ) -> None:
+        self.block_sink = block_sink
+        self.block_size = block_size
         self.store = store
         self.config = config
         self.progress = progress
@@ -319,7 +379,7 @@ class IndexBuilder:
             if stop.is_set():
                 return []
             try:
-                return scan_shard(self.store, shard)
+                return scan_shard(self.store, shard, self.block_sink, self.block_size)
             except CorruptShardError as exc:
                 return exc
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cache import BlockCache
+from .cache import BlockCache, BlockKey, shard_key
 from .config import (
     CacheConfig,
     IndexConfig,
@@ -39,7 +39,7 @@ from .index import IndexBuilder, Progress, fingerprint
 from .readahead import Prefetcher
 from .reader import CachedReader, DirectReader, RangeReader
 from .stats import Stats
-from .store import Store
+from .store import ShardInfo, Store
 from .views import CLASSES_FILE, View, ViewReport, build_view, parse_classes, view_key
 
 log = logging.getLogger(__name__)
@@ -74,11 +74,29 @@ def open_source(
     *,
     progress: Progress | None = None,
     warn: Callable[[str], None] = log.warning,
+    cache: BlockCache | None = None,
 ) -> OpenedSource:
-    """Everything up to a ready View: listing, index (scanning only what changed), view."""
+    """Everything up to a ready View: listing, index (scanning only what changed), view.
+
+    With a ``cache``, the bytes an index scan streams are kept as cache blocks, so reading
+    the files afterwards downloads nothing again."""
     store = Store(source)
     shards = store.list_shards()
-    builder = IndexBuilder(store, index_config, progress=progress)
+    sink = None
+    if cache is not None:
+        block_cache = cache
+
+        def sink(shard: ShardInfo, index: int, block: bytes) -> None:
+            key = shard_key(store.location(shard), shard.size, shard.etag)
+            block_cache.put(BlockKey(key, index), block)
+
+    builder = IndexBuilder(
+        store,
+        index_config,
+        progress=progress,
+        block_sink=sink,
+        block_size=cache.config.block_size if cache is not None else 0,
+    )
     index_path = builder.build(shards)
     for bad in builder.bad_shards():
         warn(f"skipped bad shard {bad.name}: {bad.reason} at offset {bad.offset}")
@@ -188,17 +206,23 @@ def run_foreground(
 
     check_mountpoint(mount_config.mountpoint)
     check_cache_dir(index_config.cache_dir)
-    opened = open_source(
-        source,
-        index_config,
-        view_config,
-        progress=progress,
-        warn=lambda text: _warn_both(channel, text),
-    )
-    from .filesystem import ShardFileSystem
-
     stats = Stats()
     cache = BlockCache(cache_config, stats) if cache_config.enabled else None
+    try:
+        opened = open_source(
+            source,
+            index_config,
+            view_config,
+            progress=progress,
+            warn=lambda text: _warn_both(channel, text),
+            cache=cache,
+        )
+    except BaseException:
+        if cache is not None:
+            cache.close()
+        raise
+    from .filesystem import ShardFileSystem
+
     reader: RangeReader
     prefetcher = None
     if cache is not None:

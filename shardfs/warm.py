@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 
 from .cache import BlockCache, BlockKey
-from .config import CacheConfig, IndexConfig, ReadaheadConfig, SourceConfig
+from .config import CacheConfig, IndexConfig, ReadaheadConfig, SourceConfig, ViewConfig
+from .mount import open_source
 from .readahead import Prefetcher
 from .reader import CachedReader
 from .stats import Stats
-from .store import Store
 
 
 @dataclass
@@ -41,12 +41,20 @@ def warm(
     *,
     show_progress: bool = False,
 ) -> WarmReport:
-    """Fetch every block of every listed shard that is not cached yet (never evicting)."""
-    del index_config  # warming needs the shard list only, not the index
-    store = Store(source)
-    shards = store.list_shards()
+    """Bring the index up to date and fetch every block not cached yet (never evicting).
+
+    Shards the index has to scan fill the cache as they stream, so each byte is fetched
+    once; the rest is fetched with concurrent ranged GETs."""
     stats = Stats()
     cache = BlockCache(cache_config, stats)
+    try:
+        opened = open_source(source, index_config, ViewConfig(layout="raw"), cache=cache)
+    except BaseException:
+        cache.close()
+        raise
+    opened.view.close()
+    store = opened.store
+    shards = store.list_shards()
     prefetcher = Prefetcher(readahead_config.streams)
     reader = CachedReader(store, cache, stats, prefetcher=prefetcher)
 

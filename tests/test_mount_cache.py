@@ -46,6 +46,7 @@ def mount(*args: Any, **kwargs: Any) -> Any:
     (tests/test_mount_readahead.py covers readahead)."""
     return _mount(*args, "--prefetch", "none", **kwargs)
 
+
 N_FILES = 80
 FILES_PER_SHARD = [14, 12, 16]
 BLOCK = 256 << 10
@@ -95,6 +96,17 @@ def _make_dataset(
         files[name] = data
     shards = pack_with_gnu_tar(src, base / "shards", files_per_shard=FILES_PER_SHARD)
     server.upload_dir(base / "shards", f"{bucket}/{prefix}")
+    # A sidecar: mounts then start with an index and a cold block cache (an index scan
+    # would fill the cache as it streams, see tests/test_mount_readahead.py).
+    result = run_shardfs(
+        "index",
+        f"s3://{bucket}/{prefix}/",
+        "--write-sidecar",
+        "--cache-dir",
+        base / "index",
+        env=server.env(),
+    )
+    assert result.returncode == 0, result.stderr
     return Dataset(files, {s.name: s.stat().st_size for s in shards}, bucket, prefix)
 
 

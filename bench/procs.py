@@ -1,0 +1,112 @@
+"""Processes the bench starts and watches: daemons' CPU and peak RSS, mounts, the epoch runner."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def reset_peak_rss(pid: int) -> None:
+    """Zero VmHWM (Linux >= 4.0: writing 5 to clear_refs resets the peak RSS)."""
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class DaemonProbe:
+    """CPU seconds and peak RSS of one daemon over one epoch."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self._cpu = 0.0
+
+    def start(self) -> None:
+        if self.pid is not None:
+            reset_peak_rss(self.pid)
+            self._cpu = cpu_seconds(self.pid)
+
+    def stop(self) -> dict[str, float | None]:
+        if self.pid is None:
+            return {"daemon_cpu_s": None, "daemon_peak_rss_mb": None}
+        return {
+            "daemon_cpu_s": cpu_seconds(self.pid) - self._cpu,
+            "daemon_peak_rss_mb": peak_rss_mb(self.pid),
+        }
+
+
+def wait_until(condition: Any, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
+def force_unmount(mountpoint: Path) -> None:
+    """Best-effort unmount for cleanup paths (lazy if a normal unmount fails)."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount") or "umount"
+    if not os.path.ismount(mountpoint):
+        return
+    result = subprocess.run([tool, "-u", str(mountpoint)], capture_output=True, check=False)
+    if result.returncode != 0:
+        subprocess.run([tool, "-uz", str(mountpoint)], capture_output=True, check=False)
+
+
+class EpochRunner:
+    """The long-lived ``bench/epoch.py`` subprocess: one JSON request in, one result out."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "epoch.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+
+    def run(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("RESULT "):
+                reply: dict[str, Any] = json.loads(line[len("RESULT ") :])
+                if "error" in reply:
+                    raise RuntimeError(f"epoch failed: {reply['error']}")
+                return reply
+        raise RuntimeError(f"the epoch runner exited (status {self.proc.wait()})")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)

@@ -1,0 +1,200 @@
+"""Turn the bench's raw epochs into medians, ratios, target checks, a table and a plot."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ORDER = {"local": 0, "shardfs": 1, "webdataset": 2, "ratarmount": 3}
+EPOCH_ORDER = {"-": 0, "cold": 1, "warm": 2, "remount": 3}
+METRICS = (
+    "images_per_s",
+    "mb_per_s",
+    "egress_bytes",
+    "daemon_cpu_s",
+    "daemon_peak_rss_mb",
+    "mount_s",
+    "mount_egress_bytes",
+)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str, int, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in epochs:
+        groups[(record["contender"], record["mode"], record["workers"], record["epoch"])].append(
+            record
+        )
+    rows = []
+    for (contender, mode, workers, epoch), records in groups.items():
+        row: dict[str, Any] = {
+            "contender": contender,
+            "mode": mode,
+            "workers": workers,
+            "epoch": epoch,
+            "runs": len(records),
+        }
+        for metric in METRICS:
+            values = [r[metric] for r in records if r.get(metric) is not None]
+            if values:
+                row[metric] = _spread(values)
+        rows.append(row)
+    local = {
+        (r["mode"], r["workers"]): r["images_per_s"]["median"]
+        for r in rows
+        if r["contender"] == "local"
+    }
+    for row in rows:
+        base = local.get((row["mode"], row["workers"]))
+        row["vs_local"] = row["images_per_s"]["median"] / base if base else None
+    rows.sort(
+        key=lambda r: (r["mode"], r["workers"], ORDER.get(r["contender"], 9), EPOCH_ORDER[r["epoch"]])
+    )
+    return rows
+
+
+def _find(rows: list[dict[str, Any]], contender: str, mode: str, workers: int, epoch: str) -> Any:
+    for row in rows:
+        if (row["contender"], row["mode"], row["workers"], row["epoch"]) == (
+            contender,
+            mode,
+            workers,
+            epoch,
+        ):
+            return row
+    return None
+
+
+def targets(result: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The project's goals, each with the measured value and whether it is met."""
+    checks = []
+    workers = 2
+    dataset = result["dataset"]["shard_bytes"]
+    peak = result["server"]["peak_mb_per_s"]
+
+    def add(name: str, value: float | None, goal: str, ok: bool | None) -> None:
+        checks.append({"target": name, "value": value, "goal": goal, "met": ok})
+
+    for epoch, goal in (("cold", 0.95), ("warm", 0.98)):
+        row = _find(rows, "shardfs", "decode", workers, epoch)
+        value = row["vs_local"] if row else None
+        add(f"decode w{workers} shardfs {epoch} / local", value, f">= {goal}",
+            None if value is None else value >= goal)
+    row = _find(rows, "shardfs", "raw", workers, "warm")
+    value = row["vs_local"] if row else None
+    add(f"raw w{workers} shardfs warm / local", value, ">= 0.5",
+        None if value is None else value >= 0.5)
+    row = _find(rows, "shardfs", "raw", workers, "cold")
+    value = row["mb_per_s"]["median"] / peak if row else None
+    add(f"raw w{workers} shardfs cold MB/s / server peak", value, ">= 0.85",
+        None if value is None else value >= 0.85)
+    cold = [r for r in rows if r["contender"] == "shardfs" and r["epoch"] == "cold"]
+    if cold:
+        worst = max(r["egress_bytes"]["max"] for r in cold) / dataset
+        add("shardfs egress epoch 1 / dataset bytes (worst run)", worst, "<= 1.05", worst <= 1.05)
+    for epoch in ("warm", "remount"):
+        runs = [r for r in rows if r["contender"] == "shardfs" and r["epoch"] == epoch]
+        if runs:
+            worst = max(r["egress_bytes"]["max"] for r in runs)
+            add(f"shardfs egress {epoch} (bytes, worst run)", worst, "== 0", worst == 0)
+    ratio = result["warm_all"]["ratio_to_ideal"]
+    add("shardfs warm time / (dataset / server peak)", ratio, "<= 1.2", ratio <= 1.2)
+    return checks
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def markdown(result: dict[str, Any], rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
+    meta = result["dataset"]
+    peak = result["server"]["peak_mb_per_s"]
+    warm = result["warm_all"]
+    lines = [
+        f"Dataset: {meta['images']} JPEGs ({meta['mean_image_bytes'] / 1e3:.0f} KB mean, "
+        f"{meta['classes']} classes) in {meta['shards']} shards, "
+        f"{meta['shard_bytes'] / 1e6:.0f} MB; moto S3 on loopback; server peak "
+        f"{peak:.0f} MB/s (8 MiB ranged GETs, by threads: "
+        + ", ".join(
+            f"{t}: {v:.0f}" for t, v in result["server"]["peak_runs"][0]["mb_per_s_by_threads"].items()
+        )
+        + f"). `shardfs warm`: {warm['median_s']:.1f} s vs ideal {warm['ideal_s']:.1f} s "
+        f"({warm['ratio_to_ideal']:.2f}x). DataLoader(shuffle, batch 32), medians of n runs.",
+        "",
+        "| contender | mode | workers | epoch | images/s | MB/s | vs local | egress MB "
+        "| daemon CPU s | daemon peak RSS MB | n |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        def med(metric: str) -> float | None:
+            return row[metric]["median"] if metric in row else None
+
+        egress = med("egress_bytes")
+        lines.append(
+            f"| {row['contender']} | {row['mode']} | {row['workers']} | {row['epoch']} "
+            f"| {_fmt(med('images_per_s'))} | {_fmt(med('mb_per_s'), 1)} "
+            f"| {_fmt(row['vs_local'], 2)} | {_fmt(None if egress is None else egress / 1e6, 1)} "
+            f"| {_fmt(med('daemon_cpu_s'), 1)} | {_fmt(med('daemon_peak_rss_mb'))} "
+            f"| {row['runs']} |"
+        )
+    lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for check in checks:
+        value = check["value"]
+        shown = "—" if value is None else (f"{value:,.0f}" if value > 100 else f"{value:.2f}")
+        met = {True: "yes", False: "**no**", None: "—"}[check["met"]]
+        lines.append(f"| {check['target']} | {shown} | {check['goal']} | {met} |")
+    if result["notes"]:
+        lines += ["", "Notes:", ""] + [f"- {note}" for note in result["notes"]]
+    lines += ["", f"Command: `{result['command']}` ({result['total_s'] / 60:.1f} min)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["mode"], r["workers"]) for r in rows})
+    series = sorted(
+        {(r["contender"], r["epoch"]) for r in rows},
+        key=lambda s: (ORDER.get(s[0], 9), EPOCH_ORDER[s[1]]),
+    )
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.5), squeeze=False)
+    for ax, (mode, workers) in zip(axes[0], groups):
+        labels, values, errors = [], [], []
+        for contender, epoch in series:
+            row = _find(rows, contender, mode, workers, epoch)
+            if row is None:
+                continue
+            spread = row["images_per_s"]
+            labels.append(contender if epoch == "-" else f"{contender}\n{epoch}")
+            values.append(spread["median"])
+            errors.append([spread["median"] - spread["min"], spread["max"] - spread["median"]])
+        colors = [f"C{ORDER.get(label.split(chr(10))[0], 9)}" for label in labels]
+        ax.bar(range(len(values)), values, color=colors,
+               yerr=list(zip(*errors)) if errors else None, capsize=3)
+        ax.set_xticks(range(len(values)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{mode}, {workers} workers")
+        ax.set_ylabel("images/s (median, min-max)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_reports(result: dict[str, Any], out: Path) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarise(result["epochs"])
+    checks = targets(result, rows)
+    result = {**result, "summary": rows, "targets": checks}
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    table = markdown(result, rows, checks)
+    (out / "bench.md").write_text(table)
+    plot(rows, out / "bench.png")
+    return table

@@ -1,0 +1,475 @@
+"""`make bench`: ImageFolder on local disk vs shardfs vs webdataset vs ratarmount, one machine.
+
+One run generates (or reuses) an ImageFolder tree of ~100 KB JPEGs, starts moto's S3 server
+on loopback behind the counting middleware (tests/support/s3.py), packs the tree twice with
+``shardfs pack`` (webdataset format for shardfs and webdataset, tree format for ratarmount),
+measures the server's peak ranged-GET throughput and ``shardfs warm``, then runs epochs of a
+shuffled DataLoader (batch 32, the same collate for all) for every contender, mode
+(raw bytes / decode) and worker count, interleaving contenders and repeating rounds because
+the machine is noisy. Writes results/bench.json, results/bench.md and results/bench.png and
+prints the markdown table. Everything it mounts or starts is stopped on exit, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from data import ensure_tree  # noqa: E402
+from procs import DaemonProbe, EpochRunner, force_unmount, wait_until  # noqa: E402
+from report import write_reports  # noqa: E402
+
+from support.s3 import REGION, S3Server  # noqa: E402
+
+BUCKET = "bench"
+WDS_PREFIX = "data"  # webdataset-format shards: s3://bench/data/train/*.tar
+TREE_PREFIX = "tree"  # tree-format shards (CLASS/FILE members): s3://bench/tree/train/*.tar
+SKIPPED_MOSAIC = (
+    "mosaic streaming skipped: mosaicml-streaming 0.13 does install from PyPI here, but it "
+    "pulls transformers, azure/gcs/oci SDKs and downgrades numpy 2.4.6 -> 2.1.3 in the "
+    "project venv; not worth it for an optional contender"
+)
+
+
+def log(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def shardfs(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, check=False
+    )
+    if check and result.returncode != 0:
+        raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+class Bench:
+    """Holds the server, the runner and whatever is mounted, so cleanup can find them all."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work: Path = args.work.absolute()
+        self.run_dir = self.work / "run"
+        self.server = S3Server()
+        self.runner: EpochRunner | None = None
+        self.mounts: set[Path] = set()
+        self.daemons: list[subprocess.Popen[bytes]] = []
+        self.records: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.meta: dict[str, Any] = {}
+
+    # -- setup -------------------------------------------------------------
+
+    def setup(self) -> None:
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir.mkdir(parents=True)
+        self.tree = ensure_tree(self.work, self.args.images, self.args.classes, log)
+        self.server.start()
+        os.environ.update(self.server.env())
+        self.server.create_bucket(BUCKET)
+        shard_size = max(1 << 20, self.tree.image_bytes // self.args.shards)
+        for prefix, fmt in ((WDS_PREFIX, "webdataset"), (TREE_PREFIX, "tree")):
+            started = time.perf_counter()
+            shardfs(
+                "pack",
+                str(self.tree.root),
+                f"s3://{BUCKET}/{prefix}/train",
+                "--format",
+                fmt,
+                "--shard-size",
+                str(shard_size),
+                "--shuffle-seed",
+                "0",
+                "--cache-dir",
+                str(self.run_dir / "pack-cache"),
+            )
+            log(f"packed {fmt} shards into s3://{BUCKET}/{prefix}/train in "
+                f"{time.perf_counter() - started:.1f} s")
+        fs = self.server.filesystem()
+        self.wds_shards = sorted(fs.glob(f"{BUCKET}/{WDS_PREFIX}/train/*.tar"))
+        self.tree_shards = sorted(fs.glob(f"{BUCKET}/{TREE_PREFIX}/train/*.tar"))
+        self.shard_bytes = sum(fs.size(p) for p in self.wds_shards)
+        self.tree_shard_bytes = sum(fs.size(p) for p in self.tree_shards)
+        self.meta.update(
+            images=self.tree.images,
+            classes=self.tree.classes,
+            image_bytes=self.tree.image_bytes,
+            mean_image_bytes=self.tree.image_bytes / self.tree.images,
+            jpeg_quality=self.tree.quality,
+            shards=len(self.wds_shards),
+            shard_bytes=self.shard_bytes,
+            tree_shards=len(self.tree_shards),
+            tree_shard_bytes=self.tree_shard_bytes,
+            shard_size=shard_size,
+        )
+        log(f"{len(self.wds_shards)} webdataset shards ({self.shard_bytes / 1e6:.0f} MB), "
+            f"{len(self.tree_shards)} tree shards")
+        self.runner = EpochRunner()
+
+    # -- cleanup -----------------------------------------------------------
+
+    def cleanup(self) -> None:
+        for mountpoint in list(self.mounts):
+            force_unmount(mountpoint)
+        for proc in self.daemons:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        if self.runner is not None:
+            self.runner.close()
+        self.server.stop()
+
+    # -- server measurements ------------------------------------------------
+
+    def settle(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Server counts once background fetches stopped (unchanged for 0.5 s)."""
+        deadline = time.monotonic() + timeout
+        last = self.server.counts()
+        while time.monotonic() < deadline:
+            time.sleep(0.25)
+            now = self.server.counts()
+            if now["get_object_bytes"] == last["get_object_bytes"]:
+                time.sleep(0.25)
+                again = self.server.counts()
+                if again["get_object_bytes"] == now["get_object_bytes"]:
+                    return again
+                now = again
+            last = now
+        return last
+
+    def peak_throughput(self) -> dict[str, Any]:
+        """Many concurrent 8 MiB ranged GETs over the shards; MB/s per thread count."""
+        fs = self.server.filesystem()
+        block = 8 << 20
+        ranges = [
+            (path, start, min(start + block, fs.size(path)))
+            for path in self.wds_shards
+            for start in range(0, fs.size(path), block)
+        ]
+        budget = self.args.peak_mb << 20
+        chosen, total = [], 0
+        for item in ranges:
+            if total >= budget:
+                break
+            chosen.append(item)
+            total += item[2] - item[1]
+        rows = {}
+        for threads in (1, 4, 8):
+
+            def get(item: tuple[str, int, int]) -> int:
+                return len(fs.cat_file(item[0], start=item[1], end=item[2]))
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                got = sum(pool.map(get, chosen))
+            rows[str(threads)] = got / (time.perf_counter() - started) / 1e6
+        return {"mb_per_s_by_threads": rows, "peak_mb_per_s": max(rows.values())}
+
+    def warm_all(self) -> dict[str, Any]:
+        cache = self.run_dir / "cache-warm"
+        shutil.rmtree(cache, ignore_errors=True)
+        self.server.reset_counts()
+        started = time.perf_counter()
+        out = shardfs("warm", f"s3://{BUCKET}/{WDS_PREFIX}", "--cache-dir", str(cache))
+        seconds = time.perf_counter() - started
+        counts = self.settle()
+        shutil.rmtree(cache, ignore_errors=True)
+        return {
+            "seconds": seconds,
+            "egress_bytes": counts["get_object_bytes"],
+            "summary": out.stdout.strip(),
+        }
+
+    # -- epochs --------------------------------------------------------------
+
+    def epoch(
+        self,
+        contender: str,
+        epoch: str,
+        request: dict[str, Any],
+        pid: int | None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        assert self.runner is not None
+        probe = DaemonProbe(pid)
+        self.server.reset_counts()
+        probe.start()
+        result = self.runner.run(request)
+        counts = self.settle()
+        record = {
+            "contender": contender,
+            "mode": request["mode"],
+            "workers": request["workers"],
+            "epoch": epoch,
+            **result,
+            "images_per_s": result["images"] / result["seconds"],
+            "mb_per_s": result["bytes"] / result["seconds"] / 1e6,
+            "egress_bytes": counts["get_object_bytes"],
+            "egress_requests": counts["get_object_requests"],
+            **probe.stop(),
+            **(extra or {}),
+        }
+        if result["images"] != self.tree.images:
+            self.notes.append(
+                f"{contender} {request['mode']} w{request['workers']} {epoch}: read "
+                f"{result['images']} images, expected {self.tree.images}"
+            )
+        self.records.append(record)
+        log(
+            f"{contender:<10} {request['mode']:<6} w{request['workers']} {epoch:<7} "
+            f"{record['images_per_s']:7.0f} img/s {record['mb_per_s']:6.1f} MB/s "
+            f"egress {record['egress_bytes'] / 1e6:6.1f} MB"
+            + (f" daemon {record['daemon_cpu_s']:.1f} s CPU" if pid else "")
+        )
+        return record
+
+    def run_local(self, mode: str, workers: int, repeat: int) -> None:
+        request = {"kind": "imagefolder", "root": str(self.tree.root), "mode": mode,
+                   "workers": workers, "seed": repeat}
+        self.epoch("local", "-", request, None, {"repeat": repeat})
+
+    @contextmanager
+    def shardfs_mount(self, cache: Path) -> Iterator[tuple[int, float]]:
+        from shardfs.control import pid_file
+
+        mnt = self.run_dir / "mnt-shardfs"
+        mnt.mkdir(exist_ok=True)
+        started = time.perf_counter()
+        self.mounts.add(mnt)
+        shardfs("mount", f"s3://{BUCKET}/{WDS_PREFIX}", str(mnt), "--cache-dir", str(cache),
+                *self.args.shardfs_arg)
+        seconds = time.perf_counter() - started
+        pid = int(pid_file(mnt).read_text())
+        try:
+            yield pid, seconds
+        finally:
+            shardfs("umount", str(mnt))
+            self.mounts.discard(mnt)
+
+    def run_shardfs(self, mode: str, workers: int, repeat: int) -> None:
+        cache = self.run_dir / "cache-shardfs"
+        shutil.rmtree(cache, ignore_errors=True)
+        request = {"kind": "imagefolder", "root": str(self.run_dir / "mnt-shardfs" / "train"),
+                   "mode": mode, "workers": workers, "seed": repeat}
+        self.server.reset_counts()
+        with self.shardfs_mount(cache) as (pid, seconds):
+            mount_bytes = self.server.counts()["get_object_bytes"]
+            self.epoch("shardfs", "cold", request, pid,
+                       {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes})
+            self.epoch("shardfs", "warm", request, pid, {"repeat": repeat})
+        self.server.reset_counts()
+        with self.shardfs_mount(cache) as (pid, seconds):
+            mount_bytes = self.server.counts()["get_object_bytes"]
+            self.epoch("shardfs", "remount", request, pid,
+                       {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes})
+        shutil.rmtree(cache, ignore_errors=True)
+
+    def presigned_urls(self) -> list[str]:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.server.endpoint, region_name=REGION)
+        return [
+            client.generate_presigned_url(
+                "get_object",
+                Params={"Bucket": BUCKET, "Key": path.split("/", 1)[1]},
+                ExpiresIn=7 * 24 * 3600,
+            )
+            for path in self.wds_shards
+        ]
+
+    def run_webdataset(self, mode: str, workers: int, repeat: int) -> None:
+        cache = self.run_dir / "cache-wds"
+        shutil.rmtree(cache, ignore_errors=True)
+        cache.mkdir()
+        request = {"kind": "webdataset", "urls": self.presigned_urls(), "cache_dir": str(cache),
+                   "mode": mode, "workers": workers, "seed": repeat}
+        self.epoch("webdataset", "cold", request, None, {"repeat": repeat})
+        self.epoch("webdataset", "warm", request, None, {"repeat": repeat})
+        shutil.rmtree(cache, ignore_errors=True)
+
+    @contextmanager
+    def ratarmount_mount(self, index_dir: Path) -> Iterator[tuple[int, float]]:
+        mnt = self.run_dir / "mnt-ratarmount"
+        mnt.mkdir(exist_ok=True)
+        urls = [f"s3://{path}" for path in self.tree_shards]
+        log_file = open(self.run_dir / "ratarmount.log", "ab")  # noqa: SIM115
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("ratarmount")), "-f",
+             "--index-folders", str(index_dir), *urls, str(mnt)],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+        )
+        self.daemons.append(proc)
+        self.mounts.add(mnt)
+        try:
+            def ready() -> bool:
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"ratarmount exited with {proc.returncode}; see {log_file.name}")
+                return os.path.ismount(mnt)
+
+            wait_until(ready, "the ratarmount mount", timeout=600)
+            yield proc.pid, time.perf_counter() - started
+        finally:
+            force_unmount(mnt)
+            self.mounts.discard(mnt)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+            log_file.close()
+
+    def run_ratarmount(self, mode: str, workers: int, repeat: int) -> None:
+        index_dir = self.run_dir / "ratarmount-index"
+        shutil.rmtree(index_dir, ignore_errors=True)
+        index_dir.mkdir()
+        request = {"kind": "imagefolder", "root": str(self.run_dir / "mnt-ratarmount"),
+                   "mode": mode, "workers": workers, "seed": repeat}
+        self.server.reset_counts()
+        with self.ratarmount_mount(index_dir) as (pid, seconds):
+            mount_bytes = self.settle()["get_object_bytes"]
+            self.epoch("ratarmount", "cold", request, pid,
+                       {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes})
+            self.epoch("ratarmount", "warm", request, pid, {"repeat": repeat})
+        self.server.reset_counts()
+        with self.ratarmount_mount(index_dir) as (pid, seconds):
+            mount_bytes = self.settle()["get_object_bytes"]
+            self.epoch("ratarmount", "remount", request, pid,
+                       {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes})
+        shutil.rmtree(index_dir, ignore_errors=True)
+
+    # -- the whole run -----------------------------------------------------------
+
+    def contenders(self) -> dict[str, Callable[[str, int, int], None]]:
+        everyone = {
+            "local": self.run_local,
+            "shardfs": self.run_shardfs,
+            "webdataset": self.run_webdataset,
+            "ratarmount": self.run_ratarmount,
+        }
+        return {name: run for name, run in everyone.items() if name in self.args.contenders}
+
+    def run(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        self.setup()
+        peaks = [self.peak_throughput()]
+        log(f"server peak: {peaks[0]['mb_per_s_by_threads']} MB/s by threads")
+        warms = []
+        contenders = list(self.contenders().items())
+        failed: set[str] = set()
+        for repeat in range(self.args.repeats):
+            warms.append(self.warm_all())
+            log(f"shardfs warm: {warms[-1]['seconds']:.1f} s")
+            for workers in self.args.workers:
+                if workers != self.args.workers[0] and repeat >= self.args.secondary_repeats:
+                    continue
+                for mode in self.args.modes:
+                    shift = repeat % len(contenders)
+                    for name, run in contenders[shift:] + contenders[:shift]:
+                        if name in failed:
+                            continue
+                        try:
+                            run(mode, workers, repeat)
+                        except RuntimeError as exc:
+                            failed.add(name)
+                            self.notes.append(f"{name} failed and was dropped: {exc}")
+                            log(f"{name} failed and is dropped from the run: {exc}")
+        peaks.append(self.peak_throughput())
+        peak = max(p["peak_mb_per_s"] for p in peaks)
+        warm_seconds = statistics.median(w["seconds"] for w in warms)
+        ideal = self.shard_bytes / (peak * 1e6)
+        self.notes.append(SKIPPED_MOSAIC)
+        return {
+            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "kernel": platform.release(),
+            },
+            "dataset": self.meta,
+            "server": {"peak_runs": peaks, "peak_mb_per_s": peak},
+            "warm_all": {
+                "runs": warms,
+                "median_s": warm_seconds,
+                "ideal_s": ideal,
+                "ratio_to_ideal": warm_seconds / ideal,
+            },
+            "epochs": self.records,
+            "notes": self.notes,
+            "total_s": time.perf_counter() - started,
+        }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=6000, help="images (6000)")
+    parser.add_argument("--classes", type=int, default=12, help="classes (12)")
+    parser.add_argument("--shards", type=int, default=12, help="about this many shards (12)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds for the first worker count (3)")
+    parser.add_argument("--secondary-repeats", type=int, default=1,
+                        help="rounds for the other worker counts (1)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--modes", nargs="+", default=["decode", "raw"],
+                        choices=["decode", "raw"])
+    parser.add_argument("--contenders", nargs="+",
+                        default=["local", "shardfs", "webdataset", "ratarmount"])
+    parser.add_argument("--peak-mb", type=int, default=512,
+                        help="MiB read per thread count when measuring server peak (512)")
+    parser.add_argument("--shardfs-arg", action="append", default=[],
+                        help="extra argument for shardfs mount (repeatable)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 600 images, 1 round")
+    parser.add_argument("--work", type=Path, default=ROOT / "results" / "tmp",
+                        help="work folder; the generated tree is cached here (results/tmp)")
+    parser.add_argument("--out", type=Path, default=ROOT / "results")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.images, args.repeats, args.peak_mb = 600, 1, 64
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    bench = Bench(args)
+    try:
+        result = bench.run()
+    except KeyboardInterrupt:
+        log("interrupted; cleaning up")
+        return 130
+    finally:
+        bench.cleanup()
+    table = write_reports(result, args.out)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

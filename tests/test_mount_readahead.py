@@ -1,0 +1,222 @@
+"""Readahead over real FUSE mounts and the moto S3 server: a touched shard is fetched whole
+and once, ``--prefetch all`` and ``shardfs warm`` fill the cache, and a shuffled epoch with
+readahead still pays each byte once. Egress is counted at the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_shardfs
+from support.datagen import FIXED_MTIME, pack_with_gnu_tar
+from support.mounts import mount, new_bucket, umount, wait_for
+from support.s3 import S3Server
+
+pytestmark = pytest.mark.integration
+
+BLOCK_FLAG = "256K"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    files: dict[str, bytes]
+    shard_sizes: dict[str, int]
+    members: dict[str, str]  # file name -> shard name
+    url: str
+    key_prefix: str
+
+    @property
+    def shard_bytes(self) -> int:
+        return sum(self.shard_sizes.values())
+
+
+@pytest.fixture(scope="module")
+def dataset(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    """~4 MB of random-bytes files of 40-80 KB in 5 shards."""
+    base = tmp_path_factory.mktemp("readahead")
+    rng = random.Random(7)
+    src = base / "src"
+    src.mkdir()
+    files = {}
+    for number in range(60):
+        name = f"img_{number:03d}.jpg"
+        files[name] = rng.randbytes(rng.randrange(40_000, 80_000))
+        (src / name).write_bytes(files[name])
+        os.utime(src / name, (FIXED_MTIME, FIXED_MTIME))
+    counts = [12, 12, 12, 12, 12]
+    shards = pack_with_gnu_tar(src, base / "shards", files_per_shard=counts)
+    bucket = new_bucket(s3_server, "readahead")
+    s3_server.upload_dir(base / "shards", f"{bucket}/data")
+    names = sorted(files)
+    members = {name: shards[i // 12].name for i, name in enumerate(names)}
+    # A sidecar, so that mounts start with an index and an empty block cache.
+    result = run_shardfs(
+        "index",
+        f"s3://{bucket}/data/",
+        "--write-sidecar",
+        "--cache-dir",
+        base / "c",
+        env=s3_server.env(),
+    )
+    assert result.returncode == 0, result.stderr
+    return Dataset(
+        files,
+        {s.name: s.stat().st_size for s in shards},
+        members,
+        f"s3://{bucket}/data/",
+        f"{bucket}/data/",
+    )
+
+
+@pytest.fixture
+def env(s3_server: S3Server) -> dict[str, str]:
+    return s3_server.env()
+
+
+def shard_traffic(server: S3Server, data: Dataset) -> dict[str, int]:
+    """GetObject bytes per shard name since the last reset."""
+    by_key: dict[str, int] = server.counts()["get_object_bytes_by_key"]
+    return {
+        key[len(data.key_prefix) :]: n
+        for key, n in by_key.items()
+        if key.startswith(data.key_prefix) and key.endswith(".tar")
+    }
+
+
+def stats(mountpoint: Path) -> dict[str, Any]:
+    result = run_shardfs("stats", mountpoint, "--json")
+    assert result.returncode == 0, result.stderr
+    values: dict[str, Any] = json.loads(result.stdout)
+    return values
+
+
+def wrong_files(root: Path, data: Dataset, names: list[str]) -> list[str]:
+    def check(name: str) -> str | None:
+        return None if (root / name).read_bytes() == data.files[name] else name
+
+    with ThreadPoolExecutor(4) as pool:
+        return [n for n in pool.map(check, names) if n is not None]
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "cache"
+
+
+def test_a_touched_shard_is_fetched_whole_and_once(
+    dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, cache_dir: Path
+) -> None:
+    mount(dataset.url, mountpoint, cache_dir, "--block-size", BLOCK_FLAG, env=env)
+    s3_server.reset_counts()
+    name = sorted(dataset.files)[30]  # in the third shard
+    shard = dataset.members[name]
+    assert (mountpoint / name).read_bytes() == dataset.files[name]
+    wait_for(
+        lambda: shard_traffic(s3_server, dataset).get(shard, 0) >= dataset.shard_sizes[shard],
+        "the touched shard to be read ahead",
+    )
+    wait_for(lambda: stats(mountpoint)["prefetched_blocks"] > 0, "prefetch stats")
+    traffic = shard_traffic(s3_server, dataset)
+    assert traffic == {shard: dataset.shard_sizes[shard]}  # whole, once, and nothing else
+    same_shard = [n for n, s in dataset.members.items() if s == shard]
+    s3_server.reset_counts()
+    assert wrong_files(mountpoint, dataset, same_shard) == []
+    assert shard_traffic(s3_server, dataset) == {}
+    umount(mountpoint)
+
+
+def test_prefetch_all_fills_the_cache_before_anything_is_read(
+    dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, cache_dir: Path
+) -> None:
+    mount(
+        dataset.url,
+        mountpoint,
+        cache_dir,
+        "--block-size",
+        BLOCK_FLAG,
+        "--prefetch",
+        "all",
+        env=env,
+    )
+    wait_for(
+        lambda: stats(mountpoint)["bytes_fetched"] >= dataset.shard_bytes,
+        "--prefetch all to fetch every shard",
+    )
+    assert stats(mountpoint)["bytes_fetched"] == dataset.shard_bytes
+    s3_server.reset_counts()
+    assert wrong_files(mountpoint, dataset, sorted(dataset.files)) == []
+    assert shard_traffic(s3_server, dataset) == {}
+    umount(mountpoint)
+
+
+def test_shuffled_epoch_with_readahead_pays_each_byte_once(
+    dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, cache_dir: Path
+) -> None:
+    mount(dataset.url, mountpoint, cache_dir, "--block-size", BLOCK_FLAG, env=env)
+    s3_server.reset_counts()
+    names = sorted(dataset.files)
+    random.Random(3).shuffle(names)
+    assert wrong_files(mountpoint, dataset, names) == []
+    wait_for(
+        lambda: sum(shard_traffic(s3_server, dataset).values()) >= dataset.shard_bytes,
+        "readahead to finish",
+    )
+    traffic = shard_traffic(s3_server, dataset)
+    for shard, size in dataset.shard_sizes.items():
+        assert traffic[shard] == size, f"{shard}: fetched {traffic[shard]} of {size} bytes"
+    file_bytes = sum(len(d) for d in dataset.files.values())
+    assert sum(traffic.values()) <= 1.05 * file_bytes
+    umount(mountpoint)
+    s3_server.reset_counts()
+    mount(dataset.url, mountpoint, cache_dir, "--block-size", BLOCK_FLAG, env=env)
+    assert wrong_files(mountpoint, dataset, names) == []
+    assert shard_traffic(s3_server, dataset) == {}
+    umount(mountpoint)
+
+
+def test_an_index_scan_fills_the_cache_so_reads_fetch_nothing_more(
+    dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, cache_dir: Path
+) -> None:
+    s3_server.reset_counts()
+    mount(
+        dataset.url,
+        mountpoint,
+        cache_dir,
+        "--block-size",
+        BLOCK_FLAG,
+        "--no-sidecar",
+        env=env,
+    )
+    scanned = shard_traffic(s3_server, dataset)
+    assert scanned == dataset.shard_sizes  # the scan streamed every shard once
+    assert wrong_files(mountpoint, dataset, sorted(dataset.files)) == []
+    assert shard_traffic(s3_server, dataset) == scanned  # and reading added nothing
+    umount(mountpoint)
+
+
+def test_warm_then_mount_reads_nothing_from_the_store(
+    dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, cache_dir: Path
+) -> None:
+    result = run_shardfs(
+        "warm", dataset.url, "--cache-dir", cache_dir, "--block-size", BLOCK_FLAG, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("warmed 5 shards")
+    s3_server.reset_counts()
+    again = run_shardfs(
+        "warm", dataset.url, "--cache-dir", cache_dir, "--block-size", BLOCK_FLAG, env=env
+    )
+    assert again.returncode == 0, again.stderr
+    assert shard_traffic(s3_server, dataset) == {}  # a second warm fetches nothing
+    mount(dataset.url, mountpoint, cache_dir, "--block-size", BLOCK_FLAG, env=env)
+    s3_server.reset_counts()
+    assert wrong_files(mountpoint, dataset, sorted(dataset.files)) == []
+    assert shard_traffic(s3_server, dataset) == {}
+    umount(mountpoint)

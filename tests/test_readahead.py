@@ -1,0 +1,227 @@
+"""Readahead: the prefetch queue's priorities, split demand reads, shard readahead that
+never evicts, and the cached reader driving them over a real fsspec store."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tarbuild import memory_url, put
+
+from shardfs.cache import BlockCache, BlockKey
+from shardfs.config import CacheConfig, SourceConfig
+from shardfs.readahead import Prefetcher
+from shardfs.reader import CachedReader
+from shardfs.stats import Stats
+from shardfs.store import Store
+
+BLOCK = 4096
+KEY = "ab" * 16
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Iterator[BlockCache]:
+    config = CacheConfig(
+        cache_dir=tmp_path / "cache", size="64M", min_free=0, block_size=BLOCK, chunk_size=512
+    )
+    block_cache = BlockCache(config, Stats())
+    yield block_cache
+    block_cache.close()
+
+
+class RangeSource:
+    """A block's bytes behind a fetch_range that records every call; optionally slow."""
+
+    def __init__(self, data: bytes, delay: float = 0.0) -> None:
+        self.data = data
+        self.delay = delay
+        self.calls: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, start: int, end: int) -> bytes:
+        with self.lock:
+            self.calls.append((start, end))
+        time.sleep(self.delay)
+        return self.data[start:end]
+
+
+# -- the queue ---------------------------------------------------------------------------
+
+
+def test_fills_run_before_queued_readahead() -> None:
+    order: list[str] = []
+    gate = threading.Event()
+    prefetcher = Prefetcher(1)
+    try:
+        prefetcher.run_soon(gate.wait)  # occupy the only thread
+        prefetcher.schedule([lambda i=i: order.append(f"ahead{i}") for i in range(3)])
+        prefetcher.run_soon(lambda: order.append("fill"))
+        gate.set()
+        assert prefetcher.wait_idle(5)
+    finally:
+        prefetcher.close()
+    assert order == ["fill", "ahead0", "ahead1", "ahead2"]
+
+
+def test_close_drops_queued_readahead_but_runs_fills() -> None:
+    ran: list[str] = []
+    gate = threading.Event()
+    prefetcher = Prefetcher(1)
+    prefetcher.run_soon(gate.wait)
+    prefetcher.schedule([lambda: ran.append("ahead")] * 5)
+    prefetcher.run_soon(lambda: ran.append("fill"))
+    closer = threading.Thread(target=prefetcher.close)
+    closer.start()
+    time.sleep(0.05)
+    gate.set()
+    closer.join(5)
+    assert ran == ["fill"]
+
+
+def test_a_failing_task_does_not_stop_the_workers() -> None:
+    ran: list[int] = []
+    prefetcher = Prefetcher(2)
+    try:
+
+        def boom() -> None:
+            raise RuntimeError("boom")
+
+        prefetcher.schedule([boom, lambda: ran.append(1), boom, lambda: ran.append(2)])
+        assert prefetcher.wait_idle(5)
+    finally:
+        prefetcher.close()
+    assert sorted(ran) == [1, 2]
+
+
+def test_streams_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        Prefetcher(0)
+
+
+# -- split demand reads and prefetch in the cache ---------------------------------------
+
+
+def test_split_read_fetches_only_the_asked_bytes_first_then_completes_the_block(
+    cache: BlockCache,
+) -> None:
+    data = random.Random(1).randbytes(BLOCK)
+    source = RangeSource(data)
+    later: list[object] = []
+    key = BlockKey(KEY, 0)
+    got = cache.get_split(key, 1000, 1200, BLOCK, source, later.append)
+    assert got == data[1000:1200]
+    assert source.calls == [(1000, 1200)]  # the reader waited for its own bytes only
+    assert not cache.path_of(key).exists()
+    (fill,) = later
+    fill()  # type: ignore[operator]
+    assert source.calls == [(1000, 1200), (0, 1000), (1200, BLOCK)]
+    assert cache.get(key, 0, BLOCK, BLOCK, lambda: b"never") == data
+    assert cache.stats.cache_misses == 1 and cache.stats.cache_hits == 1
+
+
+@pytest.mark.parametrize(("start", "end"), [(0, 10), (BLOCK - 10, BLOCK), (0, BLOCK)])
+def test_split_read_at_block_edges_fetches_no_empty_ranges(
+    cache: BlockCache, start: int, end: int
+) -> None:
+    data = random.Random(2).randbytes(BLOCK)
+    source = RangeSource(data)
+    assert (
+        cache.get_split(BlockKey(KEY, 1), start, end, BLOCK, source, lambda f: f())
+        == (data[start:end])
+    )
+    assert all(a < b for a, b in source.calls)
+    assert sum(b - a for a, b in source.calls) == BLOCK  # each byte once
+    assert cache.get(BlockKey(KEY, 1), 0, BLOCK, BLOCK, lambda: b"") == data
+
+
+def test_a_second_reader_waits_for_the_fill_instead_of_fetching_again(
+    cache: BlockCache,
+) -> None:
+    data = random.Random(3).randbytes(BLOCK)
+    source = RangeSource(data, delay=0.05)
+    key = BlockKey(KEY, 2)
+    fills: list[threading.Thread] = []
+
+    def run_later(task: object) -> None:
+        thread = threading.Thread(target=task)  # type: ignore[arg-type]
+        fills.append(thread)
+        thread.start()
+
+    first = cache.get_split(key, 0, 100, BLOCK, source, run_later)
+    second = cache.get_split(key, 2000, 2100, BLOCK, source, run_later)
+    for thread in fills:
+        thread.join()
+    assert (first, second) == (data[0:100], data[2000:2100])
+    assert sum(b - a for a, b in source.calls) == BLOCK  # the block was fetched once
+
+
+def test_a_failed_fill_stores_nothing_and_lets_the_next_read_refetch(
+    cache: BlockCache,
+) -> None:
+    data = random.Random(4).randbytes(BLOCK)
+    calls = {"n": 0}
+
+    def flaky(start: int, end: int) -> bytes:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("connection reset")
+        return data[start:end]
+
+    key = BlockKey(KEY, 3)
+    assert cache.get_split(key, 100, 200, BLOCK, flaky, lambda f: f()) == data[100:200]
+    assert not cache.path_of(key).exists()
+    assert cache.get_split(key, 100, 200, BLOCK, flaky, lambda f: f()) == data[100:200]
+    assert cache.path_of(key).exists()
+    assert cache.get(key, 0, BLOCK, BLOCK, lambda: b"") == data
+
+
+def test_prefetch_skips_cached_blocks_and_never_evicts(tmp_path: Path) -> None:
+    config = CacheConfig(
+        cache_dir=tmp_path / "small", size=str(3 * BLOCK + 600), min_free=0, block_size=BLOCK
+    )
+    cache = BlockCache(config, Stats())
+    try:
+        data = random.Random(5).randbytes(BLOCK)
+        fetched = [cache.prefetch(BlockKey(KEY, i), BLOCK, RangeSource(data)) for i in range(5)]
+        assert fetched.count(True) >= 2
+        assert fetched[-1] is False  # the bound was reached: readahead stops
+        assert cache.stats.blocks_evicted == 0
+        assert cache.usage() <= cache.limit()
+        assert cache.prefetch(BlockKey(KEY, 0), BLOCK, RangeSource(data)) is False
+    finally:
+        cache.close()
+
+
+# -- the cached reader with a prefetcher, over a real fsspec store ------------------------
+
+
+def test_first_read_in_a_shard_prefetches_the_rest_of_it(cache: BlockCache) -> None:
+    url = memory_url()
+    shards = {f"s{i}.tar": random.Random(i).randbytes(7 * BLOCK + 99) for i in range(3)}
+    for name, data in shards.items():
+        put(url, name, data)
+    store = Store(SourceConfig(url))
+    listed = {s.name: s for s in store.list_shards()}
+    prefetcher = Prefetcher(2)
+    reader = CachedReader(store, cache, cache.stats, retries=1, prefetcher=prefetcher)
+    try:
+        shard = listed["s1.tar"]
+        assert (
+            reader.read(shard, 3 * BLOCK + 5, 3 * BLOCK + 50)
+            == shards["s1.tar"][3 * BLOCK + 5 : 3 * BLOCK + 50]
+        )
+        assert prefetcher.wait_idle(10)
+        for index in range(reader.block_count(shard)):
+            assert cache.path_of(BlockKey(reader.shard_key(shard), index)).exists()
+        for other in ("s0.tar", "s2.tar"):  # untouched shards are not fetched
+            assert not cache.path_of(BlockKey(reader.shard_key(listed[other]), 0)).exists()
+        fetched = cache.stats.bytes_fetched
+        assert fetched == shard.size  # each byte of the shard exactly once
+        assert reader.read(shard, 0, shard.size) == shards["s1.tar"]
+        assert cache.stats.bytes_fetched == fetched
+    finally:
+        prefetcher.close()
