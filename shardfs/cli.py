@@ -69,7 +69,7 @@ def _source_arguments(
         "--cache-dir",
         type=Path,
         default=None,
-        help=f"where the index is kept (default: {default_cache_dir()})",
+        help=f"where the index, views and block cache live (default: {default_cache_dir()})",
     )
     parser.add_argument(
         "--skip-bad-shards",
