@@ -262,6 +262,16 @@ def _read_shard_table(path: Path) -> dict[tuple[str, int, str], int] | None:
 
 
 @dataclass(frozen=True)
+class _Source:
+    """Where to copy a shard's rows from: an index file, its shard id, and the folder its
+    paths are relative to."""
+
+    path: Path
+    shard_id: int
+    folder: str
+
+
+@dataclass(frozen=True)
 class BadShard:
     name: str
     offset: int
@@ -288,6 +298,7 @@ class IndexBuilder:
         self.index_dir = config.cache_dir / "index"
         self.path = self.index_dir / f"{store.identity}.sqlite"
         self.scanned_shards = 0
+        self._temp_files: list[Path] = []
 
     def build(self, shards: list[ShardInfo]) -> Path:
         """Return the path of an index that covers exactly ``shards``.
@@ -305,37 +316,48 @@ class IndexBuilder:
         self._check_bad_shards()
         return self.path
 
-    def _sidecar(self) -> tuple[Path | None, dict[tuple[str, int, str], int]]:
+    def _sidecars(self, missing: list[ShardInfo]) -> dict[tuple[str, int, str], _Source]:
+        """Sidecars next to the missing shards: in the source root and in each shard folder.
+
+        A sidecar names its shards and members relative to its own folder."""
+        found: dict[tuple[str, int, str], _Source] = {}
         if not self.config.use_sidecar:
-            return None, {}
-        data = self.store.read_object(SIDECAR_NAME)
-        if data is None:
-            return None, {}
-        fd, name = tempfile.mkstemp(prefix=".sidecar-", suffix=".sqlite", dir=self.index_dir)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        table = _read_shard_table(Path(name))
-        if table is None:
-            log.warning("ignoring invalid index sidecar %s", SIDECAR_NAME)
-            os.unlink(name)
-            return None, {}
-        log.info("using index sidecar for %d shard(s)", len(table))
-        return Path(name), table
+            return found
+        for folder in sorted({posixpath.dirname(s.name) for s in missing} | {""}):
+            data = self.store.read_object(posixpath.join(folder, SIDECAR_NAME))
+            if data is None:
+                continue
+            fd, name = tempfile.mkstemp(prefix=".sidecar-", suffix=".sqlite", dir=self.index_dir)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            self._temp_files.append(Path(name))
+            table = _read_shard_table(Path(name))
+            if table is None:
+                log.warning(
+                    "ignoring invalid index sidecar %s", posixpath.join(folder, SIDECAR_NAME)
+                )
+                continue
+            log.info("using index sidecar in %r for %d shard(s)", folder, len(table))
+            for (shard_name, size, etag), sid in table.items():
+                identity = (posixpath.join(folder, shard_name), size, etag)
+                found.setdefault(identity, _Source(Path(name), sid, folder))
+        return found
 
     def _rebuild(self, shards: list[ShardInfo], local: dict[tuple[str, int, str], int]) -> None:
         missing = [s for s in shards if s.identity not in local]
-        sidecar_path, sidecar = self._sidecar() if missing else (None, {})
+        self._temp_files.clear()
         fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=".sqlite", dir=self.index_dir)
         os.close(fd)
         tmp = Path(tmp_name)
         try:
+            sidecars = self._sidecars(missing) if missing else {}
             conn = create_index(tmp, self.store.describe(), shards)
             to_scan: list[tuple[int, ShardInfo]] = []
             for sid, shard in enumerate(shards, start=1):
                 if shard.identity in local:
-                    self._copy_shard(conn, self.path, local[shard.identity], sid)
-                elif shard.identity in sidecar and sidecar_path is not None:
-                    self._copy_shard(conn, sidecar_path, sidecar[shard.identity], sid)
+                    self._copy_shard(conn, _Source(self.path, local[shard.identity], ""), sid)
+                elif shard.identity in sidecars:
+                    self._copy_shard(conn, sidecars[shard.identity], sid)
                 else:
                     to_scan.append((sid, shard))
             conn.commit()
@@ -344,25 +366,26 @@ class IndexBuilder:
             conn.close()
             os.replace(tmp, self.path)
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            if sidecar_path is not None:
+            for path in [tmp, *self._temp_files]:
                 with contextlib.suppress(FileNotFoundError):
-                    sidecar_path.unlink()
+                    path.unlink()
 
     @staticmethod
-    def _copy_shard(conn: sqlite3.Connection, source: Path, old_id: int, new_id: int) -> None:
-        conn.execute("ATTACH DATABASE ? AS old", (f"file:{source}?mode=ro",))
+    def _copy_shard(conn: sqlite3.Connection, source: _Source, new_id: int) -> None:
+        """Copy one shard's rows from another index file, under ``source.folder``."""
+        conn.execute("ATTACH DATABASE ? AS old", (f"file:{source.path}?mode=ro",))
+        prefix = source.folder + "/" if source.folder else ""
         try:
             conn.execute(
-                "INSERT INTO members SELECT ?, path, offset, size, mode, mtime, kind, link, label "
+                "INSERT INTO members SELECT ?, ? || path, offset, size, mode, mtime, kind, "
+                "CASE WHEN kind = ? AND link != '' THEN ? || link ELSE link END, label "
                 "FROM old.members WHERE shard = ? ORDER BY rowid",
-                (new_id, old_id),
+                (new_id, prefix, int(MemberKind.HARDLINK), prefix, source.shard_id),
             )
             conn.execute(
                 "UPDATE shards SET (error_offset, error) = "
                 "(SELECT error_offset, error FROM old.shards WHERE id = ?) WHERE id = ?",
-                (old_id, new_id),
+                (source.shard_id, new_id),
             )
             conn.commit()
         finally:

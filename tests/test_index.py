@@ -352,6 +352,31 @@ def test_sidecar_lets_a_fresh_cache_skip_scanning(tmp_path: Path) -> None:
     assert sorted(p.name for p in index_dir.iterdir()) == [path2.name]
 
 
+def test_sidecars_in_shard_folders_serve_a_mount_of_their_parent(tmp_path: Path) -> None:
+    """``shardfs pack`` writes its sidecar next to its shards (``train/``); mounting the
+    parent folder uses it, with paths put under ``train/``."""
+    root = store_with({"train/a.tar": shard_bytes("a"), "val/b.tar": shard_bytes("b")})
+    train = Store(SourceConfig(root.config.url.rstrip("/") + "/train"))
+    _, train_index = build(train, tmp_path / "train")
+    write_sidecar(train, train_index)
+
+    parent, path = build(root, tmp_path / "parent")
+    assert parent.scanned_shards == 1  # val/b.tar had no sidecar
+    scanned, _ = build(root, tmp_path / "scan", use_sidecar=False)
+    assert members(path) == members(build(root, tmp_path / "scan")[1])
+    assert sorted(members(path)) == sorted(
+        [
+            "train/a/f0.txt",
+            "train/a/f1.txt",
+            "train/a/f2.txt",
+            "val/b/f0.txt",
+            "val/b/f1.txt",
+            "val/b/f2.txt",
+        ]
+    )
+    assert scanned.scanned_shards == 2
+
+
 def test_sidecar_covers_only_the_shards_it_knows(tmp_path: Path) -> None:
     store = store_with({"a.tar": shard_bytes("a"), "b.tar": shard_bytes("b")})
     _, path = build(store, tmp_path / "one")
