@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from support.s3 import S3Server  # noqa: E402
+from support.s3 import S3Server
 
 
 def main() -> int:

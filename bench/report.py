@@ -54,7 +54,12 @@ def summarise(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         base = local.get((row["mode"], row["workers"]))
         row["vs_local"] = row["images_per_s"]["median"] / base if base else None
     rows.sort(
-        key=lambda r: (r["mode"], r["workers"], ORDER.get(r["contender"], 9), EPOCH_ORDER[r["epoch"]])
+        key=lambda r: (
+            r["mode"],
+            r["workers"],
+            ORDER.get(r["contender"], 9),
+            EPOCH_ORDER[r["epoch"]],
+        )
     )
     return rows
 
@@ -84,16 +89,28 @@ def targets(result: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str
     for epoch, goal in (("cold", 0.95), ("warm", 0.98)):
         row = _find(rows, "shardfs", "decode", workers, epoch)
         value = row["vs_local"] if row else None
-        add(f"decode w{workers} shardfs {epoch} / local", value, f">= {goal}",
-            None if value is None else value >= goal)
+        add(
+            f"decode w{workers} shardfs {epoch} / local",
+            value,
+            f">= {goal}",
+            None if value is None else value >= goal,
+        )
     row = _find(rows, "shardfs", "raw", workers, "warm")
     value = row["vs_local"] if row else None
-    add(f"raw w{workers} shardfs warm / local", value, ">= 0.5",
-        None if value is None else value >= 0.5)
+    add(
+        f"raw w{workers} shardfs warm / local",
+        value,
+        ">= 0.5",
+        None if value is None else value >= 0.5,
+    )
     row = _find(rows, "shardfs", "raw", workers, "cold")
     value = row["mb_per_s"]["median"] / peak if row else None
-    add(f"raw w{workers} shardfs cold MB/s / server peak", value, ">= 0.85",
-        None if value is None else value >= 0.85)
+    add(
+        f"raw w{workers} shardfs cold MB/s / server peak",
+        value,
+        ">= 0.85",
+        None if value is None else value >= 0.85,
+    )
     cold = [r for r in rows if r["contender"] == "shardfs" and r["epoch"] == "cold"]
     if cold:
         worst = max(r["egress_bytes"]["max"] for r in cold) / dataset
@@ -112,7 +129,9 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
-def markdown(result: dict[str, Any], rows: list[dict[str, Any]], checks: list[dict[str, Any]]) -> str:
+def markdown(
+    result: dict[str, Any], rows: list[dict[str, Any]], checks: list[dict[str, Any]]
+) -> str:
     meta = result["dataset"]
     peak = result["server"]["peak_mb_per_s"]
     warm = result["warm_all"]
@@ -122,7 +141,8 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], checks: list[di
         f"{meta['shard_bytes'] / 1e6:.0f} MB; moto S3 on loopback; server peak "
         f"{peak:.0f} MB/s (8 MiB ranged GETs, by threads: "
         + ", ".join(
-            f"{t}: {v:.0f}" for t, v in result["server"]["peak_runs"][0]["mb_per_s_by_threads"].items()
+            f"{t}: {v:.0f}"
+            for t, v in result["server"]["peak_runs"][0]["mb_per_s_by_threads"].items()
         )
         + f"). `shardfs warm`: {warm['median_s']:.1f} s vs ideal {warm['ideal_s']:.1f} s "
         f"({warm['ratio_to_ideal']:.2f}x). DataLoader(shuffle, batch 32), medians of n runs.",
@@ -132,7 +152,8 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], checks: list[di
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        def med(metric: str) -> float | None:
+
+        def med(metric: str, row: dict[str, Any] = row) -> float | None:
             return row[metric]["median"] if metric in row else None
 
         egress = med("egress_bytes")
@@ -142,6 +163,20 @@ def markdown(result: dict[str, Any], rows: list[dict[str, Any]], checks: list[di
             f"| {_fmt(row['vs_local'], 2)} | {_fmt(None if egress is None else egress / 1e6, 1)} "
             f"| {_fmt(med('daemon_cpu_s'), 1)} | {_fmt(med('daemon_peak_rss_mb'))} "
             f"| {row['runs']} |"
+        )
+    mounts = [r for r in rows if "mount_s" in r and r["workers"] == rows[0]["workers"]]
+    seen = set()
+    for row in mounts:
+        key = (row["contender"], row["epoch"])
+        if key in seen:
+            continue
+        seen.add(key)
+        fetched = row["mount_egress_bytes"]["median"] / 1e6
+        lead = "" if len(seen) > 1 else "\n"
+        lines.append(
+            f"{lead}- mount before {row['contender']} {row['epoch']}: "
+            f"{row['mount_s']['median']:.1f}"
+            f" s, {fetched:.1f} MB fetched (not in the epoch's egress)"
         )
     lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
     for check in checks:
@@ -167,7 +202,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         key=lambda s: (ORDER.get(s[0], 9), EPOCH_ORDER[s[1]]),
     )
     fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4.5), squeeze=False)
-    for ax, (mode, workers) in zip(axes[0], groups):
+    for ax, (mode, workers) in zip(axes[0], groups, strict=False):
         labels, values, errors = [], [], []
         for contender, epoch in series:
             row = _find(rows, contender, mode, workers, epoch)
@@ -178,8 +213,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             values.append(spread["median"])
             errors.append([spread["median"] - spread["min"], spread["max"] - spread["median"]])
         colors = [f"C{ORDER.get(label.split(chr(10))[0], 9)}" for label in labels]
-        ax.bar(range(len(values)), values, color=colors,
-               yerr=list(zip(*errors)) if errors else None, capsize=3)
+        ax.bar(
+            range(len(values)),
+            values,
+            color=colors,
+            yerr=list(zip(*errors, strict=True)) if errors else None,
+            capsize=3,
+        )
         ax.set_xticks(range(len(values)), labels, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{mode}, {workers} workers")
         ax.set_ylabel("images/s (median, min-max)")

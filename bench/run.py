@@ -13,7 +13,6 @@ prints the markdown table. Everything it mounts or starts is stopped on exit, Ct
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -35,7 +34,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 from data import ensure_tree  # noqa: E402
 from procs import DaemonProbe, EpochRunner, force_unmount, wait_until  # noqa: E402
 from report import write_reports  # noqa: E402
-
 from support.s3 import REGION, S3Server  # noqa: E402
 
 BUCKET = "bench"
@@ -72,6 +70,8 @@ class Bench:
         self.runner: EpochRunner | None = None
         self.mounts: set[Path] = set()
         self.daemons: list[subprocess.Popen[bytes]] = []
+        # The pack destination itself: its sidecar sits there, so a fresh mount scans nothing.
+        self.shardfs_source = f"s3://{BUCKET}/{WDS_PREFIX}/train"
         self.records: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.meta: dict[str, Any] = {}
@@ -101,8 +101,10 @@ class Bench:
                 "--cache-dir",
                 str(self.run_dir / "pack-cache"),
             )
-            log(f"packed {fmt} shards into s3://{BUCKET}/{prefix}/train in "
-                f"{time.perf_counter() - started:.1f} s")
+            log(
+                f"packed {fmt} shards into s3://{BUCKET}/{prefix}/train in "
+                f"{time.perf_counter() - started:.1f} s"
+            )
         fs = self.server.filesystem()
         self.wds_shards = sorted(fs.glob(f"{BUCKET}/{WDS_PREFIX}/train/*.tar"))
         self.tree_shards = sorted(fs.glob(f"{BUCKET}/{TREE_PREFIX}/train/*.tar"))
@@ -120,8 +122,10 @@ class Bench:
             tree_shard_bytes=self.tree_shard_bytes,
             shard_size=shard_size,
         )
-        log(f"{len(self.wds_shards)} webdataset shards ({self.shard_bytes / 1e6:.0f} MB), "
-            f"{len(self.tree_shards)} tree shards")
+        log(
+            f"{len(self.wds_shards)} webdataset shards ({self.shard_bytes / 1e6:.0f} MB), "
+            f"{len(self.tree_shards)} tree shards"
+        )
         self.runner = EpochRunner()
 
     # -- cleanup -----------------------------------------------------------
@@ -191,7 +195,7 @@ class Bench:
         shutil.rmtree(cache, ignore_errors=True)
         self.server.reset_counts()
         started = time.perf_counter()
-        out = shardfs("warm", f"s3://{BUCKET}/{WDS_PREFIX}", "--cache-dir", str(cache))
+        out = shardfs("warm", self.shardfs_source, "--cache-dir", str(cache))
         seconds = time.perf_counter() - started
         counts = self.settle()
         shutil.rmtree(cache, ignore_errors=True)
@@ -245,8 +249,13 @@ class Bench:
         return record
 
     def run_local(self, mode: str, workers: int, repeat: int) -> None:
-        request = {"kind": "imagefolder", "root": str(self.tree.root), "mode": mode,
-                   "workers": workers, "seed": repeat}
+        request = {
+            "kind": "imagefolder",
+            "root": str(self.tree.root),
+            "mode": mode,
+            "workers": workers,
+            "seed": repeat,
+        }
         self.epoch("local", "-", request, None, {"repeat": repeat})
 
     @contextmanager
@@ -257,8 +266,14 @@ class Bench:
         mnt.mkdir(exist_ok=True)
         started = time.perf_counter()
         self.mounts.add(mnt)
-        shardfs("mount", f"s3://{BUCKET}/{WDS_PREFIX}", str(mnt), "--cache-dir", str(cache),
-                *self.args.shardfs_arg)
+        shardfs(
+            "mount",
+            self.shardfs_source,
+            str(mnt),
+            "--cache-dir",
+            str(cache),
+            *self.args.shardfs_arg,
+        )
         seconds = time.perf_counter() - started
         pid = int(pid_file(mnt).read_text())
         try:
@@ -270,19 +285,34 @@ class Bench:
     def run_shardfs(self, mode: str, workers: int, repeat: int) -> None:
         cache = self.run_dir / "cache-shardfs"
         shutil.rmtree(cache, ignore_errors=True)
-        request = {"kind": "imagefolder", "root": str(self.run_dir / "mnt-shardfs" / "train"),
-                   "mode": mode, "workers": workers, "seed": repeat}
+        request = {
+            "kind": "imagefolder",
+            "root": str(self.run_dir / "mnt-shardfs"),
+            "mode": mode,
+            "workers": workers,
+            "seed": repeat,
+        }
         self.server.reset_counts()
         with self.shardfs_mount(cache) as (pid, seconds):
             mount_bytes = self.server.counts()["get_object_bytes"]
-            self.epoch("shardfs", "cold", request, pid,
-                       {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes})
+            self.epoch(
+                "shardfs",
+                "cold",
+                request,
+                pid,
+                {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes},
+            )
             self.epoch("shardfs", "warm", request, pid, {"repeat": repeat})
         self.server.reset_counts()
         with self.shardfs_mount(cache) as (pid, seconds):
             mount_bytes = self.server.counts()["get_object_bytes"]
-            self.epoch("shardfs", "remount", request, pid,
-                       {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes})
+            self.epoch(
+                "shardfs",
+                "remount",
+                request,
+                pid,
+                {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes},
+            )
         shutil.rmtree(cache, ignore_errors=True)
 
     def presigned_urls(self) -> list[str]:
@@ -302,8 +332,14 @@ class Bench:
         cache = self.run_dir / "cache-wds"
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir()
-        request = {"kind": "webdataset", "urls": self.presigned_urls(), "cache_dir": str(cache),
-                   "mode": mode, "workers": workers, "seed": repeat}
+        request = {
+            "kind": "webdataset",
+            "urls": self.presigned_urls(),
+            "cache_dir": str(cache),
+            "mode": mode,
+            "workers": workers,
+            "seed": repeat,
+        }
         self.epoch("webdataset", "cold", request, None, {"repeat": repeat})
         self.epoch("webdataset", "warm", request, None, {"repeat": repeat})
         shutil.rmtree(cache, ignore_errors=True)
@@ -316,17 +352,29 @@ class Bench:
         log_file = open(self.run_dir / "ratarmount.log", "ab")  # noqa: SIM115
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("ratarmount")), "-f",
-             "--index-folders", str(index_dir), *urls, str(mnt)],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            [
+                str(Path(sys.executable).with_name("ratarmount")),
+                "-f",
+                "--index-folders",
+                str(index_dir),
+                "--index-minimum-file-count",
+                "0",
+                *urls,
+                str(mnt),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
         )
         self.daemons.append(proc)
         self.mounts.add(mnt)
         try:
+
             def ready() -> bool:
                 if proc.poll() is not None:
                     raise RuntimeError(
-                        f"ratarmount exited with {proc.returncode}; see {log_file.name}")
+                        f"ratarmount exited with {proc.returncode}; see {log_file.name}"
+                    )
                 return os.path.ismount(mnt)
 
             wait_until(ready, "the ratarmount mount", timeout=600)
@@ -335,29 +383,49 @@ class Bench:
             force_unmount(mnt)
             self.mounts.discard(mnt)
             try:
-                proc.wait(30)
+                proc.wait(10)  # it exits by itself once unmounted
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+                proc.terminate()  # e.g. interrupted while it was still indexing
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+            force_unmount(mnt)  # it may have finished mounting after the first attempt
             log_file.close()
 
     def run_ratarmount(self, mode: str, workers: int, repeat: int) -> None:
         index_dir = self.run_dir / "ratarmount-index"
         shutil.rmtree(index_dir, ignore_errors=True)
         index_dir.mkdir()
-        request = {"kind": "imagefolder", "root": str(self.run_dir / "mnt-ratarmount"),
-                   "mode": mode, "workers": workers, "seed": repeat}
+        request = {
+            "kind": "imagefolder",
+            "root": str(self.run_dir / "mnt-ratarmount"),
+            "mode": mode,
+            "workers": workers,
+            "seed": repeat,
+        }
         self.server.reset_counts()
         with self.ratarmount_mount(index_dir) as (pid, seconds):
             mount_bytes = self.settle()["get_object_bytes"]
-            self.epoch("ratarmount", "cold", request, pid,
-                       {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes})
+            self.epoch(
+                "ratarmount",
+                "cold",
+                request,
+                pid,
+                {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes},
+            )
             self.epoch("ratarmount", "warm", request, pid, {"repeat": repeat})
         self.server.reset_counts()
         with self.ratarmount_mount(index_dir) as (pid, seconds):
             mount_bytes = self.settle()["get_object_bytes"]
-            self.epoch("ratarmount", "remount", request, pid,
-                       {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes})
+            self.epoch(
+                "ratarmount",
+                "remount",
+                request,
+                pid,
+                {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes},
+            )
         shutil.rmtree(index_dir, ignore_errors=True)
 
     # -- the whole run -----------------------------------------------------------
@@ -424,26 +492,39 @@ class Bench:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=6000, help="images (6000)")
+    parser.add_argument("--images", type=int, default=5000, help="images (5000)")
     parser.add_argument("--classes", type=int, default=12, help="classes (12)")
     parser.add_argument("--shards", type=int, default=12, help="about this many shards (12)")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="rounds for the first worker count (3)")
-    parser.add_argument("--secondary-repeats", type=int, default=1,
-                        help="rounds for the other worker counts (1)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds for the first worker count (3)"
+    )
+    parser.add_argument(
+        "--secondary-repeats", type=int, default=1, help="rounds for the other worker counts (1)"
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--modes", nargs="+", default=["decode", "raw"],
-                        choices=["decode", "raw"])
-    parser.add_argument("--contenders", nargs="+",
-                        default=["local", "shardfs", "webdataset", "ratarmount"])
-    parser.add_argument("--peak-mb", type=int, default=512,
-                        help="MiB read per thread count when measuring server peak (512)")
-    parser.add_argument("--shardfs-arg", action="append", default=[],
-                        help="extra argument for shardfs mount (repeatable)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 600 images, 1 round")
-    parser.add_argument("--work", type=Path, default=ROOT / "results" / "tmp",
-                        help="work folder; the generated tree is cached here (results/tmp)")
+    parser.add_argument("--modes", nargs="+", default=["decode", "raw"], choices=["decode", "raw"])
+    parser.add_argument(
+        "--contenders", nargs="+", default=["local", "shardfs", "webdataset", "ratarmount"]
+    )
+    parser.add_argument(
+        "--peak-mb",
+        type=int,
+        default=512,
+        help="MiB read per thread count when measuring server peak (512)",
+    )
+    parser.add_argument(
+        "--shardfs-arg",
+        action="append",
+        default=[],
+        help="extra argument for shardfs mount (repeatable)",
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run: 600 images, 1 round")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "results" / "tmp",
+        help="work folder; the generated tree is cached here (results/tmp)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args(argv)
     if args.quick:
@@ -458,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still clean up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     bench = Bench(args)
     try:
         result = bench.run()

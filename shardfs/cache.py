@@ -148,6 +148,7 @@ class BlockCache:
         self.stats = stats if stats is not None else Stats()
         self.root = config.cache_dir
         self.blocks_dir = self.root / "blocks"
+        self._blocks_prefix = f"{self.blocks_dir}/"
         self.tmp_dir = self.root / "tmp"
         for folder in (self.blocks_dir, self.tmp_dir):
             folder.mkdir(parents=True, exist_ok=True)
@@ -272,7 +273,7 @@ class BlockCache:
     ) -> bool:
         """Fetch a whole block ahead of need. Returns False, fetching nothing, when the block
         is cached or in flight, or when it would not fit without evicting anything."""
-        if os.path.exists(self.path_of(key)):
+        if os.path.exists(self._block_path(key)):
             return False
         if self.usage() + block_len > self.limit():
             return False
@@ -282,7 +283,7 @@ class BlockCache:
         try:
             self._lock_slot(slot)
             try:
-                if os.path.exists(self.path_of(key)):
+                if os.path.exists(self._block_path(key)):
                     return False
                 block = fetch_range(0, block_len)
                 self.stats.add(prefetched_blocks=1)
@@ -296,13 +297,13 @@ class BlockCache:
     def put(self, key: BlockKey, block: bytes) -> bool:
         """Store a block that was downloaded anyway (an index scan), unless it is cached,
         in flight, or would need evicting; returns True if stored."""
-        if os.path.exists(self.path_of(key)) or self.usage() + len(block) > self.limit():
+        if os.path.exists(self._block_path(key)) or self.usage() + len(block) > self.limit():
             return False
         if not self._claim(key, wait=False):
             return False
         try:
             with self._cross_process_lock(key):
-                if os.path.exists(self.path_of(key)):
+                if os.path.exists(self._block_path(key)):
                     return False
                 self._store(key, block)
                 return True
@@ -358,7 +359,10 @@ class BlockCache:
     # -- paths and bookkeeping ---------------------------------------------------------
 
     def path_of(self, key: BlockKey) -> Path:
-        return self.blocks_dir / key.shard[:2] / key.shard / str(key.index)
+        return Path(self._block_path(key))
+
+    def _block_path(self, key: BlockKey) -> str:
+        return f"{self._blocks_prefix}{key.shard[:2]}/{key.shard}/{key.index}"
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
@@ -389,7 +393,7 @@ class BlockCache:
     # -- reading -----------------------------------------------------------------------
 
     def _load(self, key: BlockKey, start: int, end: int, block_len: int) -> bytes | None:
-        path = str(self.path_of(key))
+        path = self._block_path(key)
         with self._pins_lock:
             self._pins[path] += 1
         try:

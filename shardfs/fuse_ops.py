@@ -56,10 +56,13 @@ class FuseOperations(mfusepy.Operations):  # type: ignore[misc]
         core: ShardFileSystem,
         config: MountConfig,
         on_ready: Callable[[], None] | None = None,
+        *,
+        zero_open: bool = False,
     ) -> None:
         self.core = core
         self.config = config
         self.on_ready = on_ready
+        self.zero_open = zero_open
 
     def init_with_config(self, _conn: Any, fuse_config: Any) -> None:
         # The dataset is immutable: let the kernel keep pages, entries and attributes.
@@ -94,15 +97,23 @@ class FuseOperations(mfusepy.Operations):  # type: ignore[misc]
     def open(self, path: str, flags: int) -> int:
         if flags & _WRITE_FLAGS:
             raise ReadOnlyError(path)
+        if self.zero_open:
+            # ENOSYS tells the kernel (FUSE_CAP_NO_OPEN_SUPPORT) to open files itself from
+            # now on, keeping their page cache: no open or release reaches us again, and
+            # reads come by path.
+            raise mfusepy.FuseOSError(errno.ENOSYS)
         return self.core.open(path)
 
     @_errno
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        if self.zero_open or not fh:
+            return self.core.read_path(path, offset, size)
         return self.core.read(fh, offset, size)
 
     @_errno
     def release(self, path: str, fh: int) -> int:
-        self.core.release(fh)
+        if fh:
+            self.core.release(fh)
         return 0
 
     @_errno
@@ -128,7 +139,13 @@ class FuseOperations(mfusepy.Operations):  # type: ignore[misc]
     write = truncate = chmod = chown = utimens = setxattr = removexattr = _read_only
 
 
-def serve(core: ShardFileSystem, config: MountConfig, on_ready: Callable[[], None]) -> None:
+def serve(
+    core: ShardFileSystem,
+    config: MountConfig,
+    on_ready: Callable[[], None],
+    *,
+    zero_open: bool = False,
+) -> None:
     """Mount and serve until unmounted or signalled (SIGINT/SIGTERM unmount cleanly)."""
     options: dict[str, Any] = {
         "foreground": True,
@@ -140,4 +157,5 @@ def serve(core: ShardFileSystem, config: MountConfig, on_ready: Callable[[], Non
     }
     if config.allow_other:
         options["allow_other"] = True
-    mfusepy.FUSE(FuseOperations(core, config, on_ready), str(config.mountpoint), **options)
+    operations = FuseOperations(core, config, on_ready, zero_open=zero_open)
+    mfusepy.FUSE(operations, str(config.mountpoint), **options)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from .config import ViewConfig
 from .errors import NotADirectoryError_, NotFoundError, UsageError
@@ -406,8 +407,16 @@ class View:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._local = threading.local()
-        conn = self._conn()
+        # One connection for every FUSE thread: libfuse starts and stops threads at will,
+        # and a new connection per thread starts with a cold page cache. The GIL serialises
+        # the queries anyway.
+        self._db = sqlite3.connect(
+            f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False
+        )
+        self._db.execute("PRAGMA mmap_size = 1073741824")
+        self._db.execute("PRAGMA cache_size = -65536")
+        self._lock = threading.Lock()
+        conn = self._db
         self.shards: dict[int, ShardInfo] = {
             sid: ShardInfo(name, size, etag)
             for sid, name, size, etag in conn.execute("SELECT id, name, size, etag FROM shards")
@@ -418,31 +427,22 @@ class View:
         self.root = self._by_ino(ROOT_INO)
         self._child = lru_cache(maxsize=1 << 16)(self._child_uncached)
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(
-                f"file:{self.path}?mode=ro&immutable=1", uri=True, check_same_thread=False
-            )
-            self._local.conn = conn
-        return conn
+    def _query(self, sql: str, args: tuple[object, ...] = ()) -> list[Any]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
 
     def _by_ino(self, ino: int) -> Node:
-        row = self._conn().execute(f"SELECT {_NODE_COLUMNS} FROM nodes WHERE ino = ?", (ino,))
-        found = row.fetchone()
+        rows = self._query(f"SELECT {_NODE_COLUMNS} FROM nodes WHERE ino = ?", (ino,))
+        found = rows[0] if rows else None
         if found is None:
             raise NotFoundError(f"inode {ino}")
         return _node(found)
 
     def _child_uncached(self, parent: int, name: str) -> Node | None:
-        row = (
-            self._conn()
-            .execute(
-                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE parent = ? AND name = ?", (parent, name)
-            )
-            .fetchone()
+        rows = self._query(
+            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE parent = ? AND name = ?", (parent, name)
         )
-        return None if row is None else _node(row)
+        return _node(rows[0]) if rows else None
 
     def lookup(self, path: str) -> Node:
         node = self.root
@@ -458,32 +458,30 @@ class View:
         return node
 
     def children(self, directory: Node) -> Iterator[tuple[str, Node]]:
-        cursor = self._conn().execute(
+        rows = self._query(
             f"SELECT name, {_NODE_COLUMNS} FROM nodes WHERE parent = ? AND ino != ? ORDER BY name",
             (directory.ino, ROOT_INO),
         )
-        for name, *row in cursor:
+        for name, *row in rows:
             yield name, _node(tuple(row))
 
     def files(self) -> Iterator[tuple[str, Node]]:
         """Every regular file with its path, in (shard, offset) order."""
-        conn = self._conn()
         folders = {ROOT_INO: ""}
-        rows = conn.execute(
+        rows = self._query(
             "SELECT ino, parent, name FROM nodes WHERE kind = ? AND ino != ? ORDER BY ino",
             (int(MemberKind.DIRECTORY), ROOT_INO),
         )
         for ino, parent, name in rows:  # a folder's parent always has a smaller inode
             folders[ino] = posixpath.join(folders[parent], name)
-        cursor = conn.execute(
+        files = self._query(
             f"SELECT parent, name, {_NODE_COLUMNS} FROM nodes WHERE kind = ? "
             "ORDER BY shard, offset",
             (int(MemberKind.FILE),),
         )
-        for parent, name, *row in cursor:
+        for parent, name, *row in files:
             yield posixpath.join(folders[parent], name), _node(tuple(row))
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
+        with self._lock:
+            self._db.close()

@@ -60,6 +60,36 @@ def test_ranged_get_counts_only_bytes_sent(s3_server: S3Server) -> None:
     assert counts["get_object_bytes_by_key"] == {"support-ranged/dir/blob.bin": 11000}
 
 
+def test_presigned_get_is_counted_as_get_object(s3_server: S3Server) -> None:
+    import urllib.request
+
+    import boto3
+
+    s3_server.create_bucket("support-presigned")
+    s3_server.filesystem().pipe_file("support-presigned/a.tar", b"x" * 5000)
+    client = boto3.client("s3", **_boto_kwargs(s3_server))
+    url = client.generate_presigned_url(
+        "get_object", Params={"Bucket": "support-presigned", "Key": "a.tar"}, ExpiresIn=600
+    )
+    s3_server.reset_counts()
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=10) as response:
+        assert response.read() == b"x" * 5000
+    counts = s3_server.counts()
+    assert counts["get_object_bytes_by_key"] == {"support-presigned/a.tar": 5000}
+
+
+def _boto_kwargs(server: S3Server) -> dict[str, str]:
+    from support.s3 import ACCESS_KEY, REGION, SECRET_KEY
+
+    return {
+        "endpoint_url": server.endpoint,
+        "region_name": REGION,
+        "aws_access_key_id": ACCESS_KEY,
+        "aws_secret_access_key": SECRET_KEY,
+    }
+
+
 def test_control_endpoint_is_not_counted_and_reset_zeroes(s3_server: S3Server) -> None:
     s3_server.create_bucket("support-reset")
     fs = s3_server.filesystem()

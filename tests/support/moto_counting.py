@@ -49,6 +49,14 @@ _LIST_PARAMS = frozenset(
 )
 
 
+# A presigned URL carries its signature in the query (SigV4: X-Amz-*; SigV2: these three).
+_PRESIGN_V2_PARAMS = frozenset({"AWSAccessKeyId", "Signature", "Expires"})
+
+
+def _is_presign(param: str) -> bool:
+    return param.startswith("X-Amz-") or param in _PRESIGN_V2_PARAMS
+
+
 def classify(method: str, path: str, query: str) -> str | None:
     """Return "get_object", "list" or None for an S3 request (path-style addressing)."""
     if method != "GET":
@@ -58,7 +66,9 @@ def classify(method: str, path: str, query: str) -> str | None:
         return None  # ListBuckets
     params = {name for name, _ in parse_qsl(query, keep_blank_values=True)}
     if key:
-        plain = all(p in _GET_OBJECT_PARAMS or p.startswith("response-") for p in params)
+        plain = all(
+            p in _GET_OBJECT_PARAMS or p.startswith("response-") or _is_presign(p) for p in params
+        )
         return "get_object" if plain else None
     return "list" if params <= _LIST_PARAMS else None
 
