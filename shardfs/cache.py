@@ -34,7 +34,7 @@ import struct
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"SHFSBLK1"
 _FIXED = struct.Struct("<8sIIQQ16sII")  # magic, header len, chunk, data len, index, key, n, 0
 _LOCK_SLOTS = 1 << 16
+_OPEN_BLOCKS = 64  # block files kept open with their verified headers
 _DEGRADED_RETRY_S = 30.0
 _ATIME_FLUSH_S = 5.0
 _EVICT_LOW_WATER = 0.9
@@ -108,8 +109,18 @@ def encode_block(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head)) + data
 
 
-def read_verified(fd: int, key: BlockKey, start: int, end: int, expected_len: int) -> bytes:
-    """Bytes ``[start, end)`` of the block in ``fd``, verified chunk by chunk."""
+@dataclass(slots=True)
+class _Header:
+    """A block file's verified header: what a read needs to check the chunks it returns."""
+
+    header_len: int
+    chunk: int
+    data_len: int
+    sums: bytes
+
+
+def read_header(fd: int, key: BlockKey, expected_len: int) -> _Header:
+    """Parse and verify the header of the block in ``fd``."""
     fixed = os.pread(fd, _FIXED.size, 0)
     if len(fixed) != _FIXED.size:
         raise CorruptBlockError("truncated header")
@@ -126,18 +137,39 @@ def read_verified(fd: int, key: BlockKey, start: int, end: int, expected_len: in
     (header_sum,) = struct.unpack_from("<Q", rest, 8 * count)
     if xxhash.xxh3_64_intdigest(fixed + rest[: 8 * count]) != header_sum:
         raise CorruptBlockError("header checksum mismatch")
+    return _Header(header_len, chunk, data_len, rest[: 8 * count])
+
+
+def read_data(fd: int, header: _Header, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the block's data, each chunk they touch verified."""
+    chunk = header.chunk
     first, last = start // chunk, (end - 1) // chunk
     span_start = first * chunk
-    span_end = min((last + 1) * chunk, data_len)
-    data = os.pread(fd, span_end - span_start, header_len + span_start)
+    span_end = min((last + 1) * chunk, header.data_len)
+    data = os.pread(fd, span_end - span_start, header.header_len + span_start)
     if len(data) != span_end - span_start:
         raise CorruptBlockError("truncated data")
-    sums = struct.unpack_from(f"<{last - first + 1}Q", rest, 8 * first)
+    sums = struct.unpack_from(f"<{last - first + 1}Q", header.sums, 8 * first)
     for i, expected in enumerate(sums):
         piece = data[i * chunk : (i + 1) * chunk]
         if xxhash.xxh3_64_intdigest(piece) != expected:
             raise CorruptBlockError(f"checksum mismatch in chunk {first + i}")
     return data[start - span_start : end - span_start]
+
+
+def read_verified(fd: int, key: BlockKey, start: int, end: int, expected_len: int) -> bytes:
+    """Bytes ``[start, end)`` of the block in ``fd``, header and chunks verified."""
+    return read_data(fd, read_header(fd, key, expected_len), start, end)
+
+
+@dataclass(slots=True)
+class _OpenBlock:
+    """A block file kept open with its verified header; closed when retired and unused."""
+
+    fd: int
+    header: _Header
+    users: int = 0
+    retired: bool = False
 
 
 class BlockCache:
@@ -162,6 +194,8 @@ class BlockCache:
         with self._locked(_LOCK_SLOTS), self._db() as db:
             db.executescript(_SCHEMA)
         self._inflight: dict[BlockKey, threading.Event] = {}
+        self._open: OrderedDict[str, _OpenBlock] = OrderedDict()
+        self._open_lock = threading.Lock()
         self._inflight_lock = threading.Lock()
         self._pins: Counter[str] = Counter()
         self._pins_lock = threading.Lock()
@@ -351,6 +385,10 @@ class BlockCache:
             return
         self._closed = True
         self._flush_access_times(force=True)
+        with self._open_lock:
+            for block in self._open.values():
+                self._retire_locked(block)
+            self._open.clear()
         os.close(self._lock_fd)
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
@@ -398,24 +436,25 @@ class BlockCache:
             self._pins[path] += 1
         try:
             try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
+                block = self._acquire(path, key, block_len)
+            except (CorruptBlockError, struct.error) as exc:
+                self._discard(path, exc)
                 return None
             except OSError as exc:
                 log.warning("cannot open cached block %s: %s", path, exc)
                 return None
+            if block is None:
+                return None
             try:
-                data = read_verified(fd, key, start, end, block_len)
-            except (CorruptBlockError, struct.error) as exc:
-                self.stats.add(checksum_failures=1)
-                log.warning("discarding corrupt cached block %s (%s)", path, exc)
-                self._forget(path)
+                data = read_data(block.fd, block.header, start, end)
+            except CorruptBlockError as exc:
+                self._discard(path, exc)
                 return None
             except OSError as exc:
                 log.warning("cannot read cached block %s: %s", path, exc)
                 return None
             finally:
-                os.close(fd)
+                self._unuse(block)
         finally:
             with self._pins_lock:
                 self._pins[path] -= 1
@@ -426,7 +465,61 @@ class BlockCache:
         self._flush_access_times()
         return data
 
+    def _acquire(self, path: str, key: BlockKey, block_len: int) -> _OpenBlock | None:
+        """The open block file at ``path`` (opened and header-verified once), or None."""
+        with self._open_lock:
+            block = self._open.get(path)
+            if block is not None:
+                self._open.move_to_end(path)
+                block.users += 1
+                return block
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            header = read_header(fd, key, block_len)
+        except BaseException:
+            os.close(fd)
+            raise
+        block = _OpenBlock(fd, header, users=1)
+        with self._open_lock:
+            if path in self._open:  # another thread opened it meanwhile: use one
+                os.close(fd)
+                block = self._open[path]
+                block.users += 1
+                return block
+            self._open[path] = block
+            while len(self._open) > _OPEN_BLOCKS:
+                _, oldest = self._open.popitem(last=False)
+                self._retire_locked(oldest)
+        return block
+
+    def _unuse(self, block: _OpenBlock) -> None:
+        with self._open_lock:
+            block.users -= 1
+            if block.retired and block.users == 0:
+                os.close(block.fd)
+
+    def _retire_locked(self, block: _OpenBlock) -> None:
+        block.retired = True
+        if block.users == 0:
+            os.close(block.fd)
+
+    def _close_open(self, path: str) -> None:
+        """Stop using an open block (evicted, discarded or replaced)."""
+        with self._open_lock:
+            block = self._open.pop(path, None)
+            if block is not None:
+                self._retire_locked(block)
+
+    def _discard(self, path: str, exc: BaseException) -> None:
+        self.stats.add(checksum_failures=1)
+        log.warning("discarding corrupt cached block %s (%s)", path, exc)
+        self._forget(path)
+
     def _forget(self, path: str) -> None:
+        self._close_open(path)
         with contextlib.suppress(OSError):
             os.unlink(path)
         with contextlib.suppress(sqlite3.Error), self._db() as db:
@@ -533,6 +626,7 @@ class BlockCache:
                 db.execute("COMMIT")
             final.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, final)
+            self._close_open(str(final))
             self.stats.add(blocks_written=1)
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(OSError):
@@ -600,6 +694,7 @@ class BlockCache:
                 db.execute("UPDATE total SET bytes = bytes - ? WHERE id = 1", (freed,))
                 db.execute("COMMIT")
                 for path in chosen:
+                    self._close_open(path)
                     with contextlib.suppress(OSError):
                         os.unlink(path)
                 removed += len(chosen)

@@ -106,6 +106,13 @@ def _cache_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _prefetch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--miss-fetch",
+        choices=("block", "range"),
+        default="block",
+        help="on a cache miss fetch the whole block in one GET (block, default) or only the "
+        "bytes asked for and the rest of the block in the background (range)",
+    )
+    parser.add_argument(
         "--prefetch-streams",
         type=int,
         default=4,
@@ -375,7 +382,11 @@ def _cache_config(args: argparse.Namespace, cache_dir: Path) -> CacheConfig:
 def _readahead_config(args: argparse.Namespace) -> ReadaheadConfig:
     if args.prefetch_streams < 1:
         raise UsageError("--prefetch-streams must be at least 1")
-    return ReadaheadConfig(prefetch=getattr(args, "prefetch", "all"), streams=args.prefetch_streams)
+    return ReadaheadConfig(
+        prefetch=getattr(args, "prefetch", "all"),
+        streams=args.prefetch_streams,
+        miss_fetch=args.miss_fetch,
+    )
 
 
 def cmd_warm(args: argparse.Namespace) -> int:

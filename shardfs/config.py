@@ -199,6 +199,7 @@ def resolve_cache_size(spec: str, disk_bytes: int) -> int:
 
 
 Prefetch = Literal["none", "shard", "all"]
+MissFetch = Literal["block", "range"]
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,11 @@ class ReadaheadConfig:
         ``all`` fetches every shard from mount time on; ``none`` fetches only what is read.
     streams: concurrent background GETs (``--prefetch-streams``). Default: 4 (see
         docs/design.md for the measurement).
+    miss_fetch: what a read that misses the cache fetches: ``block`` (default) its whole
+        block in one GET; ``range`` only the bytes asked for, with the rest of the block
+        fetched in the background. See docs/design.md for the measurement.
     """
 
     prefetch: Prefetch = "shard"
     streams: int = 4
+    miss_fetch: MissFetch = "block"

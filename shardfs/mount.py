@@ -229,7 +229,12 @@ def run_foreground(
         if readahead_config.prefetch != "none":
             prefetcher = Prefetcher(readahead_config.streams)
         reader = cached = CachedReader(
-            opened.store, cache, stats, retries=read_config.retries, prefetcher=prefetcher
+            opened.store,
+            cache,
+            stats,
+            retries=read_config.retries,
+            prefetcher=prefetcher,
+            split_misses=readahead_config.miss_fetch == "range",
         )
     else:
         reader = DirectReader(opened.store, stats, retries=read_config.retries)

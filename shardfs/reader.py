@@ -42,8 +42,9 @@ class DirectReader:
 class CachedReader:
     """Reads through the persistent block cache: each block of a shard is fetched once.
 
-    With a ``Prefetcher``, a miss fetches only the bytes asked for and completes the block in
-    the background, and the first read inside a shard schedules the rest of that shard.
+    A miss fetches its whole block in the reader's thread (one GET), or with
+    ``split_misses`` only the bytes asked for, completing the block in the background. With a
+    ``Prefetcher``, the first read inside a shard also schedules the rest of that shard.
     """
 
     def __init__(
@@ -54,7 +55,9 @@ class CachedReader:
         *,
         retries: int = 4,
         prefetcher: Prefetcher | None = None,
+        split_misses: bool = False,
     ) -> None:
+        self.split_misses = split_misses
         self.store = store
         self.cache = cache
         self.stats = stats
@@ -102,7 +105,7 @@ class CachedReader:
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
             hi -= block_start
             fetch_range = self._fetch_range(shard, index)
-            if self.prefetcher is not None:
+            if self.prefetcher is not None and self.split_misses:
                 data = self.cache.get_split(
                     key, lo, hi, block_len, fetch_range, self.prefetcher.run_soon
                 )

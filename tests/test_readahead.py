@@ -225,3 +225,32 @@ def test_first_read_in_a_shard_prefetches_the_rest_of_it(cache: BlockCache) -> N
         assert cache.stats.bytes_fetched == fetched
     finally:
         prefetcher.close()
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_miss_fetches_its_block_or_only_its_bytes_first(cache: BlockCache, split: bool) -> None:
+    url = memory_url()
+    data = random.Random(9).randbytes(3 * BLOCK)
+    put(url, "s.tar", data)
+    store = Store(SourceConfig(url))
+    (shard,) = store.list_shards()
+    requests: list[tuple[int, int]] = []
+    original = store.read_range
+
+    def recording(s: object, start: int, end: int, *, retries: int = 4) -> bytes:
+        requests.append((start, end))
+        return original(shard, start, end, retries=retries)
+
+    store.read_range = recording  # type: ignore[method-assign]
+    prefetcher = Prefetcher(1)
+    reader = CachedReader(
+        store, cache, cache.stats, retries=1, prefetcher=prefetcher, split_misses=split
+    )
+    try:
+        assert reader.read(shard, BLOCK + 10, BLOCK + 20) == data[BLOCK + 10 : BLOCK + 20]
+        assert requests[0] == ((BLOCK + 10, BLOCK + 20) if split else (BLOCK, 2 * BLOCK))
+        assert prefetcher.wait_idle(10)
+        assert reader.read(shard, 0, 3 * BLOCK) == data
+        assert sum(b - a for a, b in requests) == 3 * BLOCK  # every byte once either way
+    finally:
+        prefetcher.close()
