@@ -412,10 +412,8 @@ class Packer:
                 self._done_bytes += count
             self._report_progress(total_files, total_bytes)
 
-        with tempfile.NamedTemporaryFile(prefix=".shardfs-pack-", suffix=".tar") as tmp:
-            write_shard(shard, self.src, tmp, on_bytes)
-            tmp.flush()
-            self.store.put_file_atomic(tmp.name, shard.name)
+        with self.store.atomic_writer(shard.name) as out:
+            write_shard(shard, self.src, out, on_bytes)
         with self._lock:
             self._done_files += sum(1 for m in shard.members if m.source is not None)
         self._report_progress(total_files, total_bytes)
