@@ -104,14 +104,15 @@ def _cache_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _prefetch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--miss-fetch",
-        choices=("block", "range"),
-        default="block",
-        help="on a cache miss fetch the whole block in one GET (block, default) or only the "
-        "bytes asked for and the rest of the block in the background (range)",
-    )
+def _prefetch_arguments(parser: argparse.ArgumentParser, *, misses: bool = True) -> None:
+    if misses:
+        parser.add_argument(
+            "--miss-fetch",
+            choices=("block", "range"),
+            default="block",
+            help="on a cache miss fetch the whole block in one GET (block, default) or only the "
+            "bytes asked for and the rest of the block in the background (range)",
+        )
     parser.add_argument(
         "--prefetch-streams",
         type=int,
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _source_arguments(warm)
     _cache_arguments(warm)
-    _prefetch_arguments(warm)
+    _prefetch_arguments(warm, misses=False)
 
     pack = commands.add_parser(
         "pack",
@@ -385,7 +386,7 @@ def _readahead_config(args: argparse.Namespace) -> ReadaheadConfig:
     return ReadaheadConfig(
         prefetch=getattr(args, "prefetch", "all"),
         streams=args.prefetch_streams,
-        miss_fetch=args.miss_fetch,
+        miss_fetch=getattr(args, "miss_fetch", "block"),
     )
 
 
