@@ -42,6 +42,7 @@ from pathlib import Path
 import xxhash
 
 from .config import CacheConfig, resolve_cache_size
+from .control import process_running
 from .stats import Stats
 
 log = logging.getLogger(__name__)
@@ -61,23 +62,6 @@ CREATE INDEX IF NOT EXISTS blocks_by_atime ON blocks (atime);
 CREATE TABLE IF NOT EXISTS total (id INTEGER PRIMARY KEY CHECK (id = 1), bytes INTEGER NOT NULL);
 INSERT OR IGNORE INTO total VALUES (1, 0);
 """
-
-
-def _process_running(pid: int) -> bool:
-    """True while ``pid`` runs. A killed daemon stays a zombie until its (re)parent reaps
-    it, which a container's init may never do; a zombie writes nothing, so it is gone."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat_file:
-            state = stat_file.read().rpartition(")")[2].split()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return not state or state[0] not in ("Z", "X")
 
 
 def shard_key(location: str, size: int, etag: str) -> str:
@@ -424,7 +408,7 @@ class BlockCache:
         """Delete temp files whose writer process is gone; only ``tmp/`` is listed."""
         for entry in os.scandir(self.tmp_dir):
             pid_text = entry.name.split("-", 1)[0]
-            if not (pid_text.isdigit() and _process_running(int(pid_text))):
+            if not (pid_text.isdigit() and process_running(int(pid_text))):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
 

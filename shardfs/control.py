@@ -43,6 +43,23 @@ def socket_path(mountpoint: Path) -> Path:
     return runtime_dir() / f"{_runtime_name(mountpoint)}.sock"
 
 
+def process_running(pid: int) -> bool:
+    """True while ``pid`` runs. An exited or killed process may stay a zombie until its
+    (new) parent reaps it, which a container's init may never do; a zombie is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat_file:
+            state = stat_file.read().rpartition(")")[2].split()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return not state or state[0] not in ("Z", "X")
+
+
 class ControlServer:
     """Answers ``stats`` on a unix socket from a daemon thread."""
 

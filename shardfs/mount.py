@@ -33,7 +33,7 @@ from .config import (
     SourceConfig,
     ViewConfig,
 )
-from .control import ControlServer, pid_file
+from .control import ControlServer, pid_file, process_running
 from .errors import MountError, ShardfsError, UsageError
 from .index import IndexBuilder, Progress, fingerprint
 from .readahead import Prefetcher
@@ -342,23 +342,6 @@ def _update_bar(bar: object | None, text: str) -> object:
     return bar
 
 
-def _process_running(pid: int) -> bool:
-    """True while ``pid`` runs. An exited daemon is reparented and may stay a zombie until
-    its new parent reaps it (a container's init may take seconds, or never); it is done."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat_file:
-            state = stat_file.read().rpartition(")")[2].split()
-    except OSError:
-        return True  # no /proc: trust kill(0)
-    return not state or state[0] not in ("Z", "X")
-
-
 def unmount(mountpoint: Path, *, timeout: float = 30.0) -> None:
     """Unmount and wait for the daemon to exit."""
     try:
@@ -382,7 +365,7 @@ def unmount(mountpoint: Path, *, timeout: float = 30.0) -> None:
         raise MountError(f"{mountpoint}: unmount failed ({detail})")
     deadline = time.monotonic() + timeout
     while pid is not None and time.monotonic() < deadline:
-        if not _process_running(pid):
+        if not process_running(pid):
             break
         time.sleep(0.05)
     else:
