@@ -64,9 +64,12 @@ INSERT OR IGNORE INTO total VALUES (1, 0);
 """
 
 
-def shard_key(location: str, size: int, etag: str) -> str:
-    """A shard's cache identity: where it lives and which version it is."""
+def shard_key(location: str, size: int, etag: str, block_size: int = 0) -> str:
+    """A shard's cache identity: where it lives, which version it is, and how it is cut into
+    blocks (block ``i`` under another block size is other bytes, possibly of equal length)."""
     text = f"{location}\0{size}\0{etag}"
+    if block_size:
+        text += f"\0{block_size}"
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 

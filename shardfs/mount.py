@@ -87,7 +87,9 @@ def open_source(
         block_cache = cache
 
         def sink(shard: ShardInfo, index: int, block: bytes) -> None:
-            key = shard_key(store.location(shard), shard.size, shard.etag)
+            key = shard_key(
+                store.location(shard), shard.size, shard.etag, block_cache.config.block_size
+            )
             block_cache.put(BlockKey(key, index), block)
 
     builder = IndexBuilder(

@@ -51,12 +51,12 @@ class PresignedRanges:
         if etag and not etag.startswith("mtime:"):
             headers["If-Match"] = f'"{etag}"'
         response = self._pool.request("GET", self._url(path), headers=headers)
-        if response.status == 412:
-            raise PreconditionFailed(path)
         if response.status == 403:  # an expired or rejected signature: sign again once
             with self._lock:
                 self._urls.pop(path, None)
             response = self._pool.request("GET", self._url(path), headers=headers)
+        if response.status == 412:
+            raise PreconditionFailed(path)
         if response.status not in (200, 206):
             raise OSError(f"HTTP {response.status} for {path} [{start}:{end}]")
         data: bytes = response.data

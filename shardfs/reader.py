@@ -71,7 +71,7 @@ class CachedReader:
     def shard_key(self, shard: ShardInfo) -> str:
         key = self._keys.get(shard)
         if key is None:
-            key = shard_key(self.store.location(shard), shard.size, shard.etag)
+            key = shard_key(self.store.location(shard), shard.size, shard.etag, self.block_size)
             self._keys[shard] = key
         return key
 

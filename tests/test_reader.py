@@ -214,3 +214,32 @@ def test_shorter_shard_in_the_store_is_never_cached(block_cache: BlockCache) -> 
     with pytest.raises(ShardChangedError):
         reader.read(shard, SIZE - 10, SIZE)
     assert len(block_files(block_cache)) == 1
+
+
+def test_block_sizes_sharing_a_cache_never_mix_blocks(tmp_path: Path) -> None:
+    """Block 1 of a 2-block shard under 2*BLOCK is bytes [2B, 3B); under BLOCK it is
+    [B, 2B): same index, same length. Mounts (or a remount) with another --block-size on the
+    same cache folder must not serve each other's blocks."""
+    data = payload(3 * BLOCK)
+    store = memory_store({"a.tar": data})
+    shard = only_shard(store)
+
+    def reader_with(block_size: int) -> CachedReader:
+        config = CacheConfig(
+            cache_dir=tmp_path / "cache",
+            size="64M",
+            min_free=0,
+            block_size=block_size,
+            chunk_size=512,
+        )
+        cache = BlockCache(config, Stats())
+        return CachedReader(store, cache, cache.stats, retries=1)
+
+    small, large = reader_with(BLOCK), reader_with(2 * BLOCK)
+    try:
+        assert small.read(shard, 0, 3 * BLOCK) == data
+        assert large.read(shard, 2 * BLOCK, 3 * BLOCK) == data[2 * BLOCK :]
+        assert small.read(shard, BLOCK, 2 * BLOCK) == data[BLOCK : 2 * BLOCK]
+    finally:
+        small.cache.close()
+        large.cache.close()

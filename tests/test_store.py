@@ -312,3 +312,52 @@ def test_permission_error_is_not_source_not_found() -> None:
 @pytest.mark.parametrize("pattern", ["a{b.tar", "a}b.tar", "a{b{c,d}.tar"])
 def test_expand_braces_unbalanced_is_literal(pattern: str) -> None:
     assert expand_braces(pattern) == [pattern]
+
+
+# --- presigned ranged GETs ------------------------------------------------------------------
+
+
+class _FakeSigner:
+    def __init__(self) -> None:
+        self.signed = 0
+
+    def url(self, path: str, expires: int) -> str:
+        self.signed += 1
+        return f"http://store/{path}?sig={self.signed}"
+
+
+class _FakeResponse:
+    def __init__(self, status: int, data: bytes = b"") -> None:
+        self.status = status
+        self.data = data
+
+
+class _FakePool:
+    def __init__(self, statuses: list[int], body: bytes) -> None:
+        self.statuses = statuses
+        self.body = body
+
+    def request(self, method: str, url: str, headers: dict[str, str]) -> _FakeResponse:
+        status = self.statuses.pop(0)
+        return _FakeResponse(status, self.body if status in (200, 206) else b"")
+
+
+def test_presigned_refusal_after_resigning_is_still_a_changed_shard() -> None:
+    """A 403 (expired URL) then 412 on the fresh URL means the ETag no longer matches; it
+    must not look like a failure of the fast path (which would fall back to s3fs, whose GETs
+    carry no If-Match and would serve the new bytes)."""
+    from shardfs.presigned import PreconditionFailed, PresignedRanges
+
+    fast = PresignedRanges(_FakeSigner())
+    fast._pool = _FakePool([403, 412], b"")  # type: ignore[assignment]
+    with pytest.raises(PreconditionFailed):
+        fast.get("b/a.tar", 0, 10, "etag-1")
+
+
+def test_presigned_whole_object_answer_is_cut_to_the_range() -> None:
+    from shardfs.presigned import PresignedRanges
+
+    body = bytes(range(100))
+    fast = PresignedRanges(_FakeSigner())
+    fast._pool = _FakePool([200], body)  # type: ignore[assignment]
+    assert fast.get("b/a.tar", 10, 20, "etag-1") == body[10:20]
