@@ -730,7 +730,7 @@ def clear_cache(cache_dir: Path, *, everything: bool = False) -> int:
             trash = cache_dir / f"trash-{uuid.uuid4().hex[:8]}"
             if blocks_dir.exists():
                 os.rename(blocks_dir, trash)
-            blocks_dir.mkdir()
+            blocks_dir.mkdir(exist_ok=True)
             conn.execute("DELETE FROM blocks")
             conn.execute("UPDATE total SET bytes = 0 WHERE id = 1")
             conn.execute("COMMIT")

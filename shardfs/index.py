@@ -352,18 +352,21 @@ class IndexBuilder:
         try:
             sidecars = self._sidecars(missing) if missing else {}
             conn = create_index(tmp, self.store.describe(), shards)
-            to_scan: list[tuple[int, ShardInfo]] = []
-            for sid, shard in enumerate(shards, start=1):
-                if shard.identity in local:
-                    self._copy_shard(conn, _Source(self.path, local[shard.identity], ""), sid)
-                elif shard.identity in sidecars:
-                    self._copy_shard(conn, sidecars[shard.identity], sid)
-                else:
-                    to_scan.append((sid, shard))
-            conn.commit()
-            self._scan_all(conn, to_scan)
-            conn.commit()
-            conn.close()
+            try:
+                to_scan: list[tuple[int, ShardInfo]] = []
+                for sid, shard in enumerate(shards, start=1):
+                    if shard.identity in local:
+                        source = _Source(self.path, local[shard.identity], "")
+                        self._copy_shard(conn, source, sid)
+                    elif shard.identity in sidecars:
+                        self._copy_shard(conn, sidecars[shard.identity], sid)
+                    else:
+                        to_scan.append((sid, shard))
+                conn.commit()
+                self._scan_all(conn, to_scan)
+                conn.commit()
+            finally:
+                conn.close()
             os.replace(tmp, self.path)
         finally:
             for path in [tmp, *self._temp_files]:

@@ -24,6 +24,10 @@ class PreconditionFailed(Exception):
     """The object's ETag is no longer the indexed one (HTTP 412)."""
 
 
+class TransientError(Exception):
+    """A failure worth retrying on this same path: a 5xx answer or a broken connection."""
+
+
 class PresignedRanges:
     """Ranged GETs of S3 objects through presigned URLs (cached per object)."""
 
@@ -46,17 +50,25 @@ class PresignedRanges:
             self._urls[path] = (url, now + _URL_LIFETIME_S - _RENEW_BEFORE_S)
         return url
 
+    def _request(self, path: str, headers: dict[str, str]) -> Any:
+        try:
+            return self._pool.request("GET", self._url(path), headers=headers)
+        except urllib3.exceptions.HTTPError as exc:  # timeouts, resets, refused connections
+            raise TransientError(str(exc)) from exc
+
     def get(self, path: str, start: int, end: int, etag: str) -> bytes:
         headers = {"Range": f"bytes={start}-{end - 1}"}
         if etag and not etag.startswith("mtime:"):
             headers["If-Match"] = f'"{etag}"'
-        response = self._pool.request("GET", self._url(path), headers=headers)
+        response = self._request(path, headers)
         if response.status == 403:  # an expired or rejected signature: sign again once
             with self._lock:
                 self._urls.pop(path, None)
-            response = self._pool.request("GET", self._url(path), headers=headers)
+            response = self._request(path, headers)
         if response.status == 412:
             raise PreconditionFailed(path)
+        if response.status >= 500:
+            raise TransientError(f"HTTP {response.status} for {path} [{start}:{end}]")
         if response.status not in (200, 206):
             raise OSError(f"HTTP {response.status} for {path} [{start}:{end}]")
         data: bytes = response.data

@@ -31,7 +31,7 @@ from .errors import (
     StoreReadError,
     UsageError,
 )
-from .presigned import PreconditionFailed, PresignedRanges
+from .presigned import PreconditionFailed, PresignedRanges, TransientError
 from .tar import Readable
 
 log = logging.getLogger(__name__)
@@ -280,8 +280,8 @@ class Store:
         if fast is not None:
             try:
                 return fast.get(path, start, end, shard.etag)
-            except PreconditionFailed:
-                raise
+            except (PreconditionFailed, TransientError):
+                raise  # a changed shard, or a failure read_range retries on this same path
             except Exception as exc:
                 log.info("presigned GET failed (%s); using s3fs for this source", exc)
                 self._presigned = None

@@ -118,9 +118,11 @@ def verify(
             progress(done[0], len(by_shard), 0, 0)
         return bad
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for bad in pool.map(check, sorted(by_shard)):
-            report.mismatched.extend(bad)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            for bad in pool.map(check, sorted(by_shard)):
+                report.mismatched.extend(bad)
+    finally:
+        view.close()
     report.mismatched.sort()
-    view.close()
     return report

@@ -361,3 +361,21 @@ def test_presigned_whole_object_answer_is_cut_to_the_range() -> None:
     fast = PresignedRanges(_FakeSigner())
     fast._pool = _FakePool([200], body)  # type: ignore[assignment]
     assert fast.get("b/a.tar", 10, 20, "etag-1") == body[10:20]
+
+
+def test_presigned_server_errors_are_transient_and_keep_the_fast_path() -> None:
+    """A 5xx is retried by read_range on the same path; it must not switch presigned GETs
+    (and their If-Match) off for the rest of the process."""
+    from shardfs.presigned import PresignedRanges, TransientError
+
+    fast = PresignedRanges(_FakeSigner())
+    fast._pool = _FakePool([503], b"")  # type: ignore[assignment]
+    with pytest.raises(TransientError):
+        fast.get("b/a.tar", 0, 10, "etag-1")
+
+    store = Store(SourceConfig(memory_url()))
+    body = bytes(range(50))
+    fast._pool = _FakePool([503, 206], body[5:15])  # type: ignore[assignment]
+    store._presigned = fast
+    assert store.read_range(ShardInfo("a.tar", 50, "etag-1"), 5, 15, retries=2) == body[5:15]
+    assert store._presigned is fast
