@@ -663,11 +663,13 @@ class BlockCache:
                 if used <= target:
                     db.execute("COMMIT")
                     return removed
-                rows = db.execute(
-                    "SELECT path, size FROM blocks ORDER BY atime LIMIT 64"
-                ).fetchall()
                 with self._pins_lock:
-                    victims = [(p, s) for p, s in rows if p not in self._pins]
+                    pinned = set(self._pins)
+                # Blocks being read here are never evicted; look past them, however many.
+                rows = db.execute(
+                    "SELECT path, size FROM blocks ORDER BY atime LIMIT ?", (64 + len(pinned),)
+                ).fetchall()
+                victims = [(p, s) for p, s in rows if p not in pinned]
                 freed, chosen = 0, []
                 for path, size in victims:
                     if used - freed <= target:

@@ -838,3 +838,22 @@ def test_database_error_inside_a_transaction_does_not_wedge_the_cache(
     assert source.get(cache, 2) == source.block(2)  # the next write works again
     assert cache.stats.cache_write_errors == 1
     assert cache.usage() == 2 * ENCODED == disk_bytes(cache)
+
+
+def test_eviction_looks_past_many_pinned_blocks(tmp_path: Path) -> None:
+    """More pinned blocks than one batch of candidates must not stop eviction early."""
+    config = CacheConfig(cache_dir=tmp_path / "c", size="64M", min_free=0, block_size=1024)
+    cache = BlockCache(config, Stats())
+    try:
+        data = bytes(1024)
+        keys = [BlockKey("cd" * 16, i) for i in range(100)]
+        for key in keys:
+            cache.get(key, 0, 1024, 1024, lambda: data)
+        for key in keys[:80]:  # the 80 oldest are being read
+            cache._pins[cache._block_path(key)] += 1
+        used = cache.usage()
+        removed = cache.evict_to(used - 10 * (used // 100))
+        assert removed >= 10
+        assert all(cache.path_of(k).exists() for k in keys[:80])
+    finally:
+        cache.close()
