@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -219,4 +220,45 @@ def test_warm_then_mount_reads_nothing_from_the_store(
     s3_server.reset_counts()
     assert wrong_files(mountpoint, dataset, sorted(dataset.files)) == []
     assert shard_traffic(s3_server, dataset) == {}
+    umount(mountpoint)
+
+
+def test_a_slow_get_stalls_only_the_reads_that_need_it(
+    dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, cache_dir: Path
+) -> None:
+    """One GET that hangs (the store delays one shard by 20 s) must not block listings or
+    reads of other shards: they finish while the slow read is still waiting."""
+    mount(
+        dataset.url,
+        mountpoint,
+        cache_dir,
+        "--block-size",
+        BLOCK_FLAG,
+        "--prefetch",
+        "none",
+        env=env,
+    )
+    names = sorted(dataset.files)
+    slow_shard = dataset.members[names[0]]
+    others = [n for n in names if dataset.members[n] != slow_shard][:12]
+    s3_server.delay_gets(slow_shard, 20.0)
+    result: dict[str, bytes] = {}
+    try:
+        slow = threading.Thread(
+            target=lambda: result.update(data=(mountpoint / names[0]).read_bytes())
+        )
+        slow.start()
+        wait_for(
+            lambda: any(
+                k.endswith(slow_shard) for k in s3_server.counts()["get_object_requests_by_key"]
+            ),
+            "the slow GET to reach the server",
+        )
+        assert sorted(os.listdir(mountpoint)) == names
+        assert wrong_files(mountpoint, dataset, others) == []
+        assert slow.is_alive(), "the other reads should finish while the slow GET waits"
+    finally:
+        s3_server.delay_gets()
+    slow.join(60)
+    assert result["data"] == dataset.files[names[0]]
     umount(mountpoint)

@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 import threading
+import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import Any
@@ -27,6 +29,7 @@ from werkzeug.serving import make_server
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
+DELAY_PATH = "/_delay"  # POST ?key=SUBSTRING&seconds=S: slow GetObject on matching keys
 COUNTS_PATH = "/_counts"
 RESET_PATH = "/_counts/reset"
 
@@ -129,16 +132,22 @@ class CountingMiddleware:
     def __init__(self, app: WSGIApp) -> None:
         self.app = app
         self.counters = Counters()
+        self.delays: dict[str, float] = {}  # key substring -> seconds, for fault injection
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
         path = str(environ.get("PATH_INFO", ""))
         if path in (COUNTS_PATH, RESET_PATH):
             return self._serve_counts(method, path, start_response)
+        if path == DELAY_PATH:
+            return self._set_delay(str(environ.get("QUERY_STRING", "")), start_response)
         kind = classify(method, path, str(environ.get("QUERY_STRING", "")))
         # PATH_INFO is already percent-decoded (WSGI).
         key = path.lstrip("/") if kind == "get_object" else ""
         self.counters.add_request(method, kind, key)
+        for part, seconds in list(self.delays.items()):
+            if key and part in key:
+                time.sleep(seconds)  # counted first, so a test can see the request waiting
         body = self.app(environ, start_response)
         if method == "HEAD":
             # werkzeug never writes a body for HEAD, whatever the app returns.
@@ -158,6 +167,17 @@ class CountingMiddleware:
             close = getattr(body, "close", None)
             if close is not None:
                 close()
+
+    def _set_delay(self, query: str, start_response: StartResponse) -> Iterable[bytes]:
+        params = urllib.parse.parse_qs(query)
+        key = params.get("key", [""])[0]
+        seconds = float(params.get("seconds", ["0"])[0])
+        if key and seconds > 0:
+            self.delays[key] = seconds
+        else:
+            self.delays.clear()
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [json.dumps(self.delays).encode()]
 
     def _serve_counts(
         self, method: str, path: str, start_response: StartResponse

@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -167,6 +168,12 @@ class S3Server:
 
     def reset_counts(self) -> None:
         self._control("POST", "/_counts/reset")
+
+    def delay_gets(self, key_part: str = "", seconds: float = 0.0) -> None:
+        """Make every GetObject on a key containing ``key_part`` wait ``seconds`` (a slow
+        store); with no arguments, remove every delay."""
+        query = urllib.parse.urlencode({"key": key_part, "seconds": seconds})
+        self._control("POST", f"/_delay?{query}")
 
     # -- S3 helpers --------------------------------------------------------
 
