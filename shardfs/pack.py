@@ -32,7 +32,16 @@ from typing import IO, Literal
 
 from .config import SourceConfig
 from .errors import ShardfsError, UsageError
-from .index import SIDECAR_NAME, MemberRow, create_index, insert_members
+from .index import (
+    LABEL_EXTENSIONS,
+    MAX_LABEL_BYTES,
+    SIDECAR_NAME,
+    MemberRow,
+    create_index,
+    insert_members,
+    parse_label,
+    split_key,
+)
 from .store import SHARD_SUFFIX, ShardInfo, Store
 from .tar import MemberKind
 from .views import CLASSES_FILE, IMAGE_EXTENSIONS
@@ -152,16 +161,20 @@ def layout(shard: PlannedShard) -> tuple[list[tuple[PlannedMember, bytes, int]],
     return placed, total
 
 
-def index_rows(shard: PlannedShard) -> list[MemberRow]:
+def index_rows(shard: PlannedShard, root: Path | None = None) -> list[MemberRow]:
+    """The index rows a scan of this shard would produce. With ``root``, label files of a
+    tree pack (``KEY.cls``/``KEY.json``) are read for their label, as a scan would."""
     rows: list[MemberRow] = []
     for member, _header_bytes, offset in layout(shard)[0]:
         mode = 0o755 if member.kind == MemberKind.DIRECTORY else 0o644
         mtime = 0
+        label = member.label
         if member.source is not None:
             mode, mtime = member.source.mode & 0o777, member.source.mtime
-        rows.append(
-            (member.name, offset, member.size, mode, mtime, int(member.kind), "", member.label)
-        )
+            ext = split_key(member.name)[1].lower()
+            if root is not None and ext in LABEL_EXTENSIONS and member.size <= MAX_LABEL_BYTES:
+                label = parse_label(ext, (root / member.source.rel).read_bytes())
+        rows.append((member.name, offset, member.size, mode, mtime, int(member.kind), "", label))
     return rows
 
 
@@ -431,7 +444,7 @@ class Packer:
             path = Path(folder) / "index.sqlite"
             conn = create_index(path, self.dest.url, infos)
             for sid, shard in enumerate(shards, start=1):
-                insert_members(conn, sid, index_rows(shard))
+                insert_members(conn, sid, index_rows(shard, self.src))
             conn.commit()
             conn.close()
             self.store.write_object(SIDECAR_NAME, path.read_bytes())

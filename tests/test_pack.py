@@ -478,3 +478,26 @@ def test_webdataset_refusal_is_one_clear_line(tmp_path: Path, rel: str, expected
     assert expected in line and "--format tree" in line
     assert not dest.exists()
     assert run(tmp_path, "pack", src, dest, "--format", "tree", "--verify").returncode == 0
+
+
+def test_a_tree_pack_sidecar_agrees_with_a_scan_on_labels(tmp_path: Path) -> None:
+    """Label files packed as plain tree members (``k.cls``) must get the same label in the
+    sidecar as a scan of the shard gives them, or a mount would pick a different view with
+    and without the sidecar."""
+    from shardfs.index import scan_shard
+    from shardfs.store import Store
+
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "k.jpg").write_bytes(b"\xff\xd8jpeg")
+    (src / "a" / "k.cls").write_text("3\n")
+    (src / "a" / "m.json").write_text('{"label": 5}')
+    dest = tmp_path / "dest"
+    Packer(src, SourceConfig(str(dest)), PackConfig()).run()
+    store = Store(SourceConfig(str(dest)))
+    (info,) = store.list_shards()
+    files, folders, _ = scan_tree(src)
+    (shard,), _ = make_plan(files, folders, PackConfig(), [])
+    assert index_rows(shard, src) == scan_shard(store, info)
+    labels = {row[0]: row[7] for row in index_rows(shard, src)}
+    assert labels["a/k.cls"] == 3 and labels["a/m.json"] == 5 and labels["a/k.jpg"] is None
