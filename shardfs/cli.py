@@ -355,12 +355,14 @@ def _progress_printer() -> object | None:
     """A tqdm bar for index scans when stderr is a terminal."""
     if not sys.stderr.isatty():
         return None
-    from .mount import _update_bar
+    from .mount import update_progress_bar
 
     state: dict[str, object] = {}
 
     def progress(done: int, total: int, done_bytes: int, total_bytes: int) -> None:
-        state["bar"] = _update_bar(state.get("bar"), f"{done} {total} {done_bytes} {total_bytes}")
+        state["bar"] = update_progress_bar(
+            state.get("bar"), f"{done} {total} {done_bytes} {total_bytes}"
+        )
 
     return progress
 

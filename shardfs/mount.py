@@ -34,7 +34,7 @@ from .config import (
     ViewConfig,
 )
 from .control import ControlServer, pid_file, process_running
-from .errors import MountError, ShardfsError, UsageError
+from .errors import MountError, UsageError
 from .index import IndexBuilder, Progress, fingerprint
 from .readahead import Prefetcher
 from .reader import CachedReader, DirectReader, RangeReader
@@ -317,7 +317,7 @@ def spawn_daemon(argv: Sequence[str], log_path: Path, show_progress: bool) -> tu
             for line in pipe:
                 kind, _, text = line.rstrip("\n").partition(" ")
                 if kind == "progress" and show_progress:
-                    bar = _update_bar(bar, text)
+                    bar = update_progress_bar(bar, text)
                 elif kind == "warn":
                     print(f"shardfs: warning: {text}", file=sys.stderr)
                 elif kind == "ready":
@@ -332,7 +332,7 @@ def spawn_daemon(argv: Sequence[str], log_path: Path, show_progress: bool) -> tu
     return 1, f"the mount daemon exited with status {status} before it was ready; see {log_path}"
 
 
-def _update_bar(bar: object | None, text: str) -> object:
+def update_progress_bar(bar: object | None, text: str) -> object:
     from tqdm import tqdm
 
     done, total, done_bytes, total_bytes = (int(x) for x in text.split())
@@ -373,7 +373,3 @@ def unmount(mountpoint: Path, *, timeout: float = 30.0) -> None:
     else:
         if pid is not None:
             raise MountError(f"{mountpoint}: unmounted, but daemon pid {pid} is still running")
-
-
-def describe_error(exc: ShardfsError) -> str:
-    return str(exc) or type(exc).__name__
