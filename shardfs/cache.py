@@ -225,6 +225,13 @@ class BlockCache:
                 with self._inflight_lock:
                     self._inflight.pop(key).set()
 
+    def peek(self, key: BlockKey, start: int, end: int, block_len: int) -> bytes | None:
+        """Bytes ``[start, end)`` of a cached block, or None without fetching or waiting."""
+        data = self._load(key, start, end, block_len)
+        if data is not None:
+            self.stats.add(cache_hits=1)
+        return data
+
     def get_split(
         self,
         key: BlockKey,

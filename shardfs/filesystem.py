@@ -86,20 +86,28 @@ class ShardFileSystem:
         return node.link
 
     def open(self, path: str) -> int:
-        node = self.view.lookup(path)
-        if node.is_dir:
-            raise IsADirectoryError_(path)
-        handle = next(self._next_handle)
-        with self._handles_lock:
-            self._handles[handle] = _OpenFile(node)
-        return handle
+        return self.open_node(self.view.lookup(path))
+
+    def node(self, ino: int) -> Node:
+        return self.view.node(ino)
+
+    def child(self, parent: Node, name: str) -> Node:
+        if not parent.is_dir:
+            raise NotADirectoryError_(name)
+        found = self.view.child(parent.ino, name)
+        if found is None:
+            raise NotFoundError(name)
+        return found
 
     def read_path(self, path: str, offset: int, size: int) -> bytes:
         """A read without an open handle: each call goes to the reader (the block cache
         makes that cheap), so the kernel need not send open and release at all."""
-        node = self.view.lookup(path)
+        return self.read_node(self.view.lookup(path), offset, size)
+
+    def read_node(self, node: Node, offset: int, size: int) -> bytes:
+        """Bytes of a file by node; may wait on the store."""
         if node.is_dir:
-            raise IsADirectoryError_(path)
+            raise IsADirectoryError_(str(node.ino))
         end = min(offset + size, node.size)
         if offset >= end:
             return b""
@@ -107,6 +115,28 @@ class ShardFileSystem:
         data = self.reader.read(shard, node.offset + offset, node.offset + end)
         self.stats.add(bytes_served=len(data))
         return data
+
+    def read_node_local(self, node: Node, offset: int, size: int) -> bytes | None:
+        """Like ``read_node`` when the bytes are already local, else None (never waits)."""
+        if node.is_dir:
+            raise IsADirectoryError_(str(node.ino))
+        end = min(offset + size, node.size)
+        if offset >= end:
+            return b""
+        shard = self.view.shards[node.shard]
+        data = self.reader.read_local(shard, node.offset + offset, node.offset + end)
+        if data is not None:
+            self.stats.add(bytes_served=len(data))
+        return data
+
+    def open_node(self, node: Node) -> int:
+        """A handle whose reads keep a window of the file (for reads without the cache)."""
+        if node.is_dir:
+            raise IsADirectoryError_(str(node.ino))
+        handle = next(self._next_handle)
+        with self._handles_lock:
+            self._handles[handle] = _OpenFile(node)
+        return handle
 
     def release(self, handle: int) -> None:
         with self._handles_lock:
@@ -143,17 +173,22 @@ class ShardFileSystem:
         return data[offset - window_start : end - window_start]
 
     def listxattr(self, path: str) -> list[str]:
-        node = self.view.lookup(path)
-        return list(_FILE_XATTRS) if node.kind == MemberKind.FILE else []
+        return self.node_xattrs(self.view.lookup(path))
 
     def getxattr(self, path: str, name: str) -> bytes:
-        node = self.view.lookup(path)
+        return self.node_xattr(self.view.lookup(path), name, path)
+
+    @staticmethod
+    def node_xattrs(node: Node) -> list[str]:
+        return list(_FILE_XATTRS) if node.kind == MemberKind.FILE else []
+
+    def node_xattr(self, node: Node, name: str, where: str = "") -> bytes:
         if node.kind == MemberKind.FILE:
             if name == XATTR_SHARD:
                 return self.view.shards[node.shard].name.encode()
             if name == XATTR_OFFSET:
                 return str(node.offset).encode()
-        raise NoSuchAttributeError(f"{path}: no attribute {name}")
+        raise NoSuchAttributeError(f"{where or node.ino}: no attribute {name}")
 
     def statfs(self) -> dict[str, int]:
         report = self.view.report

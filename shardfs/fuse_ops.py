@@ -1,55 +1,67 @@
-"""The FUSE adapter: kernel callbacks onto ShardFileSystem, errors onto errno. Nothing else."""
+"""The FUSE adapter: kernel requests onto ShardFileSystem, errors onto errno. Nothing else.
+
+It speaks libfuse's low-level (inode) protocol (``libfuse``). One thread runs the session:
+lookups, attributes, listings and reads of bytes already in the block cache are answered
+there, without handing the interpreter lock between threads. A read that has to wait on the
+store goes to a worker thread, which answers it when its bytes arrive, so one slow GET never
+holds up anyone else. With the block cache, ``open`` answers ENOSYS: the kernel then opens
+files itself (no open or release requests) and keeps their pages cached.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import logging
 import os
+import signal
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
-import mfusepy
-
+from . import libfuse
 from .config import MountConfig
-from .errors import ReadOnlyError, ShardfsError
+from .errors import NotFoundError, ShardfsError
 from .filesystem import ShardFileSystem
+from .tar import MemberKind
+from .views import Node
 
 log = logging.getLogger(__name__)
 
-F = TypeVar("F", bound=Callable[..., Any])
-_TIME_FIELDS = ("st_atime", "st_mtime", "st_ctime")
+F = TypeVar("F", bound=Callable[..., None])
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+_MISS_WORKERS = 32
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_WAKE_SIGNAL = signal.SIGUSR2
 
 
-def _errno(func: F) -> F:
-    """Answer ShardfsError with its errno and anything unexpected with EIO (logged)."""
+def _error_number(exc: BaseException, operation: str) -> int:
+    """The errno answering ``exc``: ShardfsError carries one, anything else is EIO (logged)."""
+    if isinstance(exc, ShardfsError):
+        if exc.errno not in (errno.ENOENT, errno.ENODATA):
+            log.warning("%s: %s", operation, exc)
+        return exc.errno
+    log.error("%s failed", operation, exc_info=exc)
+    return errno.EIO
+
+
+def _answers(func: F) -> F:
+    """Answer a request whose handler raised (before replying) with the matching errno."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: FuseOperations, req: int, *args: Any) -> None:
         try:
-            return func(*args, **kwargs)
-        except ShardfsError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENODATA):
-                log.warning("%s: %s", func.__name__, exc)
-            raise mfusepy.FuseOSError(exc.errno) from exc
-        except mfusepy.FuseOSError:
-            raise
-        except Exception as exc:
-            log.exception("%s failed", func.__name__)
-            raise mfusepy.FuseOSError(errno.EIO) from exc
+            func(self, req, *args)
+        except BaseException as exc:  # a C callback must never let an exception escape
+            self.reply_err(req, _error_number(exc, func.__name__))
 
     return cast(F, wrapper)
 
 
-def _read_only(*_args: Any, **_kwargs: Any) -> None:
-    raise mfusepy.FuseOSError(ReadOnlyError.errno)
-
-
-class FuseOperations(mfusepy.Operations):  # type: ignore[misc]
-    """Kernel callbacks for a read-only shardfs mount."""
-
-    use_ns = True
+class FuseOperations:
+    """Kernel requests for a read-only shardfs mount."""
 
     def __init__(
         self,
@@ -57,86 +69,240 @@ class FuseOperations(mfusepy.Operations):  # type: ignore[misc]
         config: MountConfig,
         on_ready: Callable[[], None] | None = None,
         *,
-        zero_open: bool = False,
+        keep_handles: bool = False,
     ) -> None:
         self.core = core
         self.config = config
         self.on_ready = on_ready
-        self.zero_open = zero_open
+        # Without the block cache a read is a GET: open files then keep a window of their
+        # bytes (core handles). With it, files need no open at all (zero-open).
+        self.keep_handles = keep_handles
+        self.timeout = float(config.kernel_timeout)
+        self.lib = libfuse.lib()
+        self.reply_err = self.lib.fuse_reply_err
+        self._reply_buf = self.lib.fuse_reply_buf
+        self._listings: dict[int, list[tuple[bytes, Node]]] = {}
+        self._next_listing = 1
+        self.workers = (
+            ThreadPoolExecutor(_MISS_WORKERS, thread_name_prefix="shardfs-read")
+            if config.threads
+            else None
+        )
 
-    def init_with_config(self, _conn: Any, fuse_config: Any) -> None:
-        # The dataset is immutable: let the kernel keep pages, entries and attributes.
-        timeout = self.config.kernel_timeout
-        fuse_config.kernel_cache = 1
-        fuse_config.entry_timeout = timeout
-        fuse_config.attr_timeout = timeout
-        fuse_config.negative_timeout = timeout
-        fuse_config.use_ino = 1
-        if self.on_ready is not None:
-            self.on_ready()
+    def callbacks(self) -> dict[str, Callable[..., None]]:
+        names = [
+            "init", "lookup", "forget", "forget_multi", "getattr", "readlink", "open", "read",
+            "release", "opendir", "readdir", "readdirplus", "releasedir", "statfs", "getxattr",
+            "listxattr",
+        ]  # fmt: skip
+        return {name: getattr(self, name) for name in names}
 
-    @_errno
-    def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
-        attributes = self.core.getattr(path)
-        for name in _TIME_FIELDS:  # use_ns: mfusepy expects nanoseconds
-            attributes[name] *= 1_000_000_000
-        return attributes
+    # -- helpers -------------------------------------------------------------------------
 
-    @_errno
-    def readdir(self, path: str, fh: int) -> list[Any]:
-        entries: list[Any] = [".", ".."]
-        for name, node in self.core.readdir(path):
-            entries.append((name, {"st_mode": node.st_mode, "st_ino": node.ino}, 0))
-        return entries
+    def _stat(self, node: Node, target: libfuse.Stat) -> None:
+        attributes = self.core.attributes(node)
+        target.st_ino = node.ino
+        target.st_mode = attributes["st_mode"]
+        target.st_nlink = attributes["st_nlink"]
+        target.st_uid = attributes["st_uid"]
+        target.st_gid = attributes["st_gid"]
+        target.st_size = attributes["st_size"]
+        target.st_blksize = attributes["st_blksize"]
+        target.st_blocks = attributes["st_blocks"]
+        target.st_atim.tv_sec = attributes["st_atime"]
+        target.st_mtim.tv_sec = attributes["st_mtime"]
+        target.st_ctim.tv_sec = attributes["st_ctime"]
 
-    @_errno
-    def readlink(self, path: str) -> str:
-        return self.core.readlink(path)
+    def _entry(self, node: Node) -> libfuse.EntryParam:
+        entry = libfuse.EntryParam()
+        entry.ino = node.ino
+        self._stat(node, entry.attr)
+        entry.attr_timeout = self.timeout
+        entry.entry_timeout = self.timeout
+        return entry
 
-    @_errno
-    def open(self, path: str, flags: int) -> int:
-        if flags & _WRITE_FLAGS:
-            raise ReadOnlyError(path)
-        if self.zero_open:
+    def _reply_data(self, req: int, data: bytes) -> None:
+        self._reply_buf(req, data, len(data))
+
+    # -- requests ------------------------------------------------------------------------
+
+    def init(self, _userdata: int, conn: Any) -> None:
+        try:
+            # Always READDIRPLUS: a listing then carries every entry's attributes, so
+            # ImageFolder's scan spares one LOOKUP per file later.
+            conn.contents.want &= ~libfuse.FUSE_CAP_READDIRPLUS_AUTO
+            if self.on_ready is not None:
+                self.on_ready()
+        except BaseException:
+            log.exception("FUSE init failed")
+
+    @_answers
+    def lookup(self, req: int, parent: int, name: bytes) -> None:
+        try:
+            node = self.core.child(self.core.node(parent), os.fsdecode(name))
+        except NotFoundError:
+            entry = libfuse.EntryParam()  # inode 0: a negative entry the kernel may keep
+            entry.entry_timeout = self.timeout
+            self.lib.fuse_reply_entry(req, ctypes.byref(entry))
+            return
+        self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
+
+    def forget(self, req: int, _ino: int, _nlookup: int) -> None:
+        self.lib.fuse_reply_none(req)  # inodes are rows of the view: nothing to free
+
+    def forget_multi(self, req: int, _count: int, _forgets: int) -> None:
+        self.lib.fuse_reply_none(req)
+
+    @_answers
+    def getattr(self, req: int, ino: int, _fi: Any) -> None:
+        attributes = libfuse.Stat()
+        self._stat(self.core.node(ino), attributes)
+        self.lib.fuse_reply_attr(req, ctypes.byref(attributes), self.timeout)
+
+    @_answers
+    def readlink(self, req: int, ino: int) -> None:
+        node = self.core.node(ino)
+        if node.kind != MemberKind.SYMLINK:
+            self.reply_err(req, errno.EINVAL)
+            return
+        self.lib.fuse_reply_readlink(req, os.fsencode(node.link))
+
+    @_answers
+    def open(self, req: int, ino: int, fi: Any) -> None:
+        info = fi.contents
+        if info.flags & _WRITE_FLAGS:
+            self.reply_err(req, errno.EROFS)
+            return
+        node = self.core.node(ino)
+        if node.is_dir:
+            self.reply_err(req, errno.EISDIR)
+            return
+        if not self.keep_handles:
             # ENOSYS tells the kernel (FUSE_CAP_NO_OPEN_SUPPORT) to open files itself from
-            # now on, keeping their page cache: no open or release reaches us again, and
-            # reads come by path.
-            raise mfusepy.FuseOSError(errno.ENOSYS)
-        return self.core.open(path)
+            # now on, keeping their page cache: no open or release reaches us again.
+            self.reply_err(req, errno.ENOSYS)
+            return
+        info.fh = self.core.open_node(node)
+        info.keep_cache = 1
+        self.lib.fuse_reply_open(req, fi)
 
-    @_errno
-    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        if self.zero_open or not fh:
-            return self.core.read_path(path, offset, size)
-        return self.core.read(fh, offset, size)
+    @_answers
+    def read(self, req: int, ino: int, size: int, offset: int, fi: Any) -> None:
+        if self.keep_handles:
+            self._later(req, "read", self.core.read, fi.contents.fh, offset, size)
+            return
+        node = self.core.node(ino)
+        data = self.core.read_node_local(node, offset, size)
+        if data is None:
+            self._later(req, "read", self.core.read_node, node, offset, size)
+            return
+        self._reply_buf(req, data, len(data))
 
-    @_errno
-    def release(self, path: str, fh: int) -> int:
-        if fh:
-            self.core.release(fh)
-        return 0
+    def _later(self, req: int, operation: str, func: Callable[..., bytes], *args: Any) -> None:
+        """Answer ``req`` with ``func(*args)`` from a worker thread (inline when single)."""
 
-    @_errno
-    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        return self.core.getxattr(path, name)
+        def answer() -> None:
+            try:
+                data = func(*args)
+            except BaseException as exc:
+                self.reply_err(req, _error_number(exc, operation))
+                return
+            self._reply_buf(req, data, len(data))
 
-    @_errno
-    def listxattr(self, path: str) -> list[str]:
-        return self.core.listxattr(path)
+        if self.workers is None:
+            answer()
+        else:
+            self.workers.submit(answer)
 
-    @_errno
-    def statfs(self, path: str) -> dict[str, int]:
-        return self.core.statfs()
+    @_answers
+    def release(self, req: int, _ino: int, fi: Any) -> None:
+        if self.keep_handles:
+            self.core.release(fi.contents.fh)
+        self.reply_err(req, 0)
 
-    @_errno
-    def access(self, path: str, amode: int) -> int:
-        self.core.getattr(path)
-        if amode & os.W_OK:
-            raise ReadOnlyError(path)
-        return 0
+    @_answers
+    def opendir(self, req: int, ino: int, fi: Any) -> None:
+        node = self.core.node(ino)
+        if not node.is_dir:
+            self.reply_err(req, errno.ENOTDIR)
+            return
+        listing = [(b".", node), (b"..", node)]
+        listing += [(os.fsencode(name), child) for name, child in self.core.view.children(node)]
+        handle = self._next_listing
+        self._next_listing += 1
+        self._listings[handle] = listing
+        info = fi.contents
+        info.fh = handle
+        info.keep_cache = 1  # the kernel may cache the listing: it never changes
+        info.cache_readdir = 1
+        self.lib.fuse_reply_open(req, fi)
 
-    create = mkdir = mknod = rename = rmdir = symlink = link = unlink = _read_only
-    write = truncate = chmod = chown = utimens = setxattr = removexattr = _read_only
+    def _readdir(self, req: int, size: int, offset: int, fi: Any, *, plus: bool) -> None:
+        listing = self._listings[fi.contents.fh]
+        buffer = ctypes.create_string_buffer(size)
+        base = ctypes.addressof(buffer)
+        used = 0
+        for position in range(offset, len(listing)):
+            name, node = listing[position]
+            if plus:
+                entry = self._entry(node)
+                added = self.lib.fuse_add_direntry_plus(
+                    req, base + used, size - used, name, ctypes.byref(entry), position + 1
+                )
+            else:
+                attributes = libfuse.Stat()
+                attributes.st_ino = node.ino
+                attributes.st_mode = node.st_mode
+                added = self.lib.fuse_add_direntry(
+                    req, base + used, size - used, name, ctypes.byref(attributes), position + 1
+                )
+            if added > size - used:
+                break
+            used += added
+        self._reply_buf(req, buffer.raw[:used], used)
+
+    @_answers
+    def readdir(self, req: int, _ino: int, size: int, offset: int, fi: Any) -> None:
+        self._readdir(req, size, offset, fi, plus=False)
+
+    @_answers
+    def readdirplus(self, req: int, _ino: int, size: int, offset: int, fi: Any) -> None:
+        self._readdir(req, size, offset, fi, plus=True)
+
+    @_answers
+    def releasedir(self, req: int, _ino: int, fi: Any) -> None:
+        self._listings.pop(fi.contents.fh, None)
+        self.reply_err(req, 0)
+
+    @_answers
+    def statfs(self, req: int, _ino: int) -> None:
+        data = libfuse.StatVfs()
+        for name, value in self.core.statfs().items():
+            setattr(data, name, value)
+        self.lib.fuse_reply_statfs(req, ctypes.byref(data))
+
+    def _reply_xattr(self, req: int, value: bytes, size: int) -> None:
+        if size == 0:
+            self.lib.fuse_reply_xattr(req, len(value))
+        elif size < len(value):
+            self.reply_err(req, errno.ERANGE)
+        else:
+            self._reply_data(req, value)
+
+    @_answers
+    def getxattr(self, req: int, ino: int, name: bytes, size: int) -> None:
+        value = self.core.node_xattr(self.core.node(ino), os.fsdecode(name))
+        self._reply_xattr(req, value, size)
+
+    @_answers
+    def listxattr(self, req: int, ino: int, size: int) -> None:
+        names = self.core.node_xattrs(self.core.node(ino))
+        self._reply_xattr(req, b"".join(os.fsencode(name) + b"\0" for name in names), size)
+
+    def close(self) -> None:
+        """Wait for reads still being answered by worker threads."""
+        if self.workers is not None:
+            self.workers.shutdown(wait=True)
 
 
 def serve(
@@ -144,18 +310,38 @@ def serve(
     config: MountConfig,
     on_ready: Callable[[], None],
     *,
-    zero_open: bool = False,
+    keep_handles: bool = False,
 ) -> None:
-    """Mount and serve until unmounted or signalled (SIGINT/SIGTERM unmount cleanly)."""
-    options: dict[str, Any] = {
-        "foreground": True,
-        "nothreads": not config.threads,
-        "ro": True,
-        "fsname": "shardfs",
-        "subtype": "shardfs",
-        "default_permissions": True,
-    }
+    """Mount and serve until unmounted or signalled (SIGINT/SIGTERM/SIGHUP unmount cleanly).
+
+    Raises RuntimeError when the mount itself fails. Call from the main thread: the session
+    runs on its own thread while this one waits for signals.
+    """
+    options = ["ro", "fsname=shardfs", "subtype=shardfs", "default_permissions"]
     if config.allow_other:
-        options["allow_other"] = True
-    operations = FuseOperations(core, config, on_ready, zero_open=zero_open)
-    mfusepy.FUSE(operations, str(config.mountpoint), **options)
+        options.append("allow_other")
+    operations = FuseOperations(core, config, on_ready, keep_handles=keep_handles)
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    previous = {number: signal.signal(number, on_signal) for number in _STOP_SIGNALS}
+    previous[_WAKE_SIGNAL] = signal.signal(_WAKE_SIGNAL, lambda _signum, _frame: None)
+    try:
+        session = libfuse.Session(operations.callbacks(), str(config.mountpoint), options)
+        try:
+            loop = threading.Thread(target=session.run, name="shardfs-fuse", daemon=True)
+            loop.start()
+            while loop.is_alive():
+                loop.join(0.2)
+                if stop.is_set() and loop.ident is not None and loop.is_alive():
+                    session.exit()
+                    # Interrupt the loop's wait for the next request (it is not restarted).
+                    signal.pthread_kill(loop.ident, _WAKE_SIGNAL)
+            operations.close()
+        finally:
+            session.close()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

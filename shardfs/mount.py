@@ -276,7 +276,7 @@ def run_foreground(
 
     try:
         # With the block cache, reads are cheap enough to serve without open handles.
-        fuse_ops.serve(core, mount_config, on_ready, zero_open=cache is not None)
+        fuse_ops.serve(core, mount_config, on_ready, keep_handles=cache is None)
     except RuntimeError as exc:
         if not served.is_set():
             raise MountError(f"{mount_config.mountpoint}: FUSE mount failed ({exc})") from exc

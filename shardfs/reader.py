@@ -22,6 +22,10 @@ class RangeReader(Protocol):
         """Bytes ``[start, end)`` of ``shard``; raises ShardfsError on failure."""
         ...
 
+    def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
+        """The same bytes if they can be had without waiting on the network, else None."""
+        ...
+
 
 class DirectReader:
     """Every read is one ranged GET on the store (``--no-cache``)."""
@@ -37,6 +41,9 @@ class DirectReader:
         data = self.store.read_range(shard, start, end, retries=self.retries)
         self.stats.add(store_requests=1, bytes_fetched=len(data))
         return data
+
+    def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
+        return b"" if start >= end else None
 
 
 class CachedReader:
@@ -116,6 +123,26 @@ class CachedReader:
         if self.prefetcher is not None and skey not in self._scheduled:
             self.read_ahead(shard, after=last)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
+        """A read served by cached blocks alone (a local pread), or None on any miss."""
+        if start >= end:
+            return b""
+        size = self.block_size
+        skey = self.shard_key(shard)
+        first, last = start // size, (end - 1) // size
+        if first != last:
+            return None  # spans blocks: rare, let the blocking path assemble it
+        block_start = first * size
+        data = self.cache.peek(
+            BlockKey(skey, first),
+            start - block_start,
+            end - block_start,
+            self._block_len(shard, first),
+        )
+        if data is not None and self.prefetcher is not None and skey not in self._scheduled:
+            self.read_ahead(shard, after=last)
+        return data
 
     def read_ahead(self, shard: ShardInfo, after: int = -1) -> int:
         """Queue every block of ``shard`` (from ``after + 1``, wrapping); once per shard."""

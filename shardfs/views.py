@@ -426,6 +426,11 @@ class View:
         self.report = ViewReport(**json.loads(meta.get("report", "{}")))
         self.root = self._by_ino(ROOT_INO)
         self._child = lru_cache(maxsize=1 << 16)(self._child_uncached)
+        self.node = lru_cache(maxsize=1 << 16)(self._by_ino)
+
+    def child(self, parent: int, name: str) -> Node | None:
+        """The entry ``name`` of the folder with inode ``parent``, or None."""
+        return self._child(parent, name)
 
     def _query(self, sql: str, args: tuple[object, ...] = ()) -> list[Any]:
         with self._lock:

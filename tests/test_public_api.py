@@ -78,7 +78,7 @@ def test_importing_the_package_does_not_import_torch() -> None:
 def test_importing_the_package_does_not_load_fuse_or_fsspec() -> None:
     code = (
         "import shardfs, sys; "
-        "loaded = [m for m in ('mfusepy', 'fsspec', 'torch') if m in sys.modules]; "
+        "loaded = [m for m in ('shardfs.libfuse', 'fsspec', 'torch') if m in sys.modules]; "
         "assert not loaded, loaded"
     )
     result = subprocess.run(
