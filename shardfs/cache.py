@@ -225,10 +225,14 @@ class BlockCache:
                 with self._inflight_lock:
                     self._inflight.pop(key).set()
 
-    def peek(self, key: BlockKey, start: int, end: int, block_len: int) -> bytes | None:
-        """Bytes ``[start, end)`` of a cached block, or None without fetching or waiting."""
+    def peek(
+        self, key: BlockKey, start: int, end: int, block_len: int, *, count: bool = True
+    ) -> bytes | None:
+        """Bytes ``[start, end)`` of a cached block, or None without fetching or waiting.
+
+        ``count=False`` leaves the hit out of the statistics (reads nobody asked for)."""
         data = self._load(key, start, end, block_len)
-        if data is not None:
+        if data is not None and count:
             self.stats.add(cache_hits=1)
         return data
 
@@ -321,6 +325,10 @@ class BlockCache:
                 self._unlock_slot(slot)
         finally:
             self._release(key)
+
+    def contains(self, key: BlockKey) -> bool:
+        """Whether the block's file is on disk (not verified)."""
+        return os.path.exists(self._block_path(key))
 
     def put(self, key: BlockKey, block: bytes) -> bool:
         """Store a block that was downloaded anyway (an index scan), unless it is cached,

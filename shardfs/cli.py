@@ -168,7 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument(
         "--single-threaded",
         action="store_true",
-        help="serve FUSE requests from one thread (a slow read then blocks every reader)",
+        help="answer every FUSE request on the session thread, reads that wait on the store "
+        "included (a slow GET then blocks every reader)",
+    )
+    mount.add_argument(
+        "--no-kernel-push",
+        action="store_true",
+        help="do not put the files of each cached block into the kernel's page cache ahead "
+        "of reads (by default readers of those files send the daemon no request at all)",
     )
     _cache_arguments(mount)
     _prefetch_arguments(mount)
@@ -425,6 +432,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         foreground=args.foreground,
         allow_other=args.allow_other,
         threads=not args.single_threaded,
+        kernel_push=not args.no_kernel_push,
     )
     if not args.foreground:
         _cache_config(args, index_config.cache_dir)
@@ -592,6 +600,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("source", values["source"]),
         ("files", f"{values['files']} ({values['layout']} layout)"),
         ("bytes served", _format_bytes(values["bytes_served"])),
+        ("bytes pushed to kernel", _format_bytes(values["bytes_pushed"])),
         (
             "bytes fetched",
             f"{_format_bytes(values['bytes_fetched'])} in {values['store_requests']} requests",

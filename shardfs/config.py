@@ -92,8 +92,10 @@ class MountConfig:
     kernel_timeout: seconds the kernel may cache entries and attributes; the dataset is
         immutable, so this is long. Default: 86400.
     allow_other: let other users read the mount. Default: False.
-    threads: serve requests from many FUSE threads, so one slow GET does not block
-        other readers. Default: True.
+    threads: answer reads that wait on the store from worker threads, so one slow GET
+        does not block other readers. Default: True.
+    kernel_push: put the files of each block that reaches the block cache into the
+        kernel's page cache, so reading them needs no request to the daemon. Default: True.
     """
 
     mountpoint: Path
@@ -101,6 +103,7 @@ class MountConfig:
     kernel_timeout: float = 86400.0
     allow_other: bool = False
     threads: bool = True
+    kernel_push: bool = True
 
 
 def parse_storage_option(text: str) -> tuple[str, Any]:

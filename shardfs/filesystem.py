@@ -9,12 +9,14 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import ReadConfig
 from .errors import IsADirectoryError_, NoSuchAttributeError, NotADirectoryError_, NotFoundError
-from .reader import RangeReader
+from .reader import CachedReader, RangeReader
 from .stats import Stats
+from .store import ShardInfo
 from .tar import MemberKind
 from .views import Node, View
 
@@ -128,6 +130,27 @@ class ShardFileSystem:
         if data is not None:
             self.stats.add(bytes_served=len(data))
         return data
+
+    @property
+    def uses_block_cache(self) -> bool:
+        return isinstance(self.reader, CachedReader)
+
+    def watch_local_blocks(self, callback: Callable[[ShardInfo, int, int], None] | None) -> None:
+        """Have ``callback(shard, start, end)`` told when a block of bytes becomes local
+        (once per block); None stops it. Only reads through the block cache have blocks."""
+        if isinstance(self.reader, CachedReader):
+            self.reader.on_block = callback
+
+    def files_within(self, shard: ShardInfo, start: int, end: int) -> list[Node]:
+        """Files lying wholly inside bytes ``[start, end)`` of ``shard``."""
+        return self.view.files_within(self.view.shard_ids[shard], start, end)
+
+    def file_bytes_local(self, node: Node) -> bytes | None:
+        """A whole file if its bytes are in the block cache (no network, no statistics)."""
+        if not isinstance(self.reader, CachedReader):
+            return None
+        shard = self.view.shards[node.shard]
+        return self.reader.read_local(shard, node.offset, node.offset + node.size, quiet=True)
 
     def open_node(self, node: Node) -> int:
         """A handle whose reads keep a window of the file (for reads without the cache)."""

@@ -15,6 +15,7 @@ import errno
 import functools
 import logging
 import os
+import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from . import libfuse
 from .config import MountConfig
 from .errors import NotFoundError, ShardfsError
 from .filesystem import ShardFileSystem
+from .store import ShardInfo
 from .tar import MemberKind
 from .views import Node
 
@@ -60,6 +62,64 @@ def _answers(func: F) -> F:
     return cast(F, wrapper)
 
 
+class KernelPusher:
+    """Puts the files of each block that becomes local into the kernel's page cache.
+
+    The block cache tells it when a block is first on local disk (fetched, prefetched or
+    hit). A thread of its own then stores every file lying wholly in that block with
+    FUSE_NOTIFY_STORE, so readers of those files find their pages cached and send no READ
+    at all. Only inodes the kernel knows (from a lookup or a listing) can be stored; the
+    rest, and files straddling two blocks, are read through the daemon as usual.
+    """
+
+    def __init__(self, core: ShardFileSystem) -> None:
+        self.core = core
+        self.session: libfuse.Session | None = None
+        self._queue: queue.SimpleQueue[tuple[ShardInfo, int, int] | None] = queue.SimpleQueue()
+        self._pushed = bytearray(core.view.max_ino + 1)
+        # Inodes the kernel was given (lookups, READDIRPLUS): only those can be stored.
+        self.known = bytearray(core.view.max_ino + 1)
+        self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
+
+    def start(self, session: libfuse.Session) -> None:
+        self.session = session
+        self._thread.start()
+
+    def block_local(self, shard: ShardInfo, start: int, end: int) -> None:
+        self._queue.put((shard, start, end))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self._push(*item)
+            except Exception:
+                log.exception("pushing cached files to the kernel failed")
+
+    def _push(self, shard: ShardInfo, start: int, end: int) -> None:
+        session = self.session
+        assert session is not None
+        pushed = 0
+        for node in self.core.files_within(shard, start, end):
+            if self._pushed[node.ino] or not self.known[node.ino]:
+                continue
+            data = self.core.file_bytes_local(node)
+            if data is None:
+                continue
+            result = session.notify_store(node.ino, 0, data)
+            if result == 0:
+                self._pushed[node.ino] = 1
+                pushed += len(data)
+            elif result != -errno.ENOENT:
+                log.debug("notify_store(%d) failed: %s", node.ino, os.strerror(-result))
+        if pushed:
+            self.core.stats.add(bytes_pushed=pushed)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+
 class FuseOperations:
     """Kernel requests for a read-only shardfs mount."""
 
@@ -83,6 +143,7 @@ class FuseOperations:
         self._reply_buf = self.lib.fuse_reply_buf
         self._listings: dict[int, list[tuple[bytes, Node]]] = {}
         self._next_listing = 1
+        self.known: bytearray | None = None  # set to mark inodes handed to the kernel
         self.workers = (
             ThreadPoolExecutor(_MISS_WORKERS, thread_name_prefix="shardfs-read")
             if config.threads
@@ -145,6 +206,8 @@ class FuseOperations:
             entry.entry_timeout = self.timeout
             self.lib.fuse_reply_entry(req, ctypes.byref(entry))
             return
+        if self.known is not None:
+            self.known[node.ino] = 1
         self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
 
     def forget(self, req: int, _ino: int, _nlookup: int) -> None:
@@ -258,6 +321,8 @@ class FuseOperations:
                 )
             if added > size - used:
                 break
+            if plus and self.known is not None:
+                self.known[node.ino] = 1
             used += added
         self._reply_buf(req, buffer.raw[:used], used)
 
@@ -321,6 +386,7 @@ def serve(
     if config.allow_other:
         options.append("allow_other")
     operations = FuseOperations(core, config, on_ready, keep_handles=keep_handles)
+    pusher = KernelPusher(core) if config.kernel_push and core.uses_block_cache else None
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: object) -> None:
@@ -331,6 +397,10 @@ def serve(
     try:
         session = libfuse.Session(operations.callbacks(), str(config.mountpoint), options)
         try:
+            if pusher is not None:
+                operations.known = pusher.known
+                pusher.start(session)
+                core.watch_local_blocks(pusher.block_local)
             loop = threading.Thread(target=session.run, name="shardfs-fuse", daemon=True)
             loop.start()
             while loop.is_alive():
@@ -341,6 +411,9 @@ def serve(
                     signal.pthread_kill(loop.ident, _WAKE_SIGNAL)
             operations.close()
         finally:
+            if pusher is not None:
+                core.watch_local_blocks(None)
+                pusher.stop()
             session.close()
     finally:
         for number, handler in previous.items():

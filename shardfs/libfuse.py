@@ -110,6 +110,25 @@ class StatVfs(ctypes.Structure):
     ]
 
 
+class Buf(ctypes.Structure):
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("flags", ctypes.c_int),
+        ("mem", ctypes.c_void_p),
+        ("fd", ctypes.c_int),
+        ("pos", ctypes.c_int64),
+    ]
+
+
+class BufVec(ctypes.Structure):
+    _fields_ = [
+        ("count", ctypes.c_size_t),
+        ("idx", ctypes.c_size_t),
+        ("off", ctypes.c_size_t),
+        ("buf", Buf * 1),
+    ]
+
+
 class Args(ctypes.Structure):
     _fields_ = [
         ("argc", ctypes.c_int),
@@ -211,6 +230,10 @@ def _load() -> ctypes.CDLL:
         "fuse_session_unmount": (None, [ctypes.c_void_p]),
         "fuse_session_destroy": (None, [ctypes.c_void_p]),
         "fuse_session_exit": (None, [ctypes.c_void_p]),
+        "fuse_lowlevel_notify_store": (
+            ctypes.c_int,
+            [ctypes.c_void_p, c_ino, ctypes.c_int64, ctypes.POINTER(BufVec), ctypes.c_int],
+        ),
         "fuse_reply_err": (ctypes.c_int, [c_req, ctypes.c_int]),
         "fuse_reply_none": (None, [c_req]),
         "fuse_reply_entry": (ctypes.c_int, [c_req, ctypes.POINTER(EntryParam)]),
@@ -292,6 +315,20 @@ class Session:
         """Serve requests on this thread until unmounted or ``exit`` (plus a signal that
         interrupts the thread's wait for the next request)."""
         return int(self._lib.fuse_session_loop(self._se))
+
+    def notify_store(self, ino: int, offset: int, data: bytes) -> int:
+        """Put ``data`` into the kernel's page cache of inode ``ino`` at ``offset``.
+
+        Returns 0, or a negative errno (``-ENOENT`` when the kernel does not know the inode).
+        Never call it from a thread that answers requests: the kernel may wait for a read
+        of the same page to be answered first.
+        """
+        vector = BufVec(1, 0, 0)
+        vector.buf[0].size = len(data)
+        vector.buf[0].mem = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        return int(
+            self._lib.fuse_lowlevel_notify_store(self._se, ino, offset, ctypes.byref(vector), 0)
+        )
 
     def exit(self) -> None:
         self._lib.fuse_session_exit(self._se)

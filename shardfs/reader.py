@@ -74,6 +74,20 @@ class CachedReader:
         self._keys: dict[ShardInfo, str] = {}
         self._scheduled: set[str] = set()
         self._lock = threading.Lock()
+        # Told once per block when the block is first known to be on local disk (fetched,
+        # prefetched, or hit): the FUSE adapter pushes its files into the kernel's cache.
+        self.on_block: Callable[[ShardInfo, int, int], None] | None = None
+        self._announced: set[tuple[str, int]] = set()
+
+    def _announce(self, shard: ShardInfo, skey: str, index: int) -> None:
+        if self.on_block is None or (skey, index) in self._announced:
+            return
+        with self._lock:
+            if (skey, index) in self._announced:
+                return
+            self._announced.add((skey, index))
+        start = index * self.block_size
+        self.on_block(shard, start, start + self._block_len(shard, index))
 
     def shard_key(self, shard: ShardInfo) -> str:
         key = self._keys.get(shard)
@@ -120,12 +134,17 @@ class CachedReader:
                 whole = functools.partial(fetch_range, 0, block_len)
                 data = self.cache.get(key, lo, hi, block_len, whole)
             pieces.append(data)
+            self._announce(shard, skey, index)
         if self.prefetcher is not None and skey not in self._scheduled:
             self.read_ahead(shard, after=last)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
-        """A read served by cached blocks alone (a local pread), or None on any miss."""
+    def read_local(
+        self, shard: ShardInfo, start: int, end: int, *, quiet: bool = False
+    ) -> bytes | None:
+        """A read served by cached blocks alone (a local pread), or None on any miss.
+
+        ``quiet``: a read on nobody's behalf (kernel pushes): no statistics, no readahead."""
         if start >= end:
             return b""
         size = self.block_size
@@ -139,9 +158,12 @@ class CachedReader:
             start - block_start,
             end - block_start,
             self._block_len(shard, first),
+            count=not quiet,
         )
-        if data is not None and self.prefetcher is not None and skey not in self._scheduled:
-            self.read_ahead(shard, after=last)
+        if data is not None and not quiet:
+            self._announce(shard, skey, first)
+            if self.prefetcher is not None and skey not in self._scheduled:
+                self.read_ahead(shard, after=last)
         return data
 
     def read_ahead(self, shard: ShardInfo, after: int = -1) -> int:
@@ -161,6 +183,10 @@ class CachedReader:
         def task() -> bool:
             block_len = self._block_len(shard, index)
             fetch_range = self._fetch_range(shard, index)
-            return self.cache.prefetch(BlockKey(skey, index), block_len, fetch_range)
+            key = BlockKey(skey, index)
+            stored = self.cache.prefetch(key, block_len, fetch_range)
+            if stored or self.cache.contains(key):
+                self._announce(shard, skey, index)
+            return stored
 
         return task

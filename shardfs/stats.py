@@ -12,6 +12,7 @@ class Stats:
     """Monotonic counters; ``add`` is thread-safe, ``snapshot`` gives a consistent copy."""
 
     bytes_served: int = 0
+    bytes_pushed: int = 0
     bytes_fetched: int = 0
     store_requests: int = 0
     cache_hits: int = 0

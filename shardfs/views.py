@@ -35,7 +35,7 @@ from .tar import MemberKind
 
 log = logging.getLogger(__name__)
 
-VIEW_VERSION = 1
+VIEW_VERSION = 2
 ROOT_INO = 1
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
 LABEL_EXTENSIONS = frozenset({"cls", "json"})
@@ -192,6 +192,7 @@ class _TreeWriter:
         self.report.directories = len(self.dir_rows)
         conn.execute("DROP TABLE staged")
         conn.execute("CREATE UNIQUE INDEX nodes_by_name ON nodes (parent, name)")
+        conn.execute("CREATE INDEX nodes_by_place ON nodes (shard, offset)")
 
     def _path_of(self, parent: int, name: str) -> str:
         by_ino = {ino: path for path, ino in self.dirs.items()}
@@ -425,8 +426,19 @@ class View:
         self.layout: str = meta.get("layout", "raw")
         self.report = ViewReport(**json.loads(meta.get("report", "{}")))
         self.root = self._by_ino(ROOT_INO)
+        self.shard_ids = {info: sid for sid, info in self.shards.items()}
+        self.max_ino: int = conn.execute("SELECT MAX(ino) FROM nodes").fetchone()[0]
         self._child = lru_cache(maxsize=1 << 16)(self._child_uncached)
         self.node = lru_cache(maxsize=1 << 16)(self._by_ino)
+
+    def files_within(self, shard: int, start: int, end: int) -> list[Node]:
+        """Non-empty regular files whose bytes lie wholly inside ``[start, end)`` of a shard."""
+        rows = self._query(
+            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE shard = ? AND offset >= ? AND offset < ? "
+            "AND kind = ? AND size > 0 AND offset + size <= ?",
+            (shard, start, end, int(MemberKind.FILE), end),
+        )
+        return [_node(row) for row in rows]
 
     def child(self, parent: int, name: str) -> Node | None:
         """The entry ``name`` of the folder with inode ``parent``, or None."""
