@@ -600,7 +600,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("source", values["source"]),
         ("files", f"{values['files']} ({values['layout']} layout)"),
         ("bytes served", _format_bytes(values["bytes_served"])),
-        ("bytes pushed to kernel", _format_bytes(values["bytes_pushed"])),
+        ("bytes pushed", _format_bytes(values["bytes_pushed"])),
         (
             "bytes fetched",
             f"{_format_bytes(values['bytes_fetched'])} in {values['store_requests']} requests",
