@@ -83,17 +83,23 @@ class CorruptBlockError(Exception):
     """A block file failed a check; internal to the cache, never reaches a reader."""
 
 
-def encode_block(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
-    """Header + data, as written to disk."""
+def block_header(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
+    """The header written before a block's data: sizes, key, and per-chunk checksums."""
     count = (len(data) + chunk_size - 1) // chunk_size
+    view = memoryview(data)
     sums = [
-        xxhash.xxh3_64_intdigest(data[i * chunk_size : (i + 1) * chunk_size]) for i in range(count)
+        xxhash.xxh3_64_intdigest(view[i * chunk_size : (i + 1) * chunk_size]) for i in range(count)
     ]
     header_len = _FIXED.size + 8 * count + 8
     head = _FIXED.pack(
         MAGIC, header_len, chunk_size, len(data), key.index, bytes.fromhex(key.shard), count, 0
     ) + struct.pack(f"<{count}Q", *sums)
-    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head)) + data
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+def encode_block(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
+    """Header + data, as written to disk."""
+    return block_header(key, data, chunk_size) + data
 
 
 @dataclass(slots=True)
@@ -137,9 +143,9 @@ def read_data(fd: int, header: _Header, start: int, end: int) -> bytes:
     if len(data) != span_end - span_start:
         raise CorruptBlockError("truncated data")
     sums = struct.unpack_from(f"<{last - first + 1}Q", header.sums, 8 * first)
+    view = memoryview(data)
     for i, expected in enumerate(sums):
-        piece = data[i * chunk : (i + 1) * chunk]
-        if xxhash.xxh3_64_intdigest(piece) != expected:
+        if xxhash.xxh3_64_intdigest(view[i * chunk : (i + 1) * chunk]) != expected:
             raise CorruptBlockError(f"checksum mismatch in chunk {first + i}")
     return data[start - span_start : end - span_start]
 
@@ -147,6 +153,18 @@ def read_data(fd: int, header: _Header, start: int, end: int) -> bytes:
 def read_verified(fd: int, key: BlockKey, start: int, end: int, expected_len: int) -> bytes:
     """Bytes ``[start, end)`` of the block in ``fd``, header and chunks verified."""
     return read_data(fd, read_header(fd, key, expected_len), start, end)
+
+
+def _write_all(fd: int, *pieces: bytes) -> None:
+    """Write every piece, in order, with as few system calls as the kernel allows."""
+    views = [memoryview(piece) for piece in pieces if piece]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
 
 
 @dataclass(slots=True)
@@ -604,27 +622,26 @@ class BlockCache:
             raise ValueError(f"assembled {len(block)} bytes for a block of {expected}")
         if time.monotonic() < self._degraded_until:
             return
-        encoded = encode_block(key, block, self.config.chunk_size)
+        header = block_header(key, block, self.config.chunk_size)
+        size = len(header) + len(block)
         final = self.path_of(key)
         tmp = self.tmp_dir / f"{os.getpid()}-{next(self._tmp_names)}-{uuid.uuid4().hex[:8]}.tmp"
         inserted = 0
         try:
-            self._make_room(len(encoded))
+            self._make_room(size)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                view = memoryview(encoded)
-                while view:
-                    view = view[os.write(fd, view) :]
+                _write_all(fd, header, block)
             finally:
                 os.close(fd)
             with self._db() as db:
                 db.execute("BEGIN IMMEDIATE")
                 inserted = db.execute(
                     "INSERT OR IGNORE INTO blocks VALUES (?, ?, ?)",
-                    (str(final), len(encoded), time.time()),
+                    (str(final), size, time.time()),
                 ).rowcount
                 if inserted:
-                    db.execute("UPDATE total SET bytes = bytes + ? WHERE id = 1", (len(encoded),))
+                    db.execute("UPDATE total SET bytes = bytes + ? WHERE id = 1", (size,))
                 db.execute("COMMIT")
             final.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, final)

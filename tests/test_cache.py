@@ -468,7 +468,7 @@ def test_min_free_below_one_block_stops_writes_without_errors(
 def fail_writes_into(monkeypatch: pytest.MonkeyPatch, folder: Path, what: str) -> None:
     """Make os.open (or os.write) fail with ENOSPC for files in ``folder``: root ignores
     chmod, so a read-only folder cannot be simulated with permissions."""
-    real_open, real_write = os.open, os.write
+    real_open, real_write, real_writev = os.open, os.write, os.writev
     bad_fds: set[int] = set()
 
     def fake_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
@@ -485,8 +485,14 @@ def fail_writes_into(monkeypatch: pytest.MonkeyPatch, folder: Path, what: str) -
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_write(fd, data)
 
+    def fake_writev(fd: int, buffers: Any) -> int:
+        if fd in bad_fds:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_writev(fd, buffers)
+
     monkeypatch.setattr(os, "open", fake_open)
     monkeypatch.setattr(os, "write", fake_write)
+    monkeypatch.setattr(os, "writev", fake_writev)
 
 
 @pytest.mark.parametrize("what", ["open", "write"])
