@@ -262,3 +262,54 @@ def test_a_slow_get_stalls_only_the_reads_that_need_it(
     slow.join(60)
     assert result["data"] == dataset.files[names[0]]
     umount(mountpoint)
+
+
+def _split_by_block(root: Path, names: list[str], data: Dataset) -> tuple[list[str], list[str]]:
+    """(files lying wholly inside one cache block, files straddling two) by their offsets."""
+    block = 256 * 1024
+    inside, straddling = [], []
+    for name in names:
+        start = int(os.getxattr(root / name, "user.shardfs.offset"))
+        end = start + len(data.files[name])
+        (inside if start // block == (end - 1) // block else straddling).append(name)
+    return inside, straddling
+
+
+@pytest.mark.parametrize("push", [True, False], ids=["push", "no-push"])
+def test_listed_files_of_a_fetched_shard_are_pushed_into_the_kernel_cache(
+    dataset: Dataset,
+    env: dict[str, str],
+    mountpoint: Path,
+    cache_dir: Path,
+    push: bool,
+) -> None:
+    flags = () if push else ("--no-kernel-push",)
+    mount(dataset.url, mountpoint, cache_dir, "--block-size", BLOCK_FLAG, *flags, env=env)
+    listed = os.listdir(mountpoint)  # READDIRPLUS: the kernel now knows every inode
+    assert sorted(listed) == sorted(dataset.files)
+    name = sorted(dataset.files)[30]
+    shard = dataset.members[name]
+    same_shard = sorted(n for n, s in dataset.members.items() if s == shard)
+    inside, straddling = _split_by_block(mountpoint, same_shard, dataset)
+    assert inside and straddling  # the split itself is exercised
+    assert (mountpoint / name).read_bytes() == dataset.files[name]
+    wait_for(lambda: stats(mountpoint)["prefetched_blocks"] > 0, "the shard's readahead")
+    inside_bytes = sum(len(dataset.files[n]) for n in inside)
+    if push:
+        wait_for(
+            lambda: stats(mountpoint)["bytes_pushed"] >= inside_bytes, "the pushes", timeout=30
+        )
+    before = stats(mountpoint)
+    others = [n for n in same_shard if n != name]
+    assert wrong_files(mountpoint, dataset, others) == []
+    after = stats(mountpoint)
+    served = after["bytes_served"] - before["bytes_served"]
+    other_bytes = sum(len(dataset.files[n]) for n in others)
+    if push:
+        # Only the straddling files still needed the daemon; the rest came from the kernel.
+        assert before["bytes_pushed"] == inside_bytes
+        assert served <= sum(len(dataset.files[n]) for n in straddling if n != name)
+    else:
+        assert after["bytes_pushed"] == 0
+        assert served == other_bytes
+    umount(mountpoint)
