@@ -116,9 +116,9 @@ def _prefetch_arguments(parser: argparse.ArgumentParser, *, misses: bool = True)
     parser.add_argument(
         "--prefetch-streams",
         type=int,
-        default=4,
+        default=ReadaheadConfig.streams,
         metavar="N",
-        help="concurrent background GETs (default: 4)",
+        help=f"concurrent background GETs (default: {ReadaheadConfig.streams})",
     )
 
 

@@ -211,7 +211,7 @@ class ReadaheadConfig:
 
     prefetch: ``shard`` (default) fetches the rest of a shard once a reader touches it;
         ``all`` fetches every shard from mount time on; ``none`` fetches only what is read.
-    streams: concurrent background GETs (``--prefetch-streams``). Default: 4 (see
+    streams: concurrent background GETs (``--prefetch-streams``). Default: 8 (see
         docs/design.md for the measurement).
     miss_fetch: what a read that misses the cache fetches: ``block`` (default) its whole
         block in one GET; ``range`` only the bytes asked for, with the rest of the block
@@ -219,5 +219,5 @@ class ReadaheadConfig:
     """
 
     prefetch: Prefetch = "shard"
-    streams: int = 4
+    streams: int = 8
     miss_fetch: MissFetch = "block"
