@@ -200,6 +200,8 @@ class BlockCache:
             db.executescript(_SCHEMA)
         self._inflight: dict[BlockKey, threading.Event] = {}
         self._open: OrderedDict[str, _OpenBlock] = OrderedDict()
+        # Told the key of every block this process stores, once it is in place on disk.
+        self.on_stored: Callable[[BlockKey], None] | None = None
         self._open_lock = threading.Lock()
         self._inflight_lock = threading.Lock()
         self._pins: Counter[str] = Counter()
@@ -647,6 +649,9 @@ class BlockCache:
             os.replace(tmp, final)
             self._close_open(str(final))
             self.stats.add(blocks_written=1)
+            stored = self.on_stored
+            if stored is not None:
+                stored(key)
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-kernel-push",
         action="store_true",
         help="do not put the files of each cached block into the kernel's page cache ahead "
-        "of reads (by default readers of those files send the daemon no request at all)",
+        "of reads (by default readers of those files send the daemon no request at all; "
+        "there are no pushes with --no-cache)",
     )
     _cache_arguments(mount)
     _prefetch_arguments(mount)

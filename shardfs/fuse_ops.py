@@ -65,20 +65,28 @@ def _answers(func: F) -> F:
 class KernelPusher:
     """Puts the files of each block that becomes local into the kernel's page cache.
 
-    The block cache tells it when a block is first on local disk (fetched, prefetched or
-    hit). A thread of its own then stores every file lying wholly in that block with
+    The block cache tells it when a block is first on local disk (stored by this process,
+    or hit). A thread of its own then stores every file lying wholly in that block with
     FUSE_NOTIFY_STORE, so readers of those files find their pages cached and send no READ
-    at all. Only inodes the kernel knows (from a lookup or a listing) can be stored; the
-    rest, and files straddling two blocks, are read through the daemon as usual.
+    at all. Only inodes the kernel knows (from a lookup or a listing) can be stored: a file
+    whose inode is not known yet waits, and is pushed when a lookup or listing hands the
+    inode to the kernel. Files straddling two blocks are read through the daemon as usual.
     """
 
     def __init__(self, core: ShardFileSystem) -> None:
         self.core = core
         self.session: libfuse.Session | None = None
-        self._queue: queue.SimpleQueue[tuple[ShardInfo, int, int] | None] = queue.SimpleQueue()
-        self._pushed = bytearray(core.view.max_ino + 1)
+        self._queue: queue.SimpleQueue[tuple[ShardInfo, int, int] | int | None] = (
+            queue.SimpleQueue()
+        )
+        size = core.view.max_ino + 1
+        # Files whose whole bytes the kernel was given (pushed, or one READ from offset 0).
+        self.in_kernel = bytearray(size)
         # Inodes the kernel was given (lookups, READDIRPLUS): only those can be stored.
-        self.known = bytearray(core.view.max_ino + 1)
+        self._known = bytearray(size)
+        # Files of local blocks that could not be pushed because their inode was unknown.
+        self._waiting = bytearray(size)
+        self._abort = False
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
     def start(self, session: libfuse.Session) -> None:
@@ -88,33 +96,60 @@ class KernelPusher:
     def block_local(self, shard: ShardInfo, start: int, end: int) -> None:
         self._queue.put((shard, start, end))
 
+    def inode_known(self, ino: int) -> None:
+        """The kernel was just given ``ino``; push the file if its block was waiting for it."""
+        if not self._known[ino]:
+            self._known[ino] = 1
+            if self._waiting[ino]:
+                self._waiting[ino] = 0
+                self._queue.put(ino)
+
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
+            if self._abort:
+                continue
             try:
-                self._push(*item)
+                if isinstance(item, int):
+                    self._push_files([self.core.node(item)])
+                else:
+                    self._push_files(self.core.files_within(*item))
             except Exception:
                 log.exception("pushing cached files to the kernel failed")
 
-    def _push(self, shard: ShardInfo, start: int, end: int) -> None:
+    def _push_files(self, nodes: list[Node]) -> None:
         session = self.session
         assert session is not None
         pushed = 0
-        for node in self.core.files_within(shard, start, end):
-            if self._pushed[node.ino] or not self.known[node.ino]:
+        for node in nodes:
+            if self._abort:
+                break
+            ino = node.ino
+            if self.in_kernel[ino]:
                 continue
+            if not self._known[ino]:
+                self._waiting[ino] = 1
+                if not self._known[ino]:  # else the session thread marked it meanwhile
+                    continue
+                self._waiting[ino] = 0
             data = self.core.file_bytes_local(node)
             if data is None:
                 continue
-            result = session.notify_store(node.ino, 0, data)
+            result = session.notify_store(ino, 0, data)
             if result == 0:
-                self._pushed[node.ino] = 1
+                self.in_kernel[ino] = 1
                 pushed += len(data)
-            elif result != -errno.ENOENT:
-                log.debug("notify_store(%d) failed: %s", node.ino, os.strerror(-result))
+            elif result == -errno.ENOENT:  # the kernel forgot the inode: wait for it again
+                self._known[ino] = 0
+                self._waiting[ino] = 1
+            else:
+                log.debug("notify_store(%d) failed: %s", ino, os.strerror(-result))
         if pushed:
             self.core.stats.add(bytes_pushed=pushed)
 
     def stop(self) -> None:
+        """Stop pushing, dropping what is queued; call while the session still answers
+        reads (a push may wait for a READ of the same page to be answered)."""
+        self._abort = True
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
@@ -143,7 +178,7 @@ class FuseOperations:
         self._reply_buf = self.lib.fuse_reply_buf
         self._listings: dict[int, list[tuple[bytes, Node]]] = {}
         self._next_listing = 1
-        self.known: bytearray | None = None  # set to mark inodes handed to the kernel
+        self.pusher: KernelPusher | None = None
         self.workers = (
             ThreadPoolExecutor(_MISS_WORKERS, thread_name_prefix="shardfs-read")
             if config.threads
@@ -199,16 +234,17 @@ class FuseOperations:
 
     @_answers
     def lookup(self, req: int, parent: int, name: bytes) -> None:
+        folder = self.core.node(parent)
         try:
-            node = self.core.child(self.core.node(parent), os.fsdecode(name))
+            node = self.core.child(folder, os.fsdecode(name))
         except NotFoundError:
             entry = libfuse.EntryParam()  # inode 0: a negative entry the kernel may keep
             entry.entry_timeout = self.timeout
             self.lib.fuse_reply_entry(req, ctypes.byref(entry))
             return
-        if self.known is not None:
-            self.known[node.ino] = 1
         self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
+        if self.pusher is not None:
+            self.pusher.inode_known(node.ino)
 
     def forget(self, req: int, _ino: int, _nlookup: int) -> None:
         self.lib.fuse_reply_none(req)  # inodes are rows of the view: nothing to free
@@ -247,7 +283,8 @@ class FuseOperations:
             return
         info.fh = self.core.open_node(node)
         info.keep_cache = 1
-        self.lib.fuse_reply_open(req, fi)
+        if self.lib.fuse_reply_open(req, fi) == -errno.ENOENT:  # interrupted: no release
+            self.core.release(info.fh)
 
     @_answers
     def read(self, req: int, ino: int, size: int, offset: int, fi: Any) -> None:
@@ -257,9 +294,17 @@ class FuseOperations:
         node = self.core.node(ino)
         data = self.core.read_node_local(node, offset, size)
         if data is None:
-            self._later(req, "read", self.core.read_node, node, offset, size)
+            self._later(req, "read", self._read_node, node, offset, size)
             return
         self._reply_buf(req, data, len(data))
+        if offset == 0 and len(data) == node.size and self.pusher is not None:
+            self.pusher.in_kernel[node.ino] = 1  # the whole file went to the kernel already
+
+    def _read_node(self, node: Node, offset: int, size: int) -> bytes:
+        data = self.core.read_node(node, offset, size)
+        if offset == 0 and len(data) == node.size and self.pusher is not None:
+            self.pusher.in_kernel[node.ino] = 1
+        return data
 
     def _later(self, req: int, operation: str, func: Callable[..., bytes], *args: Any) -> None:
         """Answer ``req`` with ``func(*args)`` from a worker thread (inline when single)."""
@@ -296,9 +341,9 @@ class FuseOperations:
         self._listings[handle] = listing
         info = fi.contents
         info.fh = handle
-        info.keep_cache = 1  # the kernel may cache the listing: it never changes
-        info.cache_readdir = 1
-        self.lib.fuse_reply_open(req, fi)
+        info.cache_readdir = 1  # the kernel may cache the listing: it never changes
+        if self.lib.fuse_reply_open(req, fi) == -errno.ENOENT:  # interrupted: no releasedir
+            self._listings.pop(handle, None)
 
     def _readdir(self, req: int, size: int, offset: int, fi: Any, *, plus: bool) -> None:
         listing = self._listings[fi.contents.fh]
@@ -321,8 +366,8 @@ class FuseOperations:
                 )
             if added > size - used:
                 break
-            if plus and self.known is not None:
-                self.known[node.ino] = 1
+            if plus and self.pusher is not None and position > 1:  # not "." and ".."
+                self.pusher.inode_known(node.ino)
             used += added
         self._reply_buf(req, buffer.raw[:used], used)
 
@@ -370,6 +415,40 @@ class FuseOperations:
             self.workers.shutdown(wait=True)
 
 
+class _LoopThread:
+    """The session loop on a thread of its own, which can be woken from its wait."""
+
+    def __init__(self, session: libfuse.Session) -> None:
+        self.session = session
+        self._lock = threading.Lock()
+        self._running = False
+        self.thread = threading.Thread(target=self._run, name="shardfs-fuse", daemon=True)
+
+    def start(self) -> None:
+        with self._lock:
+            self._running = True
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            status = self.session.run()
+        finally:
+            with self._lock:
+                self._running = False
+        if status:
+            log.info("FUSE loop ended with status %d", status)
+
+    def stop(self) -> None:
+        """End the loop (no more requests are read) and wait for it."""
+        self.session.exit()
+        while self.thread.is_alive():
+            with self._lock:  # never signal a thread that has finished
+                if self._running and self.thread.ident is not None:
+                    # Interrupt the wait for the next request (the read is not restarted).
+                    signal.pthread_kill(self.thread.ident, _WAKE_SIGNAL)
+            self.thread.join(0.2)
+
+
 def serve(
     core: ShardFileSystem,
     config: MountConfig,
@@ -396,24 +475,24 @@ def serve(
     previous[_WAKE_SIGNAL] = signal.signal(_WAKE_SIGNAL, lambda _signum, _frame: None)
     try:
         session = libfuse.Session(operations.callbacks(), str(config.mountpoint), options)
+        loop = _LoopThread(session)
         try:
             if pusher is not None:
-                operations.known = pusher.known
+                operations.pusher = pusher
                 pusher.start(session)
                 core.watch_local_blocks(pusher.block_local)
-            loop = threading.Thread(target=session.run, name="shardfs-fuse", daemon=True)
             loop.start()
-            while loop.is_alive():
-                loop.join(0.2)
-                if stop.is_set() and loop.ident is not None and loop.is_alive():
-                    session.exit()
-                    # Interrupt the loop's wait for the next request (it is not restarted).
-                    signal.pthread_kill(loop.ident, _WAKE_SIGNAL)
-            operations.close()
+            while loop.thread.is_alive() and not stop.is_set():
+                loop.thread.join(0.2)
         finally:
+            # In this order: pushes end while reads are still answered (a push can wait on
+            # one), then the loop, then reads in worker threads; only then is the session
+            # unmounted and freed, so no reply ever goes to a closed session.
             if pusher is not None:
                 core.watch_local_blocks(None)
                 pusher.stop()
+            loop.stop()
+            operations.close()
             session.close()
     finally:
         for number, handler in previous.items():

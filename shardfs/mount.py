@@ -277,11 +277,10 @@ def run_foreground(
     try:
         # With the block cache, reads are cheap enough to serve without open handles.
         fuse_ops.serve(core, mount_config, on_ready, keep_handles=cache is None)
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # the mount itself failed (a stopped loop returns normally)
         if not served.is_set():
             raise MountError(f"{mount_config.mountpoint}: FUSE mount failed ({exc})") from exc
-        # libfuse 3 returns non-zero when SIGINT/SIGTERM end its loop; that is a clean stop.
-        log.info("FUSE loop ended with status %s", exc)
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             pid_path.unlink()

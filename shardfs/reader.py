@@ -74,26 +74,40 @@ class CachedReader:
         self._keys: dict[ShardInfo, str] = {}
         self._scheduled: set[str] = set()
         self._lock = threading.Lock()
-        # Told once per block when the block is first known to be on local disk (fetched,
-        # prefetched, or hit): the FUSE adapter pushes its files into the kernel's cache.
+        # Told once per block when the block is first known to be on local disk (stored by
+        # this process, or hit): the FUSE adapter pushes its files into the kernel's cache.
         self.on_block: Callable[[ShardInfo, int, int], None] | None = None
         self._announced: set[tuple[str, int]] = set()
+        self._shards_by_key: dict[str, ShardInfo] = {}
+        cache.on_stored = self._stored
+
+    def _stored(self, key: BlockKey) -> None:
+        shard = self._shards_by_key.get(key.shard)
+        if shard is not None:
+            self._announce(shard, key.shard, key.index)
 
     def _announce(self, shard: ShardInfo, skey: str, index: int) -> None:
-        if self.on_block is None or (skey, index) in self._announced:
+        callback = self.on_block
+        if callback is None or (skey, index) in self._announced:
             return
         with self._lock:
             if (skey, index) in self._announced:
                 return
             self._announced.add((skey, index))
         start = index * self.block_size
-        self.on_block(shard, start, start + self._block_len(shard, index))
+        callback(shard, start, start + self._block_len(shard, index))
+
+    def _announce_if_local(self, shard: ShardInfo, skey: str, index: int) -> None:
+        unknown = self.on_block is not None and (skey, index) not in self._announced
+        if unknown and self.cache.contains(BlockKey(skey, index)):
+            self._announce(shard, skey, index)
 
     def shard_key(self, shard: ShardInfo) -> str:
         key = self._keys.get(shard)
         if key is None:
             key = shard_key(self.store.location(shard), shard.size, shard.etag, self.block_size)
             self._keys[shard] = key
+            self._shards_by_key[key] = shard
         return key
 
     def _fetch_range(self, shard: ShardInfo, index: int) -> Callable[[int, int], bytes]:
@@ -134,7 +148,7 @@ class CachedReader:
                 whole = functools.partial(fetch_range, 0, block_len)
                 data = self.cache.get(key, lo, hi, block_len, whole)
             pieces.append(data)
-            self._announce(shard, skey, index)
+            self._announce_if_local(shard, skey, index)
         if self.prefetcher is not None and skey not in self._scheduled:
             self.read_ahead(shard, after=last)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
@@ -185,8 +199,8 @@ class CachedReader:
             fetch_range = self._fetch_range(shard, index)
             key = BlockKey(skey, index)
             stored = self.cache.prefetch(key, block_len, fetch_range)
-            if stored or self.cache.contains(key):
-                self._announce(shard, skey, index)
+            if not stored:  # cached before (a stored block was announced by the cache)
+                self._announce_if_local(shard, skey, index)
             return stored
 
         return task
