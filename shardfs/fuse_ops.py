@@ -18,6 +18,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
@@ -37,6 +38,8 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _MISS_WORKERS = 32
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _WAKE_SIGNAL = signal.SIGUSR2
+_PUSH_RETRY_S = 0.05
+_PUSH_RETRIES = 5
 
 
 def _error_number(exc: BaseException, operation: str) -> int:
@@ -86,6 +89,7 @@ class KernelPusher:
         self._known = bytearray(size)
         # Files of local blocks that could not be pushed because their inode was unknown.
         self._waiting = bytearray(size)
+        self._retries: dict[int, tuple[float, int]] = {}  # inode -> (when, attempts)
         self._abort = False
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
@@ -105,16 +109,29 @@ class KernelPusher:
                 self._queue.put(ino)
 
     def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
+        while True:
+            try:
+                item = self._queue.get(timeout=_PUSH_RETRY_S if self._retries else None)
+            except queue.Empty:
+                item = -1
+            if item is None:
+                return
             if self._abort:
                 continue
             try:
-                if isinstance(item, int):
-                    self._push_files([self.core.node(item)])
-                else:
+                if isinstance(item, tuple):
                     self._push_files(self.core.files_within(*item))
+                elif item >= 0:
+                    self._push_files([self.core.node(item)])
+                self._push_retries()
             except Exception:
                 log.exception("pushing cached files to the kernel failed")
+
+    def _push_retries(self) -> None:
+        now = time.monotonic()
+        due = [ino for ino, (when, _) in self._retries.items() if when <= now]
+        if due:
+            self._push_files([self.core.node(ino) for ino in due])
 
     def _push_files(self, nodes: list[Node]) -> None:
         session = self.session
@@ -137,14 +154,26 @@ class KernelPusher:
             result = session.notify_store(ino, 0, data)
             if result == 0:
                 self.in_kernel[ino] = 1
+                self._retries.pop(ino, None)
                 pushed += len(data)
-            elif result == -errno.ENOENT:  # the kernel forgot the inode: wait for it again
-                self._known[ino] = 0
-                self._waiting[ino] = 1
+            elif result == -errno.ENOENT:
+                self._not_there_yet(ino)
             else:
                 log.debug("notify_store(%d) failed: %s", ino, os.strerror(-result))
         if pushed:
             self.core.stats.add(bytes_pushed=pushed)
+
+    def _not_there_yet(self, ino: int) -> None:
+        """The kernel has no such inode. It may still be taking it in (a reply is handled
+        by the requesting process after we send it): try again shortly, a few times; then
+        wait for the next lookup of the inode."""
+        _, attempts = self._retries.get(ino, (0.0, 0))
+        if attempts < _PUSH_RETRIES:
+            self._retries[ino] = (time.monotonic() + _PUSH_RETRY_S, attempts + 1)
+            return
+        self._retries.pop(ino, None)
+        self._known[ino] = 0
+        self._waiting[ino] = 1
 
     def stop(self) -> None:
         """Stop pushing, dropping what is queued; call while the session still answers
@@ -350,6 +379,7 @@ class FuseOperations:
         buffer = ctypes.create_string_buffer(size)
         base = ctypes.addressof(buffer)
         used = 0
+        given: list[int] = []  # inodes this reply hands to the kernel
         for position in range(offset, len(listing)):
             name, node = listing[position]
             if plus:
@@ -366,10 +396,13 @@ class FuseOperations:
                 )
             if added > size - used:
                 break
-            if plus and self.pusher is not None and position > 1:  # not "." and ".."
-                self.pusher.inode_known(node.ino)
+            if plus and position > 1:  # not "." and ".."
+                given.append(node.ino)
             used += added
         self._reply_buf(req, buffer.raw[:used], used)
+        if self.pusher is not None:
+            for ino in given:
+                self.pusher.inode_known(ino)
 
     @_answers
     def readdir(self, req: int, _ino: int, size: int, offset: int, fi: Any) -> None:
