@@ -27,6 +27,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import mmap
 import os
 import shutil
 import sqlite3
@@ -51,6 +52,8 @@ MAGIC = b"SHFSBLK1"
 _FIXED = struct.Struct("<8sIIQQ16sII")  # magic, header len, chunk, data len, index, key, n, 0
 _LOCK_SLOTS = 1 << 16
 _OPEN_BLOCKS = 64  # block files kept open with their verified headers
+_DIRECT_ALIGN = 4096  # O_DIRECT writes: offset, length and memory aligned to this
+_DIRECT_BUFFERS = 8  # aligned write buffers kept for reuse
 _DEGRADED_RETRY_S = 30.0
 _ATIME_FLUSH_S = 5.0
 _EVICT_LOW_WATER = 0.9
@@ -200,8 +203,13 @@ class BlockCache:
             db.executescript(_SCHEMA)
         self._inflight: dict[BlockKey, threading.Event] = {}
         self._open: OrderedDict[str, _OpenBlock] = OrderedDict()
-        # Told the key of every block this process stores, once it is in place on disk.
-        self.on_stored: Callable[[BlockKey], None] | None = None
+        # Told every block this process stores (key and bytes), once it is in place on disk.
+        self.on_stored: Callable[[BlockKey, bytes], None] | None = None
+        # Blocks are written with O_DIRECT where the filesystem takes it: no copy into the
+        # page cache (a block is read back rarely, and its files go to the kernel anyway).
+        self._direct = hasattr(os, "O_DIRECT")
+        self._direct_buffers: list[mmap.mmap] = []
+        self._direct_lock = threading.Lock()
         self._open_lock = threading.Lock()
         self._inflight_lock = threading.Lock()
         self._pins: Counter[str] = Counter()
@@ -631,11 +639,7 @@ class BlockCache:
         inserted = 0
         try:
             self._make_room(size)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                _write_all(fd, header, block)
-            finally:
-                os.close(fd)
+            self._write_new_file(tmp, header, block)
             with self._db() as db:
                 db.execute("BEGIN IMMEDIATE")
                 inserted = db.execute(
@@ -651,13 +655,58 @@ class BlockCache:
             self.stats.add(blocks_written=1)
             stored = self.on_stored
             if stored is not None:
-                stored(key)
+                stored(key, block)
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             if inserted:
                 self._forget(str(final))  # counted, but never renamed into place
             self._degrade(exc)
+
+    def _write_new_file(self, path: Path, header: bytes, block: bytes) -> None:
+        if self._direct:
+            try:
+                self._write_direct(path, header, block)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._direct = False  # the filesystem refuses O_DIRECT: write through it
+                log.info("cache folder does not take O_DIRECT; writing blocks buffered")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_all(fd, header, block)
+        finally:
+            os.close(fd)
+
+    def _write_direct(self, path: Path, header: bytes, block: bytes) -> None:
+        """Write header + block bypassing the page cache: an aligned, padded write, then the
+        file is cut to its exact length."""
+        size = len(header) + len(block)
+        padded = -(-size // _DIRECT_ALIGN) * _DIRECT_ALIGN
+        with self._direct_lock:
+            usable = [b for b in self._direct_buffers if len(b) >= padded]
+            buffer = usable[0] if usable else mmap.mmap(-1, padded)
+            if usable:
+                self._direct_buffers.remove(buffer)
+        try:
+            buffer[: len(header)] = header
+            buffer[len(header) : size] = block
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
+            try:
+                if os.write(fd, memoryview(buffer)[:padded]) != padded:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        finally:
+            with self._direct_lock:
+                if len(self._direct_buffers) < _DIRECT_BUFFERS:
+                    self._direct_buffers.append(buffer)
+                else:
+                    buffer.close()
 
     def _degrade(self, exc: BaseException) -> None:
         """A full or read-only cache disk: keep serving from the store, warn once."""

@@ -135,9 +135,12 @@ class ShardFileSystem:
     def uses_block_cache(self) -> bool:
         return isinstance(self.reader, CachedReader)
 
-    def watch_local_blocks(self, callback: Callable[[ShardInfo, int, int], None] | None) -> None:
-        """Have ``callback(shard, start, end)`` told when a block of bytes becomes local
-        (once per block); None stops it. Only reads through the block cache have blocks."""
+    def watch_local_blocks(
+        self, callback: Callable[[ShardInfo, int, int, bytes | None], None] | None
+    ) -> None:
+        """Have ``callback(shard, start, end, block)`` told when a block of bytes becomes
+        local (once per block; ``block`` holds its bytes when they were just fetched, else
+        None); None stops it. Only reads through the block cache have blocks."""
         if isinstance(self.reader, CachedReader):
             self.reader.on_block = callback
 

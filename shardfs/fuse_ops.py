@@ -40,6 +40,8 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _WAKE_SIGNAL = signal.SIGUSR2
 _PUSH_RETRY_S = 0.05
 _PUSH_RETRIES = 5
+_PUSH_QUEUE_BLOCKS = 8  # blocks whose bytes may wait in memory for the pusher
+_PushItem = tuple[ShardInfo, int, int, bytes | None] | int | None
 
 
 def _error_number(exc: BaseException, operation: str) -> int:
@@ -79,9 +81,7 @@ class KernelPusher:
     def __init__(self, core: ShardFileSystem) -> None:
         self.core = core
         self.session: libfuse.Session | None = None
-        self._queue: queue.SimpleQueue[tuple[ShardInfo, int, int] | int | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[_PushItem] = queue.SimpleQueue()
         size = core.view.max_ino + 1
         # Files whose whole bytes the kernel was given (pushed, or one READ from offset 0).
         self.in_kernel = bytearray(size)
@@ -97,8 +97,10 @@ class KernelPusher:
         self.session = session
         self._thread.start()
 
-    def block_local(self, shard: ShardInfo, start: int, end: int) -> None:
-        self._queue.put((shard, start, end))
+    def block_local(self, shard: ShardInfo, start: int, end: int, block: bytes | None) -> None:
+        if block is not None and self._queue.qsize() >= _PUSH_QUEUE_BLOCKS:
+            block = None  # the pusher is behind: do not hold more blocks in memory
+        self._queue.put((shard, start, end, block))
 
     def inode_known(self, ino: int) -> None:
         """The kernel was just given ``ino``; push the file if its block was waiting for it."""
@@ -120,7 +122,8 @@ class KernelPusher:
                 continue
             try:
                 if isinstance(item, tuple):
-                    self._push_files(self.core.files_within(*item))
+                    shard, start, end, block = item
+                    self._push_files(self.core.files_within(shard, start, end), start, block)
                 elif item >= 0:
                     self._push_files([self.core.node(item)])
                 self._push_retries()
@@ -133,7 +136,9 @@ class KernelPusher:
         if due:
             self._push_files([self.core.node(ino) for ino in due])
 
-    def _push_files(self, nodes: list[Node]) -> None:
+    def _push_files(self, nodes: list[Node], start: int = 0, block: bytes | None = None) -> None:
+        """Push files into the kernel, taking their bytes from ``block`` (the block starting
+        at shard offset ``start``, just fetched) when given, else from the block cache."""
         session = self.session
         assert session is not None
         pushed = 0
@@ -148,7 +153,10 @@ class KernelPusher:
                 if not self._known[ino]:  # else the session thread marked it meanwhile
                     continue
                 self._waiting[ino] = 0
-            data = self.core.file_bytes_local(node)
+            if block is not None:
+                data: bytes | None = block[node.offset - start : node.offset - start + node.size]
+            else:
+                data = self.core.file_bytes_local(node)
             if data is None:
                 continue
             result = session.notify_store(ino, 0, data)

@@ -76,17 +76,20 @@ class CachedReader:
         self._lock = threading.Lock()
         # Told once per block when the block is first known to be on local disk (stored by
         # this process, or hit): the FUSE adapter pushes its files into the kernel's cache.
-        self.on_block: Callable[[ShardInfo, int, int], None] | None = None
+        # The bytes come along when the block was just stored by this process (else None).
+        self.on_block: Callable[[ShardInfo, int, int, bytes | None], None] | None = None
         self._announced: set[tuple[str, int]] = set()
         self._shards_by_key: dict[str, ShardInfo] = {}
         cache.on_stored = self._stored
 
-    def _stored(self, key: BlockKey) -> None:
+    def _stored(self, key: BlockKey, block: bytes) -> None:
         shard = self._shards_by_key.get(key.shard)
         if shard is not None:
-            self._announce(shard, key.shard, key.index)
+            self._announce(shard, key.shard, key.index, block)
 
-    def _announce(self, shard: ShardInfo, skey: str, index: int) -> None:
+    def _announce(
+        self, shard: ShardInfo, skey: str, index: int, block: bytes | None = None
+    ) -> None:
         callback = self.on_block
         if callback is None or (skey, index) in self._announced:
             return
@@ -95,7 +98,7 @@ class CachedReader:
                 return
             self._announced.add((skey, index))
         start = index * self.block_size
-        callback(shard, start, start + self._block_len(shard, index))
+        callback(shard, start, start + self._block_len(shard, index), block)
 
     def _announce_if_local(self, shard: ShardInfo, skey: str, index: int) -> None:
         unknown = self.on_block is not None and (skey, index) not in self._announced

@@ -863,3 +863,35 @@ def test_eviction_looks_past_many_pinned_blocks(tmp_path: Path) -> None:
         assert all(cache.path_of(k).exists() for k in keys[:80])
     finally:
         cache.close()
+
+
+# --- O_DIRECT writes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("refuse", [False, True], ids=["direct", "refused"])
+def test_blocks_are_exact_and_valid_with_or_without_o_direct(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch, refuse: bool
+) -> None:
+    """Direct writes are padded to the alignment and cut back; a folder that refuses
+    O_DIRECT (EINVAL) gets buffered writes from then on, with identical files."""
+    real_open = os.open
+    direct_opens: list[str] = []
+
+    def watching_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_DIRECT:
+            direct_opens.append(str(path))
+            if refuse:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", watching_open)
+    cache, source = open_cache(), Source()
+    for index in range(3):
+        assert source.get(cache, index) == source.block(index)
+    assert len(direct_opens) == (1 if refuse else 3)  # refused once, then never tried again
+    for index in range(3):
+        path = cache.path_of(BlockKey(KEY, index))
+        assert path.stat().st_size == ENCODED  # no alignment padding left behind
+        assert_block_file_valid(cache, index, source.block(index))
+    assert cache.usage() == 3 * ENCODED
+    assert tmp_files(cache) == []
