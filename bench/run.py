@@ -205,6 +205,40 @@ class Bench:
             "summary": out.stdout.strip(),
         }
 
+    def prefetch_all_fill(self) -> dict[str, Any]:
+        """Mount with ``--prefetch all`` on an empty cache and time how long the whole dataset
+        takes to reach the cache: from the mount command's return (the daemon starts
+        prefetching when it is ready) and from its start, until the daemon has fetched
+        every shard byte (polled over its control socket every 20 ms)."""
+        from shardfs.control import query
+
+        cache = self.run_dir / "cache-prefetch-all"
+        shutil.rmtree(cache, ignore_errors=True)
+        mnt = self.run_dir / "mnt-prefetch-all"
+        mnt.mkdir(exist_ok=True)
+        self.server.reset_counts()
+        started = time.perf_counter()
+        self.mounts.add(mnt)
+        shardfs("mount", self.shardfs_source, str(mnt), "--cache-dir", str(cache),
+                "--prefetch", "all", *self.args.shardfs_arg)  # fmt: skip
+        ready = time.perf_counter()
+        try:
+            while query(mnt)["bytes_fetched"] < self.shard_bytes:
+                if time.perf_counter() - ready > 600:
+                    raise RuntimeError("--prefetch all did not fill the cache in 10 minutes")
+                time.sleep(0.02)
+            done = time.perf_counter()
+        finally:
+            shardfs("umount", str(mnt))
+            self.mounts.discard(mnt)
+        counts = self.settle()
+        shutil.rmtree(cache, ignore_errors=True)
+        return {
+            "fill_s": done - ready,
+            "with_mount_s": done - started,
+            "egress_bytes": counts["get_object_bytes"],
+        }
+
     # -- epochs --------------------------------------------------------------
 
     def epoch(
@@ -447,9 +481,15 @@ class Bench:
         warms = []
         contenders = list(self.contenders().items())
         failed: set[str] = set()
+        fills = []
         for repeat in range(self.args.repeats):
             warms.append(self.warm_all())
             log(f"shardfs warm: {warms[-1]['seconds']:.1f} s")
+            fills.append(self.prefetch_all_fill())
+            log(
+                f"--prefetch all: cache full {fills[-1]['fill_s']:.1f} s after the mount was "
+                f"ready ({fills[-1]['with_mount_s']:.1f} s with the mount)"
+            )
             for workers in self.args.workers:
                 if workers != self.args.workers[0] and repeat >= self.args.secondary_repeats:
                     continue
@@ -483,6 +523,13 @@ class Bench:
                 "median_s": warm_seconds,
                 "ideal_s": ideal,
                 "ratio_to_ideal": warm_seconds / ideal,
+            },
+            "prefetch_all": {
+                "runs": fills,
+                "median_fill_s": statistics.median(f["fill_s"] for f in fills),
+                "median_with_mount_s": statistics.median(f["with_mount_s"] for f in fills),
+                "ideal_s": ideal,
+                "ratio_to_ideal": statistics.median(f["fill_s"] for f in fills) / ideal,
             },
             "epochs": self.records,
             "notes": self.notes,
