@@ -108,7 +108,8 @@ class Bench:
         fs = self.server.filesystem()
         self.wds_shards = sorted(fs.glob(f"{BUCKET}/{WDS_PREFIX}/train/*.tar"))
         self.tree_shards = sorted(fs.glob(f"{BUCKET}/{TREE_PREFIX}/train/*.tar"))
-        self.shard_bytes = sum(fs.size(p) for p in self.wds_shards)
+        self.wds_sizes = [fs.size(p) for p in self.wds_shards]
+        self.shard_bytes = sum(self.wds_sizes)
         self.tree_shard_bytes = sum(fs.size(p) for p in self.tree_shards)
         self.meta.update(
             images=self.tree.images,
@@ -209,7 +210,8 @@ class Bench:
         """Mount with ``--prefetch all`` on an empty cache and time how long the whole dataset
         takes to reach the cache: from the mount command's return (the daemon starts
         prefetching when it is ready) and from its start, until the daemon has fetched
-        every shard byte (polled over its control socket every 20 ms)."""
+        every shard byte and written every block (polled over its control socket every
+        20 ms)."""
         from shardfs.control import query
 
         cache = self.run_dir / "cache-prefetch-all"
@@ -223,7 +225,7 @@ class Bench:
                 "--prefetch", "all", *self.args.shardfs_arg)  # fmt: skip
         ready = time.perf_counter()
         try:
-            while query(mnt)["bytes_fetched"] < self.shard_bytes:
+            while not self._cache_full(query(mnt)):
                 if time.perf_counter() - ready > 600:
                     raise RuntimeError("--prefetch all did not fill the cache in 10 minutes")
                 time.sleep(0.02)
@@ -238,6 +240,14 @@ class Bench:
             "with_mount_s": done - started,
             "egress_bytes": counts["get_object_bytes"],
         }
+
+    def _cache_full(self, stats: dict[str, Any]) -> bool:
+        """Every shard byte fetched and every block written to the cache."""
+        block = int(stats["block_size"])
+        blocks = sum(-(-size // block) for size in self.wds_sizes)
+        return bool(
+            stats["bytes_fetched"] >= self.shard_bytes and stats["blocks_written"] >= blocks
+        )
 
     # -- epochs --------------------------------------------------------------
 

@@ -106,27 +106,30 @@ class ShardFileSystem:
         makes that cheap), so the kernel need not send open and release at all."""
         return self.read_node(self.view.lookup(path), offset, size)
 
-    def read_node(self, node: Node, offset: int, size: int) -> bytes:
-        """Bytes of a file by node; may wait on the store."""
+    def _span(self, node: Node, offset: int, size: int) -> tuple[ShardInfo, int, int] | None:
+        """(shard, start, end) of a read in shard offsets, or None when it reads nothing."""
         if node.is_dir:
             raise IsADirectoryError_(str(node.ino))
         end = min(offset + size, node.size)
         if offset >= end:
+            return None
+        return self.view.shards[node.shard], node.offset + offset, node.offset + end
+
+    def read_node(self, node: Node, offset: int, size: int) -> bytes:
+        """Bytes of a file by node; may wait on the store."""
+        span = self._span(node, offset, size)
+        if span is None:
             return b""
-        shard = self.view.shards[node.shard]
-        data = self.reader.read(shard, node.offset + offset, node.offset + end)
+        data = self.reader.read(*span)
         self.stats.add(bytes_served=len(data))
         return data
 
     def read_node_local(self, node: Node, offset: int, size: int) -> bytes | None:
         """Like ``read_node`` when the bytes are already local, else None (never waits)."""
-        if node.is_dir:
-            raise IsADirectoryError_(str(node.ino))
-        end = min(offset + size, node.size)
-        if offset >= end:
+        span = self._span(node, offset, size)
+        if span is None:
             return b""
-        shard = self.view.shards[node.shard]
-        data = self.reader.read_local(shard, node.offset + offset, node.offset + end)
+        data = self.reader.read_local(*span)
         if data is not None:
             self.stats.add(bytes_served=len(data))
         return data
