@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_shardfs
+from conftest import is_mounted, run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
-from support.mounts import mount, new_bucket, umount, wait_for
+from support.mounts import mount, new_bucket, process_gone, umount, wait_for
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.integration
@@ -335,3 +336,42 @@ def test_files_fetched_before_the_kernel_knew_them_are_pushed_once_listed(
     served = stats(mountpoint)["bytes_served"] - before["bytes_served"]
     assert served <= sum(len(dataset.files[n]) for n in straddling)
     umount(mountpoint)
+
+
+def test_sigterm_during_a_cold_epoch_with_pushes_stops_the_daemon(
+    dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, cache_dir: Path
+) -> None:
+    """Readers, readahead, kernel pushes and a slow GET all in flight when SIGTERM comes: the
+    daemon still unmounts and exits (no reply waits forever on a stopped session)."""
+    from shardfs.mount import pid_file
+
+    mount(dataset.url, mountpoint, cache_dir, "--block-size", BLOCK_FLAG, env=env)
+    names = sorted(os.listdir(mountpoint))  # the kernel knows every inode: pushes happen
+    pid = int(pid_file(mountpoint).read_text())
+    slow_shard = dataset.members[names[-1]]
+    s3_server.delay_gets(slow_shard, 3.0)
+    outcomes: list[str] = []
+
+    def read_all() -> None:
+        for name in random.Random(3).sample(names, len(names)):
+            try:
+                ok = (mountpoint / name).read_bytes() == dataset.files[name]
+                outcomes.append("ok" if ok else "wrong")
+            except OSError:
+                outcomes.append("error")  # the mount went away under the reader
+
+    readers = [threading.Thread(target=read_all) for _ in range(3)]
+    try:
+        for reader in readers:
+            reader.start()
+        wait_for(lambda: len(outcomes) >= 10, "the readers to get going")
+        wait_for(lambda: stats(mountpoint)["bytes_pushed"] > 0, "a kernel push")
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: process_gone(pid), "the daemon to exit after SIGTERM")
+    finally:
+        s3_server.delay_gets()
+    for reader in readers:
+        reader.join(30)
+        assert not reader.is_alive(), "a reader hung after the daemon stopped"
+    assert not is_mounted(mountpoint)
+    assert "wrong" not in outcomes  # every byte served before the stop was right
