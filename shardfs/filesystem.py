@@ -38,6 +38,8 @@ class _OpenFile:
 class ShardFileSystem:
     """A read-only tree over a materialised view, reading bytes through a RangeReader."""
 
+    BLOCK_SIZE = 1 << 17  # st_blksize: the I/O size readers are told to prefer
+
     def __init__(
         self,
         view: View,
@@ -52,24 +54,36 @@ class ShardFileSystem:
         self._handles: dict[int, _OpenFile] = {}
         self._next_handle = itertools.count(1)
         self._handles_lock = threading.Lock()
-        self._uid = os.getuid()
-        self._gid = os.getgid()
+        self.uid = os.getuid()
+        self.gid = os.getgid()
         self._mount_time = int(time.time())
 
     def getattr(self, path: str) -> dict[str, int]:
         return self.attributes(self.view.lookup(path))
 
+    def stat_fields(self, node: Node) -> tuple[int, int, int, int, int]:
+        """(mode, link count, size, 512-byte blocks, mtime) of a node; with ``uid``,
+        ``gid`` and ``BLOCK_SIZE`` that is everything ``stat`` shows."""
+        size = node.size
+        return (
+            node.st_mode,
+            2 if node.is_dir else 1,
+            size,
+            (size + 511) // 512,
+            node.mtime or self._mount_time,
+        )
+
     def attributes(self, node: Node) -> dict[str, int]:
-        mtime = node.mtime or self._mount_time
+        mode, nlink, size, blocks, mtime = self.stat_fields(node)
         return {
             "st_ino": node.ino,
-            "st_mode": node.st_mode,
-            "st_nlink": 2 if node.is_dir else 1,
-            "st_size": node.size,
-            "st_blocks": (node.size + 511) // 512,
-            "st_blksize": 1 << 17,
-            "st_uid": self._uid,
-            "st_gid": self._gid,
+            "st_mode": mode,
+            "st_nlink": nlink,
+            "st_size": size,
+            "st_blocks": blocks,
+            "st_blksize": self.BLOCK_SIZE,
+            "st_uid": self.uid,
+            "st_gid": self.gid,
             "st_mtime": mtime,
             "st_ctime": mtime,
             "st_atime": mtime,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config import ViewConfig
 from .errors import NotADirectoryError_, NotFoundError, UsageError
@@ -368,9 +368,8 @@ def build_view(
     return report
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
-    """One entry of the presented tree."""
+class Node(NamedTuple):
+    """One entry of the presented tree (a tuple: listings build many of these)."""
 
     ino: int
     kind: MemberKind
@@ -394,12 +393,13 @@ class Node:
         return stat.S_IFREG | (self.mode & 0o555 | 0o444)
 
 
+_KINDS = {int(kind): kind for kind in MemberKind}
 _NODE_COLUMNS = "ino, kind, shard, offset, size, mode, mtime, link"
 
 
 def _node(row: tuple[int, int, int, int, int, int, int, str]) -> Node:
     ino, kind, shard, offset, size, mode, mtime, link = row
-    return Node(ino, MemberKind(kind), shard, offset, size, mode, mtime, link)
+    return Node(ino, _KINDS[kind], shard, offset, size, mode, mtime, link)
 
 
 class View:
