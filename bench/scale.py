@@ -8,6 +8,7 @@ tree on local disk. Prints a JSON line and a markdown table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -88,7 +89,26 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("results/scale.json"))
     args = parser.parse_args()
 
-    work = args.work or Path(tempfile.mkdtemp(prefix="shardfs-scale-"))
+    if args.work is not None:
+        return measure(args, args.work)
+    # A run writes about 7.6 GB (shards, tree, cache): never leave that behind.
+    work = Path(tempfile.mkdtemp(prefix="shardfs-scale-"))
+    try:
+        return measure(args, work)
+    finally:
+        if is_mounted(work / "mnt"):
+            with contextlib.suppress(subprocess.CalledProcessError):
+                shardfs("umount", str(work / "mnt"))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def is_mounted(path: Path) -> bool:
+    return any(
+        line.split()[1] == str(path) for line in Path("/proc/mounts").read_text().splitlines()
+    )
+
+
+def measure(args: argparse.Namespace, work: Path) -> int:
     shards, cache, mnt, local = work / "shards", work / "cache", work / "mnt", work / "local"
     for folder in (cache, mnt):
         shutil.rmtree(folder, ignore_errors=True)
