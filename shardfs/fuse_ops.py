@@ -1,4 +1,4 @@
-"""The FUSE adapter: kernel requests onto ShardFileSystem, errors onto errno. Nothing else.
+"""The FUSE adapter: kernel requests onto ShardFileSystem, errors onto errno, threads.
 
 It speaks libfuse's low-level (inode) protocol (``libfuse``). One thread runs the session:
 lookups, attributes, listings and reads of bytes already in the block cache are answered
@@ -15,10 +15,8 @@ import errno
 import functools
 import logging
 import os
-import queue
 import signal
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
@@ -27,7 +25,7 @@ from . import libfuse
 from .config import MountConfig
 from .errors import NotFoundError, ShardfsError
 from .filesystem import ShardFileSystem
-from .store import ShardInfo
+from .kernel_push import KernelPusher
 from .tar import MemberKind
 from .views import Node
 
@@ -42,10 +40,6 @@ _WAKE_SIGNAL = signal.SIGUSR2
 # READDIRPLUS entry costs about 10 us in the daemon and the kernel (measured), which for a
 # tiny file is the cost of reading it, and it would make listing a million of them slow.
 _FULL_ENTRY_MIN_SIZE = 4096
-_PUSH_RETRY_S = 0.05
-_PUSH_RETRIES = 5
-_PUSH_QUEUE_BLOCKS = 8  # blocks whose bytes may wait in memory for the pusher
-_PushItem = tuple[ShardInfo, int, int, bytes | None] | int | None
 
 
 def _error_number(exc: BaseException, operation: str) -> int:
@@ -69,131 +63,6 @@ def _answers(func: F) -> F:
             self.reply_err(req, _error_number(exc, func.__name__))
 
     return cast(F, wrapper)
-
-
-class KernelPusher:
-    """Puts the files of each block that becomes local into the kernel's page cache.
-
-    The block cache tells it when a block is first on local disk (stored by this process,
-    or hit). A thread of its own then stores every file lying wholly in that block with
-    FUSE_NOTIFY_STORE, so readers of those files find their pages cached and send no READ
-    at all. Only inodes the kernel knows (from a lookup or a listing) can be stored: a file
-    whose inode is not known yet waits, and is pushed when a lookup or listing hands the
-    inode to the kernel. Files straddling two blocks are read through the daemon as usual.
-    """
-
-    def __init__(self, core: ShardFileSystem) -> None:
-        self.core = core
-        self.session: libfuse.Session | None = None
-        self._queue: queue.SimpleQueue[_PushItem] = queue.SimpleQueue()
-        size = core.view.max_ino + 1
-        # Files whose whole bytes the kernel was given (pushed, or one READ from offset 0).
-        self.in_kernel = bytearray(size)
-        # Inodes the kernel was given (lookups, READDIRPLUS): only those can be stored.
-        self._known = bytearray(size)
-        # Files of local blocks that could not be pushed because their inode was unknown.
-        self._waiting = bytearray(size)
-        self._retries: dict[int, tuple[float, int]] = {}  # inode -> (when, attempts)
-        self._abort = False
-        self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
-
-    def start(self, session: libfuse.Session) -> None:
-        self.session = session
-        self._thread.start()
-
-    def block_local(self, shard: ShardInfo, start: int, end: int, block: bytes | None) -> None:
-        if block is not None and self._queue.qsize() >= _PUSH_QUEUE_BLOCKS:
-            block = None  # the pusher is behind: do not hold more blocks in memory
-        self._queue.put((shard, start, end, block))
-
-    def inode_known(self, ino: int) -> None:
-        """The kernel was just given ``ino``; push the file if its block was waiting for it."""
-        if not self._known[ino]:
-            self._known[ino] = 1
-            if self._waiting[ino]:
-                self._waiting[ino] = 0
-                self._queue.put(ino)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                item = self._queue.get(timeout=_PUSH_RETRY_S if self._retries else None)
-            except queue.Empty:
-                item = -1
-            if item is None:
-                return
-            if self._abort:
-                continue
-            try:
-                if isinstance(item, tuple):
-                    shard, start, end, block = item
-                    self._push_files(self.core.files_within(shard, start, end), start, block)
-                elif item >= 0:
-                    self._push_files([self.core.node(item)])
-                self._push_retries()
-            except Exception:
-                log.exception("pushing cached files to the kernel failed")
-
-    def _push_retries(self) -> None:
-        now = time.monotonic()
-        due = [ino for ino, (when, _) in self._retries.items() if when <= now]
-        if due:
-            self._push_files([self.core.node(ino) for ino in due])
-
-    def _push_files(self, nodes: list[Node], start: int = 0, block: bytes | None = None) -> None:
-        """Push files into the kernel, taking their bytes from ``block`` (the block starting
-        at shard offset ``start``, just fetched) when given, else from the block cache."""
-        session = self.session
-        assert session is not None
-        pushed = 0
-        for node in nodes:
-            if self._abort:
-                break
-            ino = node.ino
-            if self.in_kernel[ino]:
-                continue
-            if not self._known[ino]:
-                self._waiting[ino] = 1
-                if not self._known[ino]:  # else the session thread marked it meanwhile
-                    continue
-                self._waiting[ino] = 0
-            if block is not None:
-                data: bytes | None = block[node.offset - start : node.offset - start + node.size]
-            else:
-                data = self.core.file_bytes_local(node)
-            if data is None:
-                continue
-            result = session.notify_store(ino, 0, data)
-            if result == 0:
-                self.in_kernel[ino] = 1
-                self._retries.pop(ino, None)
-                pushed += len(data)
-            elif result == -errno.ENOENT:
-                self._not_there_yet(ino)
-            else:
-                log.debug("notify_store(%d) failed: %s", ino, os.strerror(-result))
-        if pushed:
-            self.core.stats.add(bytes_pushed=pushed)
-
-    def _not_there_yet(self, ino: int) -> None:
-        """The kernel has no such inode. It may still be taking it in (a reply is handled
-        by the requesting process after we send it): try again shortly, a few times; then
-        wait for the next lookup of the inode."""
-        _, attempts = self._retries.get(ino, (0.0, 0))
-        if attempts < _PUSH_RETRIES:
-            self._retries[ino] = (time.monotonic() + _PUSH_RETRY_S, attempts + 1)
-            return
-        self._retries.pop(ino, None)
-        self._known[ino] = 0
-        self._waiting[ino] = 1
-
-    def stop(self) -> None:
-        """Stop pushing, dropping what is queued; call while the session still answers
-        reads (a push may wait for a READ of the same page to be answered)."""
-        self._abort = True
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
 
 
 class FuseOperations:
