@@ -696,7 +696,10 @@ def test_mounts_opening_a_new_folder_together_all_succeed(tmp_path: Path) -> Non
         while not all((tmp_path / f"ready-{n}").exists() for n in names):
             assert time.monotonic() < deadline, "workers did not start"
             time.sleep(0.01)
-        (tmp_path / "go").write_text(str(time.time() + 0.05))
+        # Written whole under another name, then renamed: a worker that sees
+        # "go" must never read it half-written.
+        (tmp_path / "go.tmp").write_text(str(time.time() + 0.05))
+        (tmp_path / "go.tmp").rename(tmp_path / "go")
         for proc in procs:
             out, err = proc.communicate(timeout=30)
             assert proc.returncode == 0, err
