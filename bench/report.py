@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ORDER = {"local": 0, "shardfs": 1, "webdataset": 2, "ratarmount": 3}
+ORDER = {"local": 0, "shardfs": 1, "webdataset": 2, "ratarmount": 3, "local+dl": 4}
 EPOCH_ORDER = {"-": 0, "cold": 1, "warm": 2, "remount": 3}
 METRICS = (
     "images_per_s",
@@ -94,6 +94,15 @@ def targets(result: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str
             value,
             f">= {goal}",
             None if value is None else value >= goal,
+        )
+    ceiling = _find(rows, "local+dl", "decode", workers, "-")
+    if ceiling is not None:
+        add(
+            f"decode w{workers} local while curl downloads the shards / local: the ceiling "
+            "for any downloading loader here (context)",
+            ceiling["vs_local"],
+            "—",
+            None,
         )
     row = _find(rows, "shardfs", "raw", workers, "warm")
     value = row["vs_local"] if row else None

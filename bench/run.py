@@ -302,6 +302,40 @@ class Bench:
         }
         self.epoch("local", "-", request, None, {"repeat": repeat})
 
+    def run_local_download(self, mode: str, workers: int, repeat: int) -> None:
+        """The ceiling for any loader that downloads: ImageFolder on the local tree while curl
+        fetches every shard from the server once (two at a time, to /dev/null) in the same
+        run. The server's and the client's CPU for the download is then taken from the same
+        two cores as the epoch, as it is for every streaming contender."""
+        request = {
+            "kind": "imagefolder",
+            "root": str(self.tree.root),
+            "mode": mode,
+            "workers": workers,
+            "seed": repeat,
+        }
+        command = ["curl", "--silent", "--show-error", "--fail", "--parallel",
+                   "--parallel-max", "2"]  # fmt: skip
+        for url in self.presigned_urls():
+            command += ["--output", os.devnull, url]
+        started = time.perf_counter()
+        download = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+        try:
+            record = self.epoch("local+dl", "-", request, None, {"repeat": repeat})
+            _, error = download.communicate(timeout=600)
+        finally:
+            if download.poll() is None:
+                download.kill()
+                download.wait()
+        if download.returncode != 0:
+            raise RuntimeError(f"curl download failed: {error.strip()}")
+        record["download_s"] = time.perf_counter() - started
+        if record["egress_bytes"] != self.shard_bytes:
+            self.notes.append(
+                f"local+dl {mode} w{workers}: downloaded {record['egress_bytes']} bytes, "
+                f"expected {self.shard_bytes}"
+            )
+
     @contextmanager
     def shardfs_mount(self, cache: Path) -> Iterator[tuple[int, float]]:
         from shardfs.control import pid_file
@@ -477,6 +511,7 @@ class Bench:
     def contenders(self) -> dict[str, Callable[[str, int, int], None]]:
         everyone = {
             "local": self.run_local,
+            "local+dl": self.run_local_download,
             "shardfs": self.run_shardfs,
             "webdataset": self.run_webdataset,
             "ratarmount": self.run_ratarmount,
@@ -561,7 +596,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--modes", nargs="+", default=["decode", "raw"], choices=["decode", "raw"])
     parser.add_argument(
-        "--contenders", nargs="+", default=["local", "shardfs", "webdataset", "ratarmount"]
+        "--contenders",
+        nargs="+",
+        default=["local", "local+dl", "shardfs", "webdataset", "ratarmount"],
     )
     parser.add_argument(
         "--peak-mb",

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import ReadConfig
+from .dirents import Entry
 from .errors import IsADirectoryError_, NoSuchAttributeError, NotADirectoryError_, NotFoundError
 from .reader import CachedReader, RangeReader
 from .stats import Stats
 from .store import ShardInfo
 from .tar import MemberKind
-from .views import Node, View
+from .views import Node, View, st_mode
 
 XATTR_SHARD = "user.shardfs.shard"
 XATTR_OFFSET = "user.shardfs.offset"
@@ -94,6 +95,36 @@ class ShardFileSystem:
         if not node.is_dir:
             raise NotADirectoryError_(path)
         return list(self.view.children(node))
+
+    def listing(self, folder: Node, full_from: int = 0) -> list[Entry]:
+        """Every name of ``folder`` with what ``stat`` shows of it, "." and ".." first, in
+        listing order. Folders and files of at least ``full_from`` bytes are marked full (a
+        listing may hand the kernel their attributes); "." and ".." never are."""
+        if not folder.is_dir:
+            raise NotADirectoryError_(f"inode {folder.ino}")
+        mount_time = self._mount_time
+        directory = int(MemberKind.DIRECTORY)
+        dir_mode = st_mode(directory, 0)
+        entries = [
+            Entry(b".", folder.ino, dir_mode, 2, 0, 0, 0, False),
+            Entry(b"..", self.view.parent_of(folder.ino), dir_mode, 2, 0, 0, 0, False),
+        ]
+        append = entries.append
+        for name, ino, kind, size, mode, mtime in self.view.listing_rows(folder.ino):
+            is_dir = kind == directory
+            append(
+                Entry(
+                    name,
+                    ino,
+                    st_mode(kind, mode),
+                    2 if is_dir else 1,
+                    size,
+                    (size + 511) // 512,
+                    mtime or mount_time,
+                    is_dir or size >= full_from,
+                )
+            )
+        return entries
 
     def readlink(self, path: str) -> str:
         node = self.view.lookup(path)

@@ -19,9 +19,10 @@ import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from . import libfuse
+from . import dirents, libfuse
 from .config import MountConfig
 from .errors import NotFoundError, ShardfsError
 from .filesystem import ShardFileSystem
@@ -65,6 +66,14 @@ def _answers(func: F) -> F:
     return cast(F, wrapper)
 
 
+@dataclass
+class _Listing:
+    """An open folder: its records are packed at the first READDIR(PLUS) request."""
+
+    folder: Node
+    packed: dict[bool, dirents.PackedListing] = field(default_factory=dict)
+
+
 class FuseOperations:
     """Kernel requests for a read-only shardfs mount."""
 
@@ -86,7 +95,7 @@ class FuseOperations:
         self.lib = libfuse.lib()
         self.reply_err = self.lib.fuse_reply_err
         self._reply_buf = self.lib.fuse_reply_buf
-        self._listings: dict[int, list[tuple[bytes, Node]]] = {}
+        self._listings: dict[int, _Listing] = {}
         self._next_listing = 1
         self.pusher: KernelPusher | None = None
         self.workers = (
@@ -243,11 +252,9 @@ class FuseOperations:
         if not node.is_dir:
             self.reply_err(req, errno.ENOTDIR)
             return
-        listing = [(b".", node), (b"..", node)]
-        listing += [(os.fsencode(name), child) for name, child in self.core.view.children(node)]
         handle = self._next_listing
         self._next_listing += 1
-        self._listings[handle] = listing
+        self._listings[handle] = _Listing(node)
         info = fi.contents
         info.fh = handle
         info.cache_readdir = 1  # the kernel may cache the listing: it never changes
@@ -256,39 +263,17 @@ class FuseOperations:
 
     def _readdir(self, req: int, size: int, offset: int, fi: Any, *, plus: bool) -> None:
         listing = self._listings[fi.contents.fh]
-        buffer = ctypes.create_string_buffer(size)
-        base = ctypes.addressof(buffer)
-        used = 0
-        given: list[int] = []  # inodes this reply hands to the kernel
-        entry = self._entry(listing[0][1])  # reused entries and stat, refilled per name
-        bare = libfuse.EntryParam()  # inode 0: a name and type only, no inode for the kernel
-        bare_attributes = bare.attr
-        attributes = libfuse.Stat()
-        add_plus, add = self.lib.fuse_add_direntry_plus, self.lib.fuse_add_direntry
-        entry_ref, bare_ref = ctypes.byref(entry), ctypes.byref(bare)
-        attributes_ref = ctypes.byref(attributes)
-        for position in range(offset, len(listing)):
-            name, node = listing[position]
-            full = plus and position > 1 and (node.is_dir or node.size >= _FULL_ENTRY_MIN_SIZE)
-            if full:
-                self._entry(node, entry)
-                added = add_plus(req, base + used, size - used, name, entry_ref, position + 1)
-            elif plus:
-                bare_attributes.st_ino = node.ino
-                bare_attributes.st_mode = node.st_mode
-                added = add_plus(req, base + used, size - used, name, bare_ref, position + 1)
-            else:
-                attributes.st_ino = node.ino
-                attributes.st_mode = node.st_mode
-                added = add(req, base + used, size - used, name, attributes_ref, position + 1)
-            if added > size - used:
-                break
-            if full:
-                given.append(node.ino)
-            used += added
-        self._reply_buf(req, buffer, used)
-        if self.pusher is not None:
-            for ino in given:
+        packed = listing.packed.get(plus)
+        if packed is None:  # packed whole at the first request; later ones are slices
+            entries = self.core.listing(listing.folder, _FULL_ENTRY_MIN_SIZE)
+            packed = listing.packed[plus] = dirents.pack(
+                entries, plus=plus, uid=self.core.uid, gid=self.core.gid,
+                blksize=self.core.BLOCK_SIZE, timeout=self.timeout,
+            )  # fmt: skip
+        data, records = packed.reply(offset, size)
+        self._reply_buf(req, data, len(data))
+        if self.pusher is not None and plus:
+            for ino in packed.given_in(records):
                 self.pusher.inode_known(ino)
 
     @_answers

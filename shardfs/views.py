@@ -386,11 +386,18 @@ class Node(NamedTuple):
 
     @property
     def st_mode(self) -> int:
-        if self.kind == MemberKind.DIRECTORY:
-            return stat.S_IFDIR | 0o555
-        if self.kind == MemberKind.SYMLINK:
-            return stat.S_IFLNK | 0o777
-        return stat.S_IFREG | (self.mode & 0o555 | 0o444)
+        return st_mode(self.kind, self.mode)
+
+
+@lru_cache(maxsize=256)
+def st_mode(kind: int, mode: int) -> int:
+    """The mode ``stat`` shows for a member of ``kind`` stored with permission bits ``mode``:
+    read-only for everyone (plus the member's own execute bits)."""
+    if kind == MemberKind.DIRECTORY:
+        return stat.S_IFDIR | 0o555
+    if kind == MemberKind.SYMLINK:
+        return stat.S_IFLNK | 0o777
+    return stat.S_IFREG | (mode & 0o555 | 0o444)
 
 
 _KINDS = {int(kind): kind for kind in MemberKind}
@@ -481,6 +488,22 @@ class View:
         )
         for name, *row in rows:
             yield name, _node(tuple(row))
+
+    def listing_rows(self, directory: int) -> list[tuple[bytes, int, int, int, int, int]]:
+        """(name as UTF-8 bytes, ino, kind, size, mode, mtime) of every entry of a folder, by
+        name: the raw rows, for listings of a million names."""
+        return self._query(
+            "SELECT CAST(name AS BLOB), ino, kind, size, mode, mtime FROM nodes "
+            "WHERE parent = ? AND ino != ? ORDER BY name",
+            (directory, ROOT_INO),
+        )
+
+    def parent_of(self, directory: int) -> int:
+        """The inode of the folder holding ``directory`` (the root holds itself)."""
+        rows = self._query("SELECT parent FROM nodes WHERE ino = ?", (directory,))
+        if not rows:
+            raise NotFoundError(f"inode {directory}")
+        return int(rows[0][0]) or ROOT_INO
 
     def files(self) -> Iterator[tuple[str, Node]]:
         """Every regular file with its path, in (shard, offset) order."""

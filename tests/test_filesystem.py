@@ -179,6 +179,26 @@ def test_readdir(view: View) -> None:
         fs.readdir("/missing")
 
 
+def test_listing_shows_what_stat_shows(view: View) -> None:
+    fs, _ = make_fs(view)
+    folder = fs.node(fs.getattr("/d")["st_ino"])
+    entries = fs.listing(folder, full_from=4096)
+    assert [e.name for e in entries] == [b".", b"..", b"big.bin", b"link", b"small.bin"]
+    assert entries[0].ino == folder.ino and entries[1].ino == fs.getattr("/")["st_ino"]
+    assert [e.full for e in entries] == [False, False, True, False, False]  # 10 KB, link, 1 KB
+    for entry in entries[2:]:
+        shown = fs.getattr("/d/" + entry.name.decode())
+        assert (entry.ino, entry.mode, entry.nlink, entry.size, entry.blocks, entry.mtime) == (
+            shown["st_ino"], shown["st_mode"], shown["st_nlink"], shown["st_size"],
+            shown["st_blocks"], shown["st_mtime"],
+        )  # fmt: skip
+    root = fs.listing(fs.node(fs.getattr("/")["st_ino"]))
+    assert root[0].ino == root[1].ino == fs.getattr("/")["st_ino"]  # the root holds itself
+    assert [e.full for e in root] == [False, False, True, True, True]  # full_from 0: all
+    with pytest.raises(NotADirectoryError_):
+        fs.listing(fs.node(fs.getattr("/other.txt")["st_ino"]))
+
+
 def test_xattrs(view: View) -> None:
     fs, _ = make_fs(view)
     assert fs.listxattr("/other.txt") == [XATTR_SHARD, XATTR_OFFSET]
