@@ -136,21 +136,50 @@ def read_header(fd: int, key: BlockKey, expected_len: int) -> _Header:
     return _Header(header_len, chunk, data_len, rest[: 8 * count])
 
 
-def read_data(fd: int, header: _Header, start: int, end: int) -> bytes:
-    """Bytes ``[start, end)`` of the block's data, each chunk they touch verified."""
+class NotInMemory(Exception):
+    """A read that must not wait on the disk found bytes the page cache does not hold."""
+
+
+def read_data(fd: int, header: _Header, start: int, end: int, *, nowait: bool = False) -> bytes:
+    """Bytes ``[start, end)`` of the block's data, each chunk they touch verified.
+
+    ``nowait``: raise NotInMemory instead of waiting for the disk (RWF_NOWAIT): blocks are
+    written around the page cache, so the first read of one is a disk read."""
     chunk = header.chunk
     first, last = start // chunk, (end - 1) // chunk
     span_start = first * chunk
     span_end = min((last + 1) * chunk, header.data_len)
-    data = os.pread(fd, span_end - span_start, header.header_len + span_start)
-    if len(data) != span_end - span_start:
+    length = span_end - span_start
+    data: bytes | bytearray | None = None
+    if nowait:
+        data = _read_nowait(fd, length, header.header_len + span_start)
+    if data is None:
+        data = os.pread(fd, length, header.header_len + span_start)
+    if len(data) != length:
         raise CorruptBlockError("truncated data")
     sums = struct.unpack_from(f"<{last - first + 1}Q", header.sums, 8 * first)
     view = memoryview(data)
     for i, expected in enumerate(sums):
         if xxhash.xxh3_64_intdigest(view[i * chunk : (i + 1) * chunk]) != expected:
             raise CorruptBlockError(f"checksum mismatch in chunk {first + i}")
-    return data[start - span_start : end - span_start]
+    return bytes(view[start - span_start : end - span_start])
+
+
+def _read_nowait(fd: int, length: int, offset: int) -> bytearray | None:
+    """``length`` bytes at ``offset`` if the page cache holds them all; NotInMemory if not;
+    None where the filesystem cannot tell (no RWF_NOWAIT): then read as usual."""
+    buffer = bytearray(length)
+    try:
+        got = os.preadv(fd, [buffer], offset, os.RWF_NOWAIT)
+    except BlockingIOError:
+        raise NotInMemory from None
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return None
+        raise
+    if got != length:  # partly cached, or short: the waiting read sorts it out
+        raise NotInMemory
+    return buffer
 
 
 def read_verified(fd: int, key: BlockKey, start: int, end: int, expected_len: int) -> bytes:
@@ -254,12 +283,20 @@ class BlockCache:
                     self._inflight.pop(key).set()
 
     def peek(
-        self, key: BlockKey, start: int, end: int, block_len: int, *, count: bool = True
+        self,
+        key: BlockKey,
+        start: int,
+        end: int,
+        block_len: int,
+        *,
+        count: bool = True,
+        nowait: bool = False,
     ) -> bytes | None:
         """Bytes ``[start, end)`` of a cached block, or None without fetching or waiting.
 
-        ``count=False`` leaves the hit out of the statistics (reads nobody asked for)."""
-        data = self._load(key, start, end, block_len)
+        ``count=False`` leaves the hit out of the statistics (reads nobody asked for).
+        ``nowait``: None also when the bytes are on disk but not in the page cache."""
+        data = self._load(key, start, end, block_len, nowait=nowait)
         if data is not None and count:
             self.stats.add(cache_hits=1)
         return data
@@ -460,7 +497,9 @@ class BlockCache:
 
     # -- reading -----------------------------------------------------------------------
 
-    def _load(self, key: BlockKey, start: int, end: int, block_len: int) -> bytes | None:
+    def _load(
+        self, key: BlockKey, start: int, end: int, block_len: int, *, nowait: bool = False
+    ) -> bytes | None:
         path = self._block_path(key)
         with self._pins_lock:
             self._pins[path] += 1
@@ -476,7 +515,9 @@ class BlockCache:
             if block is None:
                 return None
             try:
-                data = read_data(block.fd, block.header, start, end)
+                data = read_data(block.fd, block.header, start, end, nowait=nowait)
+            except NotInMemory:
+                return None
             except CorruptBlockError as exc:
                 self._discard(path, exc)
                 return None

@@ -162,7 +162,7 @@ class FuseOperations:
             return
         self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
         if self.pusher is not None:
-            self.pusher.inode_known(node.ino)
+            self.pusher.inode_known(node.ino, push_waiting=False)
 
     def forget(self, req: int, _ino: int, _nlookup: int) -> None:
         self.lib.fuse_reply_none(req)  # inodes are rows of the view: nothing to free
@@ -323,8 +323,9 @@ class FuseOperations:
 class _LoopThread:
     """The session loop on a thread of its own, which can be woken from its wait."""
 
-    def __init__(self, session: libfuse.Session) -> None:
+    def __init__(self, session: libfuse.Session, ended: threading.Event) -> None:
         self.session = session
+        self.ended = ended  # set when the loop returns (unmounted from outside, or an error)
         self._lock = threading.Lock()
         self._running = False
         self.thread = threading.Thread(target=self._run, name="shardfs-fuse", daemon=True)
@@ -340,6 +341,7 @@ class _LoopThread:
         finally:
             with self._lock:
                 self._running = False
+            self.ended.set()
         if status:
             log.info("FUSE loop ended with status %d", status)
 
@@ -380,15 +382,14 @@ def serve(
     previous[_WAKE_SIGNAL] = signal.signal(_WAKE_SIGNAL, lambda _signum, _frame: None)
     try:
         session = libfuse.Session(operations.callbacks(), str(config.mountpoint), options)
-        loop = _LoopThread(session)
+        loop = _LoopThread(session, stop)
         try:
             if pusher is not None:
                 operations.pusher = pusher
                 pusher.start(session)
                 core.watch_local_blocks(pusher.block_local)
             loop.start()
-            while loop.thread.is_alive() and not stop.is_set():
-                loop.thread.join(0.2)
+            stop.wait()  # a stop signal, or the loop's end; signal handlers run meanwhile
         finally:
             # In this order: pushes end while reads are still answered (a push can wait on
             # one), then the loop, then reads in worker threads; only then is the session

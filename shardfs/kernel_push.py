@@ -48,6 +48,11 @@ class KernelPusher:
         self._abort = False
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
+    @property
+    def retrying(self) -> int:
+        """Pushes the kernel refused so far that will be tried again shortly."""
+        return len(self._retries)
+
     def start(self, session: libfuse.Session) -> None:
         self.session = session
         self._thread.start()
@@ -57,11 +62,14 @@ class KernelPusher:
             block = None  # the pusher is behind: do not hold more blocks in memory
         self._queue.put((shard, start, end, block))
 
-    def inode_known(self, ino: int) -> None:
-        """The kernel was just given ``ino``; push the file if its block was waiting for it."""
+    def inode_known(self, ino: int, *, push_waiting: bool = True) -> None:
+        """The kernel was just given ``ino``; push the file if its block was waiting for it.
+
+        ``push_waiting=False`` (a LOOKUP, which an open and a READ of the same file follow at
+        once) leaves the file to that READ: a push would race it and copy the bytes twice."""
         if not self._known[ino]:
             self._known[ino] = 1
-            if self._waiting[ino]:
+            if self._waiting[ino] and push_waiting:
                 self._waiting[ino] = 0
                 self._queue.put(ino)
 
@@ -101,6 +109,8 @@ class KernelPusher:
             if self._abort:
                 break
             ino = node.ino
+            # A retry ends here whatever happens next; only "not there yet" renews it.
+            attempts = self._retries.pop(ino, (0.0, 0))[1]
             if self.in_kernel[ino]:
                 continue
             if not self._known[ino]:
@@ -117,24 +127,21 @@ class KernelPusher:
             result = session.notify_store(ino, 0, data)
             if result == 0:
                 self.in_kernel[ino] = 1
-                self._retries.pop(ino, None)
                 pushed += len(data)
             elif result == -errno.ENOENT:
-                self._not_there_yet(ino)
+                self._not_there_yet(ino, attempts)
             else:
                 log.debug("notify_store(%d) failed: %s", ino, os.strerror(-result))
         if pushed:
             self.core.stats.add(bytes_pushed=pushed)
 
-    def _not_there_yet(self, ino: int) -> None:
+    def _not_there_yet(self, ino: int, attempts: int) -> None:
         """The kernel has no such inode. It may still be taking it in (a reply is handled
         by the requesting process after we send it): try again shortly, a few times; then
         wait for the next lookup of the inode."""
-        _, attempts = self._retries.get(ino, (0.0, 0))
         if attempts < _PUSH_RETRIES:
             self._retries[ino] = (time.monotonic() + _PUSH_RETRY_S, attempts + 1)
             return
-        self._retries.pop(ino, None)
         self._known[ino] = 0
         self._waiting[ino] = 1
 

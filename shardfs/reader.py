@@ -23,7 +23,7 @@ class RangeReader(Protocol):
         ...
 
     def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
-        """The same bytes if they can be had without waiting on the network, else None."""
+        """The same bytes if they can be had at once (no network, no disk wait), else None."""
         ...
 
 
@@ -159,9 +159,11 @@ class CachedReader:
     def read_local(
         self, shard: ShardInfo, start: int, end: int, *, quiet: bool = False
     ) -> bytes | None:
-        """A read served by cached blocks alone (a local pread), or None on any miss.
+        """A read served from memory by cached blocks alone, or None on any miss or when the
+        bytes would have to come from the disk first.
 
-        ``quiet``: a read on nobody's behalf (kernel pushes): no statistics, no readahead."""
+        ``quiet``: a read on nobody's behalf (kernel pushes): no statistics, no readahead,
+        and it may wait for the disk."""
         if start >= end:
             return b""
         size = self.block_size
@@ -176,6 +178,7 @@ class CachedReader:
             end - block_start,
             self._block_len(shard, first),
             count=not quiet,
+            nowait=not quiet,
         )
         if data is not None and not quiet:
             self._announce(shard, skey, first)

@@ -898,3 +898,32 @@ def test_blocks_are_exact_and_valid_with_or_without_o_direct(
         assert_block_file_valid(cache, index, source.block(index))
     assert cache.usage() == 3 * ENCODED
     assert tmp_files(cache) == []
+
+
+def _drop_from_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_a_read_that_must_not_wait_skips_blocks_the_page_cache_lacks(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    """``peek(nowait=True)`` answers from memory only: bytes on disk but not in the page
+    cache give None (the caller reads them on a thread that may wait), never a disk wait."""
+    size = 8 << 20  # big enough that reading the header reads no data near the end ahead
+    settings = {"block_size": size, "chunk_size": 64 << 10}
+    cache, source = open_cache(**settings), Source(block_len=size)
+    assert source.get(cache, 0) == source.block(0)
+    cache.close()  # no open block files kept: the next read opens and reads from scratch
+    [path] = block_files(cache)
+    _drop_from_page_cache(path)
+    cache = open_cache(**settings)
+    key, start, end = BlockKey(KEY, 0), size - 100_000, size - 1000
+    assert cache.peek(key, start, end, size, nowait=True) is None
+    assert cache.peek(key, start, end, size) == source.block(0)[start:end]  # may wait
+    assert cache.peek(key, start, end, size, nowait=True) == source.block(0)[start:end]
+    assert source.calls == [0]  # all of it without a second fetch
