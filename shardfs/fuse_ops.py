@@ -257,7 +257,8 @@ class FuseOperations:
         self._listings[handle] = _Listing(node)
         info = fi.contents
         info.fh = handle
-        info.cache_readdir = 1  # the kernel may cache the listing: it never changes
+        # The kernel may cache the listing, and keep it across opens: it never changes.
+        info.cache_readdir = info.keep_cache = 1
         if self.lib.fuse_reply_open(req, fi) == -errno.ENOENT:  # interrupted: no releasedir
             self._listings.pop(handle, None)
 
@@ -266,6 +267,7 @@ class FuseOperations:
         packed = listing.packed.get(plus)
         if packed is None:  # packed whole at the first request; later ones are slices
             entries = self.core.listing(listing.folder, _FULL_ENTRY_MIN_SIZE)
+            self.core.stats.add(folders_listed=1)
             packed = listing.packed[plus] = dirents.pack(
                 entries, plus=plus, uid=self.core.uid, gid=self.core.gid,
                 blksize=self.core.BLOCK_SIZE, timeout=self.timeout,

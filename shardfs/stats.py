@@ -22,6 +22,7 @@ class Stats:
     blocks_evicted: int = 0
     checksum_failures: int = 0
     cache_write_errors: int = 0
+    folders_listed: int = 0  # listings the daemon built (the kernel caches them after)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:

@@ -20,6 +20,7 @@ from support.datagen import make_imagefolder, pack_with_gnu_tar, relative_files,
 from support.mounts import mount, new_bucket, process_gone, umount, wait_for
 from support.s3 import S3Server
 
+from shardfs.control import query
 from shardfs.mount import pid_file
 
 pytestmark = pytest.mark.integration
@@ -155,8 +156,9 @@ class _Dirent(ctypes.Structure):
 DT_DIR, DT_REG, DT_LNK, DT_UNKNOWN = 4, 8, 10, 0
 
 
-def raw_readdir(path: Path) -> dict[str, tuple[int, int]]:
-    """``{name: (d_type, d_ino)}`` straight from readdir(3), without any stat."""
+def raw_readdir(path: Path, *, dots: bool = False) -> dict[str, tuple[int, int]]:
+    """``{name: (d_type, d_ino)}`` straight from readdir(3), without any stat ("." and ".."
+    left out unless ``dots``)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.opendir.restype = ctypes.c_void_p
     libc.opendir.argtypes = (ctypes.c_char_p,)
@@ -170,7 +172,7 @@ def raw_readdir(path: Path) -> dict[str, tuple[int, int]]:
     try:
         while entry := libc.readdir(handle):
             name = os.fsdecode(entry.contents.d_name)
-            if name not in (".", ".."):
+            if dots or name not in (".", ".."):
                 entries[name] = (entry.contents.d_type, entry.contents.d_ino)
     finally:
         libc.closedir(handle)
@@ -189,6 +191,27 @@ def test_readdir_returns_d_type_and_inode(mounted: Path) -> None:
     # os.scandir agrees (it only falls back to stat for DT_UNKNOWN).
     with os.scandir(mounted) as it:
         assert all(entry.is_dir(follow_symlinks=False) for entry in it)
+
+
+def test_dot_and_dot_dot_carry_the_folder_and_its_parent(mounted: Path) -> None:
+    root_ino = os.lstat(mounted).st_ino
+    assert raw_readdir(mounted, dots=True)[".."] == (DT_DIR, root_ino)  # the root holds itself
+    for name in CLASS_SIZES:
+        entries = raw_readdir(mounted / name, dots=True)
+        assert entries["."] == (DT_DIR, os.lstat(mounted / name).st_ino)
+        assert entries[".."] == (DT_DIR, root_ino)
+
+
+def test_the_kernel_keeps_a_listing_across_opens(mounted: Path) -> None:
+    """Each folder is listed by the daemon once; later listings (an ImageFolder per epoch)
+    come from the kernel's cache."""
+    for _ in range(3):
+        assert sorted(os.listdir(mounted)) == sorted(CLASS_SIZES)
+    assert query(mounted)["folders_listed"] == 1
+    for _ in range(3):
+        for name in CLASS_SIZES:
+            assert len(os.listdir(mounted / name)) == CLASS_SIZES[name]
+    assert query(mounted)["folders_listed"] == 1 + len(CLASS_SIZES)
 
 
 # -- lifecycle: signals and foreground -------------------------------------------------------
