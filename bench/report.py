@@ -108,13 +108,17 @@ def targets(result: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str
             f">= {goal}",
             None if value is None else value >= goal,
         )
-    local = _find(rows, "local", "decode", workers, "-")
-    if local is not None:
-        local_s = images / local["images_per_s"]["median"]
+
+    def local_seconds(mode: str) -> float | None:
+        local = _find(rows, "local", mode, workers, "-")
+        return images / local["images_per_s"]["median"] if local else None
+
+    decode_s = local_seconds("decode")
+    if decode_s is not None:
         add(
             f"decode w{workers}: bound for a cold epoch read in shuffled order, local / "
             "(local + dataset / server peak) (context, see below)",
-            local_s / (local_s + download_s),
+            decode_s / (decode_s + download_s),
             "—",
             None,
         )
@@ -143,13 +147,12 @@ def targets(result: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str
         ">= 0.85",
         None if value is None else value >= 0.85,
     )
-    local = _find(rows, "local", "raw", workers, "-")
-    if local is not None:
-        local_s = images / local["images_per_s"]["median"]
+    raw_s = local_seconds("raw")
+    if raw_s is not None:
         add(
             f"raw w{workers}: bound for a cold epoch read in shuffled order, (dataset / "
             "server peak) / (that + local) (context, see below)",
-            download_s / (download_s + local_s),
+            download_s / (download_s + raw_s),
             "—",
             None,
         )

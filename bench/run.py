@@ -292,14 +292,17 @@ class Bench:
         )
         return record
 
-    def run_local(self, mode: str, workers: int, repeat: int) -> None:
-        request = {
+    def local_request(self, mode: str, workers: int, repeat: int) -> dict[str, Any]:
+        return {
             "kind": "imagefolder",
             "root": str(self.tree.root),
             "mode": mode,
             "workers": workers,
             "seed": repeat,
         }
+
+    def run_local(self, mode: str, workers: int, repeat: int) -> None:
+        request = self.local_request(mode, workers, repeat)
         self.epoch("local", "-", request, None, {"repeat": repeat})
 
     def run_local_download(self, mode: str, workers: int, repeat: int) -> None:
@@ -307,13 +310,7 @@ class Bench:
         fetches every shard from the server once (two at a time, to /dev/null) in the same
         run. The server's and the client's CPU for the download is then taken from the same
         two cores as the epoch, as it is for every streaming contender."""
-        request = {
-            "kind": "imagefolder",
-            "root": str(self.tree.root),
-            "mode": mode,
-            "workers": workers,
-            "seed": repeat,
-        }
+        request = self.local_request(mode, workers, repeat)
         command = ["curl", "--silent", "--show-error", "--fail", "--parallel",
                    "--parallel-max", "2"]  # fmt: skip
         for url in self.presigned_urls():
