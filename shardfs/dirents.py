@@ -54,7 +54,7 @@ def _timeout(seconds: float) -> tuple[int, int]:
 class PackedListing:
     """Every record of one folder; ``reply`` cuts the part a request asks for."""
 
-    def __init__(self, data: bytes, ends: array[int], given: list[int]) -> None:
+    def __init__(self, data: bytes, ends: array[int], given: array[int]) -> None:
         self.data = data
         self.ends = ends  # ends[i]: the byte just past record i
         self.given = given  # per record: the inode it hands the kernel, or 0
@@ -84,7 +84,7 @@ def pack(
     """Pack ``entries`` in order; record ``i`` tells the kernel to continue at ``i + 1``."""
     chunks: list[bytes] = []
     lengths: list[int] = []
-    given: list[int] = []
+    given = array("Q")
     valid, valid_ns = _timeout(timeout)
     pack_dirent, pack_plus = _DIRENT.pack, _DIRENT_PLUS.pack
     append, append_length, append_given = chunks.append, lengths.append, given.append

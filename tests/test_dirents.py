@@ -61,7 +61,7 @@ def test_records_are_the_bytes_libfuse_writes(plus: bool, timeout: float) -> Non
     expected = _libfuse_records(ENTRIES, plus=plus, timeout=timeout)
     assert len(packed.data) == len(expected) and packed.data == expected
     assert len(packed) == len(ENTRIES) and packed.ends[-1] == len(expected)
-    assert packed.given == [e.ino if plus and e.full else 0 for e in ENTRIES]
+    assert list(packed.given) == [e.ino if plus and e.full else 0 for e in ENTRIES]
 
 
 def _parse(data: bytes, *, plus: bool) -> list[tuple[int, int, bytes]]:
