@@ -110,6 +110,8 @@ class ShardFileSystem:
             Entry(b"..", self.view.parent_of(folder.ino), dir_mode, 2, 0, 0, 0, False),
         ]
         append = entries.append
+        # The fields of ``stat_fields``, computed inline: a call per entry costs a tenth of
+        # a listing (measured); test_listing_shows_what_stat_shows keeps the two equal.
         for name, ino, kind, size, mode, mtime in self.view.listing_rows(folder.ino):
             is_dir = kind == directory
             append(

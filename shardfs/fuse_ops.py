@@ -126,11 +126,9 @@ class FuseOperations:
         target.st_blocks = blocks
         target.st_atim.tv_sec = target.st_mtim.tv_sec = target.st_ctim.tv_sec = mtime
 
-    def _entry(self, node: Node, entry: libfuse.EntryParam | None = None) -> libfuse.EntryParam:
-        """The entry of ``node``, filled into ``entry`` (reused by listings) or a new one."""
-        if entry is None:
-            entry = libfuse.EntryParam()
-            entry.attr_timeout = entry.entry_timeout = self.timeout
+    def _entry(self, node: Node) -> libfuse.EntryParam:
+        entry = libfuse.EntryParam()
+        entry.attr_timeout = entry.entry_timeout = self.timeout
         entry.ino = node.ino
         self._stat(node, entry.attr)
         return entry
@@ -215,14 +213,17 @@ class FuseOperations:
             self._later(req, "read", self._read_node, node, offset, size)
             return
         self._reply_buf(req, data, len(data))
-        if offset == 0 and len(data) == node.size and self.pusher is not None:
-            self.pusher.in_kernel[node.ino] = 1  # the whole file went to the kernel already
+        self._delivered(node, offset, data)
 
     def _read_node(self, node: Node, offset: int, size: int) -> bytes:
         data = self.core.read_node(node, offset, size)
+        self._delivered(node, offset, data)
+        return data
+
+    def _delivered(self, node: Node, offset: int, data: bytes) -> None:
+        """A READ answered with ``data``: when that is the whole file, nothing to push."""
         if offset == 0 and len(data) == node.size and self.pusher is not None:
             self.pusher.in_kernel[node.ino] = 1
-        return data
 
     def _later(self, req: int, operation: str, func: Callable[..., bytes], *args: Any) -> None:
         """Answer ``req`` with ``func(*args)`` from a worker thread (inline when single)."""
