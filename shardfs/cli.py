@@ -43,6 +43,16 @@ EXIT_CODES = """exit codes:
 log = logging.getLogger("shardfs")
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and less than a day: {text!r}")
+    return value
+
+
 def _source_arguments(
     parser: argparse.ArgumentParser, positional: str = "source", what: str = ""
 ) -> None:
@@ -64,6 +74,14 @@ def _source_arguments(
     parser.add_argument(
         "--endpoint-url",
         help="S3-compatible endpoint (default: AWS_ENDPOINT_URL or AWS itself)",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="a read from the store that has not succeeded after this long, retries "
+        "included, fails (EIO for a reader) (default: 30)",
     )
     parser.add_argument(
         "--cache-dir",
@@ -333,6 +351,7 @@ def _source_config(args: argparse.Namespace) -> SourceConfig:
         url=args.dest if args.command == "pack" else args.source,
         storage_options=storage_options_from_pairs(args.options),
         endpoint_url=args.endpoint_url,
+        read_timeout=args.read_timeout,
     )
 
 

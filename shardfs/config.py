@@ -31,11 +31,19 @@ class SourceConfig:
     storage_options: passed to the fsspec filesystem (``-o key=value``). Default: none.
     endpoint_url: S3-compatible endpoint (``--endpoint-url``). Default: None, which lets
         the standard environment (``AWS_ENDPOINT_URL``) decide.
+    read_timeout: seconds a ranged read may take, retries included, before it fails (EIO
+        for a reader) (``--read-timeout``). Default: 30.
+    connect_timeout: seconds to open a connection to the store. Default: 10.
+    stall_timeout: seconds a response may go without sending a byte before the request is
+        abandoned and retried. Default: 10.
     """
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     endpoint_url: str | None = None
+    read_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    stall_timeout: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
 s3fs sends every request through aiobotocore and aiohttp, which costs about a core-second
 of Python per 500 MB on this project's machine. A presigned URL lets a plain HTTP client do
-the same GET with far less work per byte. The request also carries ``If-Match`` with the
-indexed ETag, so a shard replaced in the store answers 412 instead of new bytes.
+the same GET with far less work per byte. The request carries ``If-Match`` with the indexed
+ETag, and the answer is checked like every other (``responses.checked_body``), so a shard
+replaced in the store is refused, never served.
 
-Only ``store.Store`` uses this module; it falls back to s3fs whenever this path fails.
+Only ``store.Store`` uses this module; a request this path cannot answer goes through s3fs.
 """
 
 from __future__ import annotations
@@ -16,26 +17,23 @@ from typing import Any
 
 import urllib3
 
+from .responses import TransientError, checked_body, checks_etag
+
 _URL_LIFETIME_S = 3600
 _RENEW_BEFORE_S = 300
-
-
-class PreconditionFailed(Exception):
-    """The object's ETag is no longer the indexed one (HTTP 412)."""
-
-
-class TransientError(Exception):
-    """A failure worth retrying on this same path: a 5xx answer or a broken connection."""
+_BODY_CHUNK = 1 << 20
 
 
 class PresignedRanges:
     """Ranged GETs of S3 objects through presigned URLs (cached per object)."""
 
-    def __init__(self, fs: Any, *, connections: int = 16, timeout: float = 60.0) -> None:
+    def __init__(
+        self, fs: Any, *, connections: int = 16, connect_timeout: float, stall_timeout: float
+    ) -> None:
         self._fs = fs
-        self._pool = urllib3.PoolManager(
-            maxsize=connections, block=False, retries=False, timeout=timeout
-        )
+        self._connect_timeout = connect_timeout
+        self._stall_timeout = stall_timeout
+        self._pool = urllib3.PoolManager(maxsize=connections, block=False, retries=False)
         self._urls: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
 
@@ -50,28 +48,68 @@ class PresignedRanges:
             self._urls[path] = (url, now + _URL_LIFETIME_S - _RENEW_BEFORE_S)
         return url
 
-    def _request(self, path: str, headers: dict[str, str]) -> Any:
+    def _request(self, path: str, headers: dict[str, str], deadline: float) -> Any:
+        remaining = max(0.05, deadline - time.monotonic())
+        timeout = urllib3.Timeout(
+            connect=min(self._connect_timeout, remaining),
+            read=min(self._stall_timeout, remaining),
+        )
         try:
-            return self._pool.request("GET", self._url(path), headers=headers)
+            return self._pool.request(
+                "GET", self._url(path), headers=headers, timeout=timeout, preload_content=False
+            )
         except urllib3.exceptions.HTTPError as exc:  # timeouts, resets, refused connections
             raise TransientError(str(exc)) from exc
 
-    def get(self, path: str, start: int, end: int, etag: str) -> bytes:
+    def get(self, path: str, start: int, end: int, size: int, etag: str, deadline: float) -> bytes:
+        """Bytes ``[start, end)`` of the object at ``path`` as indexed (``size``, ``etag``),
+        by ``deadline`` (``time.monotonic()``) or a TransientError."""
         headers = {"Range": f"bytes={start}-{end - 1}"}
-        if etag and not etag.startswith("mtime:"):
+        if checks_etag(etag):
             headers["If-Match"] = f'"{etag}"'
-        response = self._request(path, headers)
+        response = self._request(path, headers, deadline)
         if response.status == 403:  # an expired or rejected signature: sign again once
+            _discard(response)
             with self._lock:
                 self._urls.pop(path, None)
-            response = self._request(path, headers)
-        if response.status == 412:
-            raise PreconditionFailed(path)
-        if response.status >= 500:
-            raise TransientError(f"HTTP {response.status} for {path} [{start}:{end}]")
-        if response.status not in (200, 206):
-            raise OSError(f"HTTP {response.status} for {path} [{start}:{end}]")
-        data: bytes = response.data
-        if response.status == 200:  # a server that ignores Range sends the whole object
-            data = data[start:end]
-        return data
+            response = self._request(path, headers, deadline)
+        try:
+            data = _read_body(response, deadline) if response.status in (200, 206) else b""
+            body = checked_body(
+                what=f"{path} [{start}:{end}]",
+                status=response.status,
+                content_range=response.headers.get("Content-Range"),
+                etag_header=response.headers.get("ETag"),
+                data=data,
+                start=start,
+                end=end,
+                size=size,
+                etag=etag,
+            )
+        except BaseException:
+            _discard(response)
+            raise
+        response.release_conn()
+        return body
+
+
+def _discard(response: Any) -> None:
+    """Close a connection whose body was not read to the end: it cannot be reused."""
+    response.close()
+    response.release_conn()
+
+
+def _read_body(response: Any, deadline: float) -> bytes:
+    """The whole body, read in pieces so that a trickle cannot outlast the deadline."""
+    parts = []
+    try:
+        while True:
+            piece = response.read1(_BODY_CHUNK)
+            if not piece:
+                break
+            parts.append(piece)
+            if time.monotonic() > deadline:
+                raise TransientError("the read deadline passed while the body arrived")
+    except urllib3.exceptions.HTTPError as exc:  # reset, truncated body, stall
+        raise TransientError(str(exc)) from exc
+    return b"".join(parts)

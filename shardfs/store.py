@@ -14,14 +14,18 @@ import os
 import posixpath
 import re
 import tempfile
+import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, TypeVar, cast
 
 import fsspec
 from fsspec.core import url_to_fs
 
+from . import s3_ranges
 from .config import SourceConfig
 from .errors import (
     ShardChangedError,
@@ -31,7 +35,8 @@ from .errors import (
     StoreReadError,
     UsageError,
 )
-from .presigned import PreconditionFailed, PresignedRanges, TransientError
+from .presigned import PresignedRanges
+from .responses import PreconditionFailed, TransientError, WrongLengthError
 from .tar import Readable
 
 log = logging.getLogger(__name__)
@@ -40,6 +45,15 @@ SHARD_SUFFIX = ".tar"
 # put_file_atomic's temp names on a local folder: ``.NAME.tmp-PID-NS``.
 _TEMP_NAME = re.compile(r"\..+\.tmp-\d+-\d+")
 T = TypeVar("T")
+# A brace pattern naming more shards than this is a typo, not a dataset.
+MAX_PATTERN_SHARDS = 1_000_000
+# Fast-path failures in a row (other than changed shards and transient faults) after which
+# requests go straight to s3fs for a while; the fast path is then tried again.
+_FAST_FAILURES_TO_PAUSE = 3
+_FAST_PAUSE_S = 60.0
+_LOCAL_PROTOCOLS = ("file", "local")
+# Storage options that s3fs expects to be mappings.
+_MAPPING_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +99,21 @@ def expand_braces(pattern: str) -> list[str]:
     if range_match := re.fullmatch(r"(\d+)\.\.(\d+)", body):
         lo, hi = range_match.group(1), range_match.group(2)
         width = len(lo) if lo.startswith("0") or len(lo) == len(hi) else 0
-        choices = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
-        if not choices:
+        if int(hi) < int(lo):
             raise UsageError(f"empty brace range {{{body}}} in {pattern!r}")
+        _check_pattern_size(int(hi) - int(lo) + 1, pattern)
+        choices = [str(i).zfill(width) for i in range(int(lo), int(hi) + 1)]
     else:
         choices = [c for part in _split_top_level(body) for c in expand_braces(part)]
-    return [head + choice + rest for choice in choices for rest in expand_braces(tail)]
+        _check_pattern_size(len(choices), pattern)
+    rests = expand_braces(tail)
+    _check_pattern_size(len(choices) * len(rests), pattern)
+    return [head + choice + rest for choice in choices for rest in rests]
+
+
+def _check_pattern_size(count: int, pattern: str) -> None:
+    if count > MAX_PATTERN_SHARDS:
+        raise UsageError(f"brace pattern {pattern!r} names more than {MAX_PATTERN_SHARDS:,} shards")
 
 
 def _etag_of(info: dict[str, Any]) -> str:
@@ -126,6 +149,32 @@ def translate_errors(what: str, exc: BaseException) -> ShardfsError:
     return SourceError(f"{what}: {name}: {text}")
 
 
+def _check_options(options: dict[str, Any], endpoint_url: str | None) -> None:
+    """Refuse option values that could only fail later, inside the store's client."""
+    for name in _MAPPING_OPTIONS:
+        if name in options and not isinstance(options[name], dict):
+            raise UsageError(
+                f"storage option {name} must be a mapping, e.g. -o {name}.KEY=VALUE "
+                f"(got {options[name]!r})"
+            )
+    endpoints = [endpoint_url] if endpoint_url else []
+    client_kwargs = options.get("client_kwargs")
+    if isinstance(client_kwargs, dict) and client_kwargs.get("endpoint_url"):
+        endpoints.append(client_kwargs["endpoint_url"])
+    for endpoint in endpoints:
+        parsed = urllib.parse.urlsplit(str(endpoint))
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise UsageError(f"endpoint URL {endpoint!r} is not an http:// or https:// URL")
+
+
+def _with_s3_timeouts(options: dict[str, Any], config: SourceConfig) -> dict[str, Any]:
+    """Bound every s3fs request by our timeouts unless the user chose their own."""
+    config_kwargs = dict(options.get("config_kwargs") or {})
+    config_kwargs.setdefault("connect_timeout", config.connect_timeout)
+    config_kwargs.setdefault("read_timeout", config.stall_timeout)
+    return {**options, "config_kwargs": config_kwargs}
+
+
 class Store:
     """A source of shards behind an fsspec filesystem."""
 
@@ -133,10 +182,11 @@ class Store:
         self.config = config
         options = dict(config.storage_options)
         url = config.url
+        _check_options(options, config.endpoint_url)
+        if url.split("://", 1)[0] in ("s3", "s3a"):
+            options = _with_s3_timeouts(options, config)
         if config.endpoint_url:
             options.setdefault("client_kwargs", {})
-            if not isinstance(options["client_kwargs"], dict):
-                raise UsageError("storage option client_kwargs must be a mapping")
             options["client_kwargs"] = {
                 **options["client_kwargs"],
                 "endpoint_url": config.endpoint_url,
@@ -155,8 +205,30 @@ class Store:
         self.fs: fsspec.AbstractFileSystem = fs
         self.root: str = root.rstrip("/")
         self._presigned: PresignedRanges | None = None
-        if self.protocol in ("s3", "s3a") and hasattr(fs, "url"):
-            self._presigned = PresignedRanges(fs)
+        self._fast_failures = 0
+        self._fast_paused_until = 0.0
+        self._fast_lock = threading.Lock()
+        if self.protocol in ("s3", "s3a"):
+            self._start_s3_session()
+            if hasattr(fs, "url"):
+                self._presigned = PresignedRanges(
+                    fs,
+                    connect_timeout=config.connect_timeout,
+                    stall_timeout=config.stall_timeout,
+                )
+
+    def _start_s3_session(self) -> None:
+        """Build the S3 client now, so that options it rejects are a usage error (exit 2)
+        rather than a failure of the first request."""
+        try:
+            self.fs.connect()
+        except (TypeError, ValueError, AttributeError) as exc:
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UsageError(
+                f"{self.config.url}: the S3 client rejects the options: {text}"
+            ) from exc
+        except Exception as exc:
+            raise translate_errors(self.config.url, exc) from exc
 
     @property
     def protocol(self) -> str:
@@ -248,58 +320,121 @@ class Store:
             raise ShardChangedError(f"{shard.name}: changed in the store since it was indexed")
 
     def read_range(self, shard: ShardInfo, start: int, end: int, *, retries: int = 4) -> bytes:
-        """Bytes ``[start, end)`` of a shard, retried with backoff on transient failures."""
+        """Bytes ``[start, end)`` of a shard as indexed.
+
+        Every answer is checked against the request and the shard's identity. Transient
+        failures (5xx, 429, resets, stalls, a wrong length or range) are retried with backoff,
+        up to ``retries`` attempts and within ``read_timeout`` seconds; then StoreReadError.
+        A shard that is another version or gone raises ShardChangedError at once.
+        """
         path = self._path(shard.name)
+        deadline = time.monotonic() + self.config.read_timeout
         delay = 0.1
-        for attempt in range(1, retries + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                data = self._get_range(path, shard, start, end)
+                return self._get_range(path, shard, start, end, deadline)
             except PreconditionFailed as exc:
-                raise ShardChangedError(f"{shard.name}: changed in the store (ETag)") from exc
+                raise ShardChangedError(f"{shard.name}: changed in the store ({exc})") from exc
             except FileNotFoundError as exc:
                 raise ShardChangedError(f"{shard.name}: gone from the store") from exc
+            except ShardfsError:
+                raise
             except Exception as exc:
-                if attempt == retries:
+                left = deadline - time.monotonic()
+                if attempt >= retries or left <= delay:
+                    if isinstance(exc, WrongLengthError):
+                        self._raise_if_changed(shard)
                     err = translate_errors(f"{shard.name} [{start}:{end}]", exc)
-                    raise StoreReadError(str(err)) from exc
+                    raise StoreReadError(f"{err} (after {attempt} attempt(s))") from exc
                 log.warning("read %s [%d:%d] failed (%s); retrying", shard.name, start, end, exc)
                 time.sleep(delay)
-                delay *= 2
-                continue
-            if len(data) != end - start:
-                raise ShardChangedError(
-                    f"{shard.name}: store returned {len(data)} bytes for [{start}:{end}]; "
-                    "the shard changed or is shorter than indexed"
-                )
-            return bytes(data)
-        raise AssertionError("unreachable")
+                delay = min(delay * 2, 2.0)
 
-    def _get_range(self, path: str, shard: ShardInfo, start: int, end: int) -> bytes:
-        """One ranged GET: through a presigned URL on S3 when that works, else via fsspec."""
+    def _raise_if_changed(self, shard: ShardInfo) -> None:
+        """ShardChangedError if the listing no longer shows the indexed shard; quiet if it
+        does or if the store cannot say."""
+        try:
+            self.check_current(shard)
+        except ShardChangedError:
+            raise
+        except ShardfsError as exc:
+            log.debug("could not check %s against the store: %s", shard.name, exc)
+
+    def _get_range(
+        self, path: str, shard: ShardInfo, start: int, end: int, deadline: float
+    ) -> bytes:
+        """One checked ranged GET: a presigned URL on S3 when that path works, else s3fs;
+        a local file directly; any other store through fsspec."""
+        timeout = max(0.05, deadline - time.monotonic())
+        if self.protocol in _LOCAL_PROTOCOLS:
+            return _read_local_file(path, shard, start, end)
+        if self.protocol not in ("s3", "s3a"):
+            return self._get_range_fsspec(path, shard, start, end, timeout)
         fast = self._presigned
-        if fast is not None:
+        if fast is not None and time.monotonic() >= self._fast_paused_until:
             try:
-                return fast.get(path, start, end, shard.etag)
+                data = fast.get(path, start, end, shard.size, shard.etag, deadline)
             except (PreconditionFailed, TransientError):
-                raise  # a changed shard, or a failure read_range retries on this same path
+                raise  # another version, or a failure read_range retries
             except Exception as exc:
-                log.info("presigned GET failed (%s); using s3fs for this source", exc)
-                self._presigned = None
-        return bytes(self.fs.cat_file(path, start=start, end=end))
+                self._fast_path_failed(exc)
+            else:
+                self._fast_failures = 0
+                return data
+            timeout = max(0.05, deadline - time.monotonic())
+        return s3_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
+
+    def _fast_path_failed(self, exc: Exception) -> None:
+        """This request goes through s3fs, which checks the same things; after several
+        failures in a row, all requests do for a while."""
+        with self._fast_lock:
+            self._fast_failures += 1
+            if self._fast_failures < _FAST_FAILURES_TO_PAUSE:
+                log.info("presigned GET failed (%s); this request goes through s3fs", exc)
+                return
+            self._fast_failures = 0
+            self._fast_paused_until = time.monotonic() + _FAST_PAUSE_S
+        log.info(
+            "presigned GETs failed %d times in a row (last: %s); using s3fs for %.0f s",
+            _FAST_FAILURES_TO_PAUSE,
+            exc,
+            _FAST_PAUSE_S,
+        )
+
+    def _get_range_fsspec(
+        self, path: str, shard: ShardInfo, start: int, end: int, timeout: float
+    ) -> bytes:
+        """A store without a checked path of ours: only the length can be checked."""
+        loop = getattr(self.fs, "loop", None)
+        cat = getattr(self.fs, "_cat_file", None)
+        if getattr(self.fs, "async_impl", False) and loop is not None and cat is not None:
+            from fsspec.asyn import sync
+
+            data = bytes(sync(loop, cat, path, start=start, end=end, timeout=timeout))
+        else:
+            data = bytes(self.fs.cat_file(path, start=start, end=end))
+        if len(data) != end - start:
+            raise WrongLengthError(
+                f"{shard.name}: store returned {len(data)} bytes for [{start}:{end}]"
+            )
+        return data
+
+    @property
+    def checks_identity(self) -> bool:
+        """Whether every read is checked against the indexed version of its shard."""
+        return self.protocol in ("s3", "s3a", *_LOCAL_PROTOCOLS)
 
     @contextlib.contextmanager
     def open_stream(self, shard: ShardInfo, block_size: int = 8 << 20) -> Iterator[Readable]:
-        """A sequential reader over a whole shard, for index scans."""
-        path = self._path(shard.name)
+        """A sequential reader over a whole shard, for index scans: checked ranged reads of
+        ``block_size`` bytes, the next one fetched while the caller parses this one."""
+        stream = _ShardStream(self, shard, block_size)
         try:
-            handle = self.fs.open(path, "rb", block_size=block_size, cache_type="readahead")
-        except Exception as exc:
-            raise translate_errors(shard.name, exc) from exc
-        try:
-            yield _TranslatingReader(handle, shard.name)
+            yield stream
         finally:
-            with contextlib.suppress(Exception):
-                handle.close()
+            stream.close()
 
     def read_object(self, name: str) -> bytes | None:
         """A small object next to the shards (sidecar, classes.txt), or None if absent."""
@@ -395,15 +530,70 @@ class Store:
         self.fs.invalidate_cache(path)
 
 
-class _TranslatingReader:
-    """Wraps a store file so that read errors surface as ShardfsError."""
+def _read_local_file(path: str, shard: ShardInfo, start: int, end: int) -> bytes:
+    """Bytes of a shard in a local folder, refused if the file is not the indexed version."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        status = os.fstat(fd)
+        version = _etag_of({"mtime": status.st_mtime})
+        if status.st_size != shard.size or (
+            shard.etag.startswith("mtime:") and version != shard.etag
+        ):
+            raise PreconditionFailed(f"{path}: size or modification time differs from the index")
+        data = os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)
+    if len(data) != end - start:
+        raise WrongLengthError(f"{path}: read {len(data)} bytes of [{start}:{end}]")
+    return data
 
-    def __init__(self, handle: IO[bytes], name: str) -> None:
-        self._handle = handle
-        self._name = name
 
-    def read(self, n: int = -1) -> bytes:
-        try:
-            return self._handle.read(n)
-        except Exception as exc:
-            raise translate_errors(self._name, exc) from exc
+class _ShardStream:
+    """A shard read front to back in checked ranged reads, one chunk ahead of the reader."""
+
+    def __init__(self, store: Store, shard: ShardInfo, chunk: int) -> None:
+        self._store = store
+        self._shard = shard
+        self._chunk = max(1, chunk)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scan-ahead")
+        self._buffer = b""
+        self._pos = 0  # within _buffer
+        self._next_start = 0  # shard offset of the next chunk to request
+        self._ahead: Future[bytes] | None = None
+        self._request_next()
+
+    def _request_next(self) -> None:
+        start = self._next_start
+        end = min(start + self._chunk, self._shard.size)
+        if start >= end:
+            self._ahead = None
+            return
+        self._next_start = end
+        self._ahead = self._pool.submit(self._store.read_range, self._shard, start, end)
+
+    def _refill(self) -> bool:
+        ahead = self._ahead
+        if ahead is None:
+            return False
+        self._buffer = ahead.result()
+        self._pos = 0
+        self._request_next()
+        return True
+
+    def read(self, n: int = -1, /) -> bytes:
+        if n < 0:
+            parts = [self._buffer[self._pos :]]
+            while self._refill():
+                parts.append(self._buffer)
+            self._buffer, self._pos = b"", 0
+            return b"".join(parts)
+        if self._pos >= len(self._buffer) and not self._refill():
+            return b""
+        data = self._buffer[self._pos : self._pos + n]
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)

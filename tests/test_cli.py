@@ -176,6 +176,35 @@ def test_endpoint_with_non_mapping_client_kwargs(tmp_path: Path, shards: Path) -
     assert_one_error(result, 2, "client_kwargs")
 
 
+@pytest.mark.parametrize(
+    ("args", "part"),
+    [
+        (["-o", "bogus=1"], "bogus"),
+        (["-o", "config_kwargs={bad"], "config_kwargs must be a mapping"),
+        (["--endpoint-url", "not a url"], "not a url"),
+        (["-o", "client_kwargs.endpoint_url=ftp://x"], "ftp://x"),
+    ],
+)
+def test_options_the_s3_client_rejects_are_usage_errors(
+    tmp_path: Path, args: list[str], part: str
+) -> None:
+    """Refused before any request, as a usage error (exit 2), not as an unreachable store."""
+    result = run(tmp_path, "index", "s3://bucket/prefix", *args)
+    assert_one_error(result, 2, part)
+
+
+def test_brace_pattern_without_bound_is_refused(tmp_path: Path) -> None:
+    result = run(tmp_path, "index", str(tmp_path / "s-{0..99999999}.tar"))
+    assert_one_error(result, 2, "more than 1,000,000 shards")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc"])
+def test_read_timeout_must_be_positive_seconds(tmp_path: Path, shards: Path, value: str) -> None:
+    result = run(tmp_path, "index", shards, "--read-timeout", value)
+    assert result.returncode == 2
+    assert "--read-timeout" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_unknown_protocol(tmp_path: Path) -> None:
     result = run(tmp_path, "index", "nosuchproto://bucket/x")
     assert_one_error(result, 2, "nosuchproto://bucket/x")

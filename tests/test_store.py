@@ -20,6 +20,8 @@ from shardfs.errors import (
     StoreReadError,
     UsageError,
 )
+from shardfs.presigned import PresignedRanges
+from shardfs.responses import PreconditionFailed, TransientError
 from shardfs.store import ShardInfo, Store, expand_braces, translate_errors
 
 # --- brace patterns ---------------------------------------------------------------------------
@@ -327,55 +329,70 @@ class _FakeSigner:
 
 
 class _FakeResponse:
-    def __init__(self, status: int, data: bytes = b"") -> None:
+    def __init__(self, status: int, data: bytes, headers: dict[str, str]) -> None:
         self.status = status
-        self.data = data
+        self._data = data
+        self.headers = headers
+
+    def read1(self, n: int) -> bytes:
+        data, self._data = self._data[:n], self._data[n:]
+        return data
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
 
 
 class _FakePool:
+    """Answers with the given statuses in turn; a 206 carries the asked range of ``body``."""
+
     def __init__(self, statuses: list[int], body: bytes) -> None:
         self.statuses = statuses
         self.body = body
+        self.size = len(body)
 
-    def request(self, method: str, url: str, headers: dict[str, str]) -> _FakeResponse:
+    def request(self, method: str, url: str, headers: dict[str, str], **_: object) -> _FakeResponse:
         status = self.statuses.pop(0)
-        return _FakeResponse(status, self.body if status in (200, 206) else b"")
+        if status not in (200, 206):
+            return _FakeResponse(status, b"", {})
+        first, last = (int(x) for x in headers["Range"].removeprefix("bytes=").split("-"))
+        data = (
+            self.body
+            if status == 200 or len(self.body) != self.size
+            else self.body[first : last + 1]
+        )
+        return _FakeResponse(
+            status, data, {"Content-Range": f"bytes {first}-{last}/{self.size}", "ETag": '"etag-1"'}
+        )
+
+
+def _fast() -> PresignedRanges:
+    return PresignedRanges(_FakeSigner(), connect_timeout=1.0, stall_timeout=1.0)
 
 
 def test_presigned_refusal_after_resigning_is_still_a_changed_shard() -> None:
     """A 403 (expired URL) then 412 on the fresh URL means the ETag no longer matches; it
     must not look like a failure of the fast path (which would fall back to s3fs, whose GETs
     carry no If-Match and would serve the new bytes)."""
-    from shardfs.presigned import PreconditionFailed, PresignedRanges
-
-    fast = PresignedRanges(_FakeSigner())
+    fast = _fast()
     fast._pool = _FakePool([403, 412], b"")  # type: ignore[assignment]
     with pytest.raises(PreconditionFailed):
-        fast.get("b/a.tar", 0, 10, "etag-1")
+        fast.get("b/a.tar", 0, 10, 100, "etag-1", time.monotonic() + 5)
 
 
 def test_presigned_whole_object_answer_is_cut_to_the_range() -> None:
-    from shardfs.presigned import PresignedRanges
-
     body = bytes(range(100))
-    fast = PresignedRanges(_FakeSigner())
+    fast = _fast()
     fast._pool = _FakePool([200], body)  # type: ignore[assignment]
-    assert fast.get("b/a.tar", 10, 20, "etag-1") == body[10:20]
+    assert fast.get("b/a.tar", 10, 20, 100, "etag-1", time.monotonic() + 5) == body[10:20]
 
 
 def test_presigned_server_errors_are_transient_and_keep_the_fast_path() -> None:
     """A 5xx is retried by read_range on the same path; it must not switch presigned GETs
     (and their If-Match) off for the rest of the process."""
-    from shardfs.presigned import PresignedRanges, TransientError
-
-    fast = PresignedRanges(_FakeSigner())
+    fast = _fast()
     fast._pool = _FakePool([503], b"")  # type: ignore[assignment]
     with pytest.raises(TransientError):
-        fast.get("b/a.tar", 0, 10, "etag-1")
-
-    store = Store(SourceConfig(memory_url()))
-    body = bytes(range(50))
-    fast._pool = _FakePool([503, 206], body[5:15])  # type: ignore[assignment]
-    store._presigned = fast
-    assert store.read_range(ShardInfo("a.tar", 50, "etag-1"), 5, 15, retries=2) == body[5:15]
-    assert store._presigned is fast
+        fast.get("b/a.tar", 0, 10, 100, "etag-1", time.monotonic() + 5)

@@ -39,3 +39,79 @@ def test_ranged_reads_are_exact_and_refuse_a_replaced_shard(s3_server: S3Server)
     fs.pipe_file(f"{bucket}/p/a.tar", random.Random(2).randbytes(300_000))  # same size
     with pytest.raises(ShardChangedError):
         store.read_range(shard, 0, 1000, retries=1)
+
+
+class _BrokenPool:
+    """A presigned path that answers every request with an error it cannot recover from
+    (e.g. a 400 from a proxy), so each request must go through s3fs."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def request(self, *args: object, **kwargs: object) -> object:
+        self.calls += 1
+        raise OSError("HTTP 400 from a proxy")
+
+
+def _store(s3_server: S3Server, bucket: str) -> Store:
+    return Store(
+        SourceConfig(
+            f"s3://{bucket}/p",
+            storage_options={"key": "testing", "secret": "testing"},
+            endpoint_url=s3_server.endpoint,
+        )
+    )
+
+
+def test_fallback_reads_are_checked_and_never_switch_the_fast_path_off(
+    s3_server: S3Server,
+) -> None:
+    """Requests the presigned path cannot answer go through s3fs, which sends If-Match too:
+    a replaced shard is refused on the fallback as well, and the fast path is tried again."""
+    bucket = new_bucket(s3_server, "fallback")
+    fs = s3_server.filesystem()
+    data = random.Random(3).randbytes(200_000)
+    fs.pipe_file(f"{bucket}/p/a.tar", data)
+    store = _store(s3_server, bucket)
+    (shard,) = store.list_shards()
+    fast = store._presigned
+    assert fast is not None
+    broken = _BrokenPool()
+    real_pool = fast._pool
+    fast._pool = broken  # type: ignore[assignment]
+    assert store.read_range(shard, 10, 50_000, retries=1) == data[10:50_000]
+    assert broken.calls == 1
+    assert store._presigned is fast
+
+    fast._pool = real_pool
+    assert store.read_range(shard, 0, 100, retries=1) == data[:100]
+
+    fs.pipe_file(f"{bucket}/p/a.tar", random.Random(4).randbytes(200_000))  # same size
+    fast._pool = broken  # type: ignore[assignment]
+    with pytest.raises(ShardChangedError):
+        store.read_range(shard, 0, 1000, retries=1)
+    fast._pool = real_pool
+    with pytest.raises(ShardChangedError):
+        store.read_range(shard, 0, 1000, retries=1)
+
+
+def test_scan_stream_reads_the_shard_in_checked_ranges(s3_server: S3Server) -> None:
+    bucket = new_bucket(s3_server, "stream")
+    fs = s3_server.filesystem()
+    data = random.Random(5).randbytes(1_000_003)
+    fs.pipe_file(f"{bucket}/p/a.tar", data)
+    store = _store(s3_server, bucket)
+    (shard,) = store.list_shards()
+    s3_server.reset_counts()
+    got = bytearray()
+    with store.open_stream(shard, block_size=256 << 10) as stream:
+        while chunk := stream.read(100_000):
+            got += chunk
+    assert bytes(got) == data
+    counts = s3_server.counts()
+    assert counts["get_object_requests"] == 4  # ceil(1_000_003 / 262_144)
+    assert counts["get_object_bytes"] == len(data)
+
+    fs.pipe_file(f"{bucket}/p/a.tar", random.Random(6).randbytes(1_000_003))
+    with pytest.raises(ShardChangedError), store.open_stream(shard, 256 << 10) as stream:
+        stream.read(-1)

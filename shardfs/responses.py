@@ -1,0 +1,91 @@
+"""Checks every ranged GET's answer against the request and the indexed shard.
+
+Both ways of reading S3 (presigned URLs, s3fs) hand their response here, so one set of
+rules decides which bytes may be stored or served: the range and the object's length must
+be the ones asked for, and the object's ETag, where the store sends one, the indexed one.
+Only ``store.Store`` and the modules it drives use this module.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class PreconditionFailed(Exception):
+    """The object's ETag is no longer the indexed one (HTTP 412, or an ETag that differs)."""
+
+
+class TransientError(Exception):
+    """A failure worth retrying: a 5xx or 429 answer, a broken or stalled connection, or an
+    answer whose length or range is not the one asked for."""
+
+
+class WrongLengthError(TransientError):
+    """An answer whose length or range is not the one asked for: retried, and if it stays
+    wrong, the shard's listing tells whether the shard changed."""
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
+
+
+def parse_content_range(header: str | None) -> tuple[int, int, int] | None:
+    """``bytes FIRST-LAST/TOTAL`` as numbers, or None if absent or malformed."""
+    if not header:
+        return None
+    match = _CONTENT_RANGE.fullmatch(header.strip())
+    if match is None:
+        return None
+    first, last, total = (int(group) for group in match.groups())
+    return first, last, total
+
+
+def comparable_etag(etag: str) -> str:
+    """An ETag without quotes or the weak-validator prefix, as listings give it."""
+    etag = etag.strip()
+    if etag.startswith("W/"):
+        etag = etag[2:]
+    return etag.strip('"')
+
+
+def checks_etag(etag: str) -> bool:
+    """Whether an indexed version string is an ETag a store can compare (not a local mtime)."""
+    return bool(etag) and not etag.startswith("mtime:")
+
+
+def checked_body(
+    *,
+    what: str,
+    status: int,
+    content_range: str | None,
+    etag_header: str | None,
+    data: bytes,
+    start: int,
+    end: int,
+    size: int,
+    etag: str,
+) -> bytes:
+    """The bytes ``[start, end)`` of an object of ``size`` bytes taken from one response, or
+    an exception: PreconditionFailed when the object is another version, TransientError when
+    the answer does not match the request, OSError for any other status."""
+    if etag_header and checks_etag(etag) and comparable_etag(etag_header) != etag:
+        raise PreconditionFailed(f"{what}: ETag {etag_header} is not the indexed {etag}")
+    if status == 206:
+        got = parse_content_range(content_range)
+        if got != (start, end - 1, size):
+            raise WrongLengthError(
+                f"{what}: Content-Range {content_range!r} for bytes {start}-{end - 1}/{size}"
+            )
+        if len(data) != end - start:
+            raise WrongLengthError(f"{what}: {len(data)} bytes for a range of {end - start}")
+        return data
+    if status == 200:  # a server that ignores Range sends the whole object
+        if len(data) != size:
+            raise WrongLengthError(f"{what}: {len(data)} bytes for an object of {size}")
+        return data[start:end]
+    if status == 412:
+        raise PreconditionFailed(f"{what}: HTTP 412")
+    if status == 429 or status >= 500:
+        raise TransientError(f"{what}: HTTP {status}")
+    if status == 404:
+        raise FileNotFoundError(f"{what}: HTTP 404")
+    raise OSError(f"{what}: HTTP {status}")
