@@ -172,6 +172,8 @@ def _with_s3_timeouts(options: dict[str, Any], config: SourceConfig) -> dict[str
     config_kwargs = dict(options.get("config_kwargs") or {})
     config_kwargs.setdefault("connect_timeout", config.connect_timeout)
     config_kwargs.setdefault("read_timeout", config.stall_timeout)
+    # botocore's own retries would multiply every timeout; read_range retries reads itself.
+    config_kwargs.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
     return {**options, "config_kwargs": config_kwargs}
 
 
