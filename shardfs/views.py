@@ -6,6 +6,9 @@ webdataset samples (``KEY.jpg`` + ``KEY.cls``) into ``CLASS/KEY.jpg``.
 Duplicate rule: when two members present the same path, the one from the later shard
 (in sorted shard-name order) wins, and within a shard the later member wins, as if the
 shards were extracted one after another. Every duplicate is counted and reported.
+
+Symlinks are judged on the finished tree by walking each target as the Linux kernel would
+(``_LinkJudge``); one whose walk could leave the mount, or loops, is left out and reported.
 """
 
 from __future__ import annotations
