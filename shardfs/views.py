@@ -6,11 +6,16 @@ webdataset samples (``KEY.jpg`` + ``KEY.cls``) into ``CLASS/KEY.jpg``.
 Duplicate rule: when two members present the same path, the one from the later shard
 (in sorted shard-name order) wins, and within a shard the later member wins, as if the
 shards were extracted one after another. Every duplicate is counted and reported.
+
+Symlinks are judged on the finished tree by walking each target as the Linux kernel would
+(``_LinkJudge``); one whose walk could leave the mount, or loops, is left out and reported.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import enum
 import hashlib
 import json
 import logging
@@ -108,6 +113,7 @@ class _TreeWriter:
         self.dirs: dict[str, int] = {"": ROOT_INO}
         self.dir_rows: list[tuple[int, str, int, int]] = [(0, "", 0o755, now)]
         self.batch: list[tuple[int, str, int, int, int, int, int, int, str]] = []
+        self._folder_paths: dict[int, str] = {}
         conn.execute(
             "CREATE TEMP TABLE staged (seq INTEGER PRIMARY KEY, parent INTEGER, name TEXT, "
             "kind INTEGER, shard INTEGER, offset INTEGER, size INTEGER, mode INTEGER, "
@@ -118,15 +124,31 @@ class _TreeWriter:
         ino = self.dirs.get(path)
         if ino is not None:
             if mtime is not None:
-                parent, name, _, _ = self.dir_rows[ino - 1]
-                self.dir_rows[ino - 1] = (parent, name, mode | 0o500, mtime)
+                above, name, _, _ = self.dir_rows[ino - 1]
+                self.dir_rows[ino - 1] = (above, name, mode | 0o500, mtime)
             return ino
-        parent_path, name = posixpath.split(path)
-        parent = self.directory(parent_path)
-        ino = len(self.dir_rows) + 1
-        self.dirs[path] = ino
-        self.dir_rows.append((parent, name, mode | 0o500, mtime if mtime else self.now))
-        return ino
+        # Climb to the nearest folder that exists, then create downwards: a loop, not a
+        # recursion, so a member path of thousands of components cannot exhaust the stack.
+        missing = [path]
+        parent_path = posixpath.dirname(path)
+        found = self.dirs.get(parent_path)
+        while found is None:
+            if parent_path == missing[-1]:  # "/" is its own dirname
+                raise ValueError(f"folder path {path!r} is not relative")
+            missing.append(parent_path)
+            parent_path = posixpath.dirname(parent_path)
+            found = self.dirs.get(parent_path)
+        parent = found
+        for depth, folder in enumerate(reversed(missing), start=1):
+            ino = len(self.dir_rows) + 1
+            self.dirs[folder] = ino
+            if depth == len(missing):  # the folder asked for; those above are implied
+                row = (parent, posixpath.basename(folder), mode | 0o500, mtime or self.now)
+            else:
+                row = (parent, posixpath.basename(folder), 0o755 | 0o500, self.now)
+            self.dir_rows.append(row)
+            parent = ino
+        return parent
 
     def entry(
         self,
@@ -182,35 +204,207 @@ class _TreeWriter:
             "ORDER BY s.parent, s.name"
         )
         staged = conn.execute("SELECT COUNT(*) FROM staged").fetchone()[0]
+        conn.execute("DROP TABLE staged")
+        conn.execute("CREATE UNIQUE INDEX nodes_by_name ON nodes (parent, name)")
+        winners = conn.execute(
+            "SELECT COUNT(*) FROM nodes WHERE kind != ?", (int(MemberKind.DIRECTORY),)
+        ).fetchone()[0]
+        self._drop_unsafe_links()
         files, total = conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM nodes WHERE kind != ?",
             (int(MemberKind.DIRECTORY),),
         ).fetchone()
-        self.report.duplicates = staged - files
+        self.report.duplicates = staged - winners
         self.report.files = files
         self.report.bytes = total
         self.report.directories = len(self.dir_rows)
-        conn.execute("DROP TABLE staged")
-        conn.execute("CREATE UNIQUE INDEX nodes_by_name ON nodes (parent, name)")
         conn.execute("CREATE INDEX nodes_by_place ON nodes (shard, offset)")
 
+    def _drop_unsafe_links(self) -> None:
+        """Leave out every symlink of the finished tree that the kernel, following it, would
+        walk out of the mount (or that loops): see :class:`_LinkJudge`."""
+        parents = [0] + [parent for parent, _, _, _ in self.dir_rows]
+        judge = _LinkJudge(self.conn, parents)
+        dropped = judge.unsafe_links()
+        if not dropped:
+            return
+        self.report.dropped_links += len(dropped)
+        for link in dropped[:5]:
+            why = (
+                "leads outside the mount"
+                if link.end == _End.ESCAPES
+                else f"loops or follows more than {MAX_LINK_HOPS} links"
+            )
+            path = self._path_of(link.parent, link.name)
+            self.report.note(f"symlink {path!r} -> {link.target!r} {why}")
+        self.conn.executemany("DELETE FROM nodes WHERE ino = ?", ((link.ino,) for link in dropped))
+
     def _path_of(self, parent: int, name: str) -> str:
-        by_ino = {ino: path for path, ino in self.dirs.items()}
-        return posixpath.join(by_ino.get(parent, "?"), name)
+        if len(self._folder_paths) != len(self.dirs):
+            self._folder_paths = {ino: path for path, ino in self.dirs.items()}
+        return posixpath.join(self._folder_paths.get(parent, "?"), name)
 
 
-def _link_stays_inside(link_path: str, target: str) -> bool:
+MAX_LINK_HOPS = 40
+"""Linux's MAXSYMLINKS: a path walk that would follow a 41st symlink fails with ELOOP."""
+
+
+class _End(enum.Enum):
+    """How the kernel's walk of a symlink's target ends."""
+
+    DIRECTORY = "directory"  # at a folder (``_Resolved.folder``)
+    OTHER = "other"  # at a file
+    FAILS = "fails"  # ENOENT or ENOTDIR inside the mount: harmless
+    ESCAPES = "escapes"  # '..' above the mount root, or an absolute target
+    LOOPS = "loops"  # a cycle, or more than MAX_LINK_HOPS links: ELOOP
+
+
+_HARMLESS = frozenset({_End.DIRECTORY, _End.OTHER, _End.FAILS})
+
+
+class _Resolved(NamedTuple):
+    end: _End
+    folder: int  # the folder reached, for DIRECTORY
+    hops: int  # symlinks followed, the link itself included; 0 only marks a cycle found
+
+
+class _UnsafeLink(NamedTuple):
+    ino: int
+    parent: int
+    name: str
+    target: str
+    end: _End
+
+
+@dataclass
+class _Walk:
+    """Where the walk of one symlink's target stands."""
+
+    link: int
+    parts: list[str]
+    folder: int
+    step: int = 0
+    hops: int = 1
+
+
+class _LinkJudge:
+    """Resolves the symlinks of a finished tree the way the Linux path walk would.
+
+    A walk starts in the link's folder and takes the target one component at a time; every
+    symlink met (in the middle or at the end) is followed, '..' moves to the folder's real
+    parent and, at the mount root, out of the mount. Each link is resolved once, from a
+    fresh start; its result and the number of links it followed are reused by every walk
+    that meets it, so the work is one lookup per target component. Walks nest on an explicit
+    stack of at most MAX_LINK_HOPS frames, never on Python's.
+
+    A link is unsafe if its walk, in the tree before anything is dropped, leaves the mount at
+    any moment or loops. Dropping a link only turns walks that meet it into ENOENT there; a
+    walk that meets an unsafe link is itself unsafe, so every kept link walks exactly as
+    judged and no second pass is needed.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, parents: list[int]) -> None:
+        self.conn = conn
+        self.parents = parents  # folder inode -> its parent's inode
+        self.results: dict[int, _Resolved] = {}
+
+    def unsafe_links(self) -> list[_UnsafeLink]:
+        unsafe = []
+        rows = self.conn.execute(
+            "SELECT ino, parent, name, link FROM nodes WHERE kind = ? ORDER BY ino",
+            (int(MemberKind.SYMLINK),),
+        ).fetchall()
+        for ino, parent, name, target in rows:
+            end = self.resolve(ino, parent, target).end
+            if end not in _HARMLESS:
+                unsafe.append(_UnsafeLink(ino, parent, name, target, end))
+        return unsafe
+
+    def resolve(self, link: int, folder: int, target: str) -> _Resolved:
+        """What following symlink ``link`` (in ``folder``) from a fresh start comes to."""
+        done = self.results.get(link)
+        if done is not None:
+            return done
+        stack = collections.deque([_start(link, folder, target)])
+        walking = {link}
+        while stack:
+            walk = stack[-1]
+            outcome = self._advance(walk, walking)
+            if isinstance(outcome, _Walk):  # a symlink met whose result is unknown: resolve it
+                stack.append(outcome)
+                walking.add(outcome.link)
+                if len(stack) > MAX_LINK_HOPS:
+                    # The bottom walk follows at least one link per walk above it: ELOOP.
+                    # Those above are still resolved, each from its own fresh start.
+                    bottom = stack.popleft()
+                    walking.discard(bottom.link)
+                    self.results[bottom.link] = _Resolved(_End.LOOPS, 0, MAX_LINK_HOPS + 1)
+                continue
+            if outcome.hops == 0:
+                # A cycle: each walk on the stack waits for one that waits for itself.
+                for waiting in stack:
+                    self.results[waiting.link] = _Resolved(_End.LOOPS, 0, MAX_LINK_HOPS + 1)
+                break
+            stack.pop()
+            walking.discard(walk.link)
+            self.results[walk.link] = outcome
+        return self.results[link]
+
+    def _advance(self, walk: _Walk, walking: set[int]) -> _Resolved | _Walk:
+        """Walk on to the end, or to a symlink that has to be resolved first."""
+        parts = walk.parts
+        if not parts:
+            return _Resolved(_End.FAILS, 0, walk.hops)  # an empty target: ENOENT
+        while True:
+            part = parts[walk.step]
+            if part == "/":
+                return _Resolved(_End.ESCAPES, 0, walk.hops)
+            if part == ".":
+                end, folder = _End.DIRECTORY, walk.folder
+            elif part == "..":
+                if walk.folder == ROOT_INO:
+                    return _Resolved(_End.ESCAPES, 0, walk.hops)
+                end, folder = _End.DIRECTORY, self.parents[walk.folder]
+            else:
+                row = self.conn.execute(
+                    "SELECT ino, kind, link FROM nodes WHERE parent = ? AND name = ?",
+                    (walk.folder, part),
+                ).fetchone()
+                if row is None:
+                    return _Resolved(_End.FAILS, 0, walk.hops)
+                ino, kind, target = row
+                if kind == MemberKind.DIRECTORY:
+                    end, folder = _End.DIRECTORY, ino
+                elif kind != MemberKind.SYMLINK:
+                    end, folder = _End.OTHER, 0
+                elif ino in walking:
+                    return _Resolved(_End.LOOPS, 0, 0)
+                else:
+                    known = self.results.get(ino)
+                    if known is None:
+                        return _start(ino, walk.folder, target)
+                    walk.hops += known.hops
+                    if known.end not in _HARMLESS:
+                        return _Resolved(known.end, 0, walk.hops)
+                    if walk.hops > MAX_LINK_HOPS:
+                        return _Resolved(_End.LOOPS, 0, walk.hops)
+                    end, folder = known.end, known.folder
+            if walk.step == len(parts) - 1:
+                return _Resolved(end, folder, walk.hops)
+            if end != _End.DIRECTORY:
+                return _Resolved(_End.FAILS, 0, walk.hops)  # ENOTDIR, or ENOENT below
+            walk.folder = folder
+            walk.step += 1
+
+
+def _start(link: int, folder: int, target: str) -> _Walk:
+    """The walk of ``target`` from ``folder``; an absolute target is the single part '/'."""
     if target.startswith("/"):
-        return False
-    depth = link_path.count("/")  # folders above the link, up to the mount root
-    for part in target.split("/"):
-        if part == "..":
-            depth -= 1
-            if depth < 0:
-                return False
-        elif part not in ("", "."):
-            depth += 1
-    return True
+        return _Walk(link, ["/"], folder)
+    parts = [part for part in target.split("/") if part]
+    if parts and target.endswith("/"):
+        parts.append(".")  # 'name/' has to be a folder
+    return _Walk(link, parts, folder)
 
 
 def _build_raw(conn: sqlite3.Connection, tree: _TreeWriter, report: ViewReport) -> None:
@@ -234,10 +428,6 @@ def _build_raw(conn: sqlite3.Connection, tree: _TreeWriter, report: ViewReport) 
             t_offset, t_size, t_mode, t_mtime = target
             tree.entry(path, MemberKind.FILE, shard, t_offset, t_size, t_mode, t_mtime)
         elif kind == MemberKind.SYMLINK:
-            if not _link_stays_inside(path, link):
-                report.dropped_links += 1
-                report.note(f"symlink {path!r} -> {link!r} points outside the mount")
-                continue
             tree.entry(path, MemberKind.SYMLINK, shard, 0, len(link.encode()), 0o777, mtime, link)
 
 
