@@ -32,7 +32,7 @@ from .config import (
     SourceConfig,
     ViewConfig,
 )
-from .control import ControlServer, pid_file, process_running
+from .control import ControlServer, pid_file, process_running, socket_path
 from .errors import MountError, UsageError
 from .index import IndexBuilder, Progress, fingerprint
 from .mounttable import find_mount, is_disconnected
@@ -143,7 +143,9 @@ def check_mountpoint(mountpoint: Path, *, notice: Callable[[str], None] = log.wa
     entry = find_mount(mountpoint)
     if entry is not None:
         if not is_disconnected(entry.mountpoint):
-            raise MountError(f"{mountpoint}: already mounted (shardfs umount {mountpoint})")
+            if entry.is_shardfs:
+                raise MountError(f"{mountpoint}: already mounted (shardfs umount {mountpoint})")
+            raise MountError(f"{mountpoint}: already mounted ({entry.fstype})")
         if not entry.is_shardfs:
             raise MountError(
                 f"{mountpoint}: a dead {entry.fstype} mount is left here, not a shardfs one; "
@@ -395,11 +397,13 @@ def _daemon_pid(mountpoint: Path) -> int | None:
 
 
 def _forget_dead_daemon(mountpoint: Path) -> None:
-    """Drop the pid file a killed daemon left, so nothing later waits on that pid."""
+    """Drop the pid file and socket a killed daemon left, so nothing later waits on that
+    pid or asks that socket."""
     pid = _daemon_pid(mountpoint)
     if pid is not None and not process_running(pid):
-        with contextlib.suppress(FileNotFoundError):
-            pid_file(mountpoint).unlink()
+        for path in (pid_file(mountpoint), socket_path(mountpoint)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def _unmount_command(table_path: str, mountpoint: Path, *, lazy: bool) -> None:

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, require_fuse, run_shardfs, unmount
+from conftest import is_mounted, require_fuse, run_shardfs, spawn_shardfs, stop_process, unmount
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.mounts import assert_one_error_line, mount, process_gone, umount, wait_for
 
 import shardfs
-from shardfs.control import pid_file
+from shardfs.control import pid_file, socket_path
 from shardfs.mounttable import find_mount
 
 pytestmark = pytest.mark.integration
@@ -129,6 +129,7 @@ def check_umount_and_remount_over_dead(
     assert result.stderr.splitlines() == [removed_line((cwd or Path()).absolute() / name)]
     assert not is_mounted(target)
     assert not pid_file(target).exists()
+    assert not socket_path(target).exists()
     assert list(target.iterdir()) == []
 
     mount_without_stat(source, target, cache)
@@ -156,6 +157,31 @@ def test_umount_and_mount_clear_a_killed_daemons_mount(
     check_umount_and_remount_over_dead(
         source, expected, mountpoint, tmp_path / "cache", read_root=read_root
     )
+
+
+def test_a_foreground_mount_over_a_dead_one_logs_the_removal(
+    dataset: tuple[str, dict[str, str]], mountpoint: Path, tmp_path: Path
+) -> None:
+    source, expected = dataset
+    mount_without_stat(source, mountpoint, tmp_path / "cache")
+    killed = str(kill_daemon(mountpoint))
+    proc = spawn_shardfs("mount", source, mountpoint, "--cache-dir", tmp_path / "cache", "-f")
+
+    def ready() -> bool:
+        try:
+            return pid_file(mountpoint).read_text() != killed
+        except FileNotFoundError:
+            return False
+
+    try:
+        wait_for(ready, "the foreground mount to be ready")
+        assert sha256_tree(mountpoint) == expected
+        umount(mountpoint)
+        _, log = proc.communicate(timeout=30)
+    finally:
+        stop_process(proc)
+    assert proc.returncode == 0, log
+    assert f"removed a dead shardfs mount at {mountpoint}" in log
 
 
 @pytest.fixture
