@@ -14,13 +14,16 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import MountError
+
 MOUNTINFO = Path("/proc/self/mountinfo")
 SHARDFS_FSTYPE = "fuse.shardfs"
 
 # The kernel writes space, tab, newline and backslash in mountinfo fields as \ooo.
 _OCTAL = re.compile(rb"\\([0-7]{3})")
 
-# What a FUSE mount answers once its daemon is gone (ECONNABORTED after a fusectl abort).
+# What a FUSE mount answers once its daemon is gone: ECONNABORTED for a request that the
+# dying daemon's last moments caught (seen right after SIGKILL), ENOTCONN afterwards.
 _DISCONNECTED = (errno.ENOTCONN, errno.ECONNABORTED)
 
 
@@ -93,8 +96,12 @@ def table_path(path: Path | str) -> str:
 def find_mount(path: Path | str, table: Path = MOUNTINFO) -> MountEntry | None:
     """The mount whose mountpoint is exactly ``path`` (the topmost if stacked), or None."""
     wanted = table_path(path)
+    try:
+        data = table.read_bytes()
+    except OSError as exc:
+        raise MountError(f"{path}: cannot read the mount table {table} ({exc.strerror})") from exc
     found = None
-    for entry in parse_mountinfo(table.read_bytes()):
+    for entry in parse_mountinfo(data):
         if entry.mountpoint == wanted:
             found = entry
     return found

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shardfs.errors import MountError
 from shardfs.mounttable import (
     MountEntry,
     find_mount,
@@ -148,3 +149,8 @@ def test_a_path_that_does_not_exist_is_spelled_without_error(tmp_path: Path) -> 
 def test_a_plain_folder_is_not_disconnected(tmp_path: Path) -> None:
     assert not is_disconnected(str(tmp_path))
     assert not is_disconnected(str(tmp_path / "missing"))
+
+
+def test_an_unreadable_table_is_one_mount_error(tmp_path: Path) -> None:
+    with pytest.raises(MountError, match="cannot read the mount table"):
+        find_mount(tmp_path, tmp_path / "no-such-mountinfo")
