@@ -327,6 +327,12 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     umount.add_argument("mountpoint", type=Path)
+    umount.add_argument(
+        "--lazy",
+        action="store_true",
+        help="detach the mount even while a process still uses it; the daemon exits once "
+        "the last user lets go",
+    )
 
     index = commands.add_parser(
         "index",
@@ -457,7 +463,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if not args.foreground:
         _cache_config(args, index_config.cache_dir)
         _readahead_config(args)
-        check_mountpoint(mountpoint)
+        check_mountpoint(mountpoint, notice=_notice)
         check_cache_dir(index_config.cache_dir)
         log_path = index_config.cache_dir / "logs" / f"mount-{os.getpid()}.log"
         argv = [a for a in sys.argv[1:]]
@@ -499,10 +505,19 @@ def cmd_mount(args: argparse.Namespace) -> int:
     return 0
 
 
+def _notice(text: str) -> None:
+    print(f"shardfs: {text}", file=sys.stderr)
+
+
 def cmd_umount(args: argparse.Namespace) -> int:
     from .mount import unmount
 
-    unmount(args.mountpoint.absolute())
+    mountpoint = args.mountpoint.absolute()
+    outcome = unmount(mountpoint, lazy=args.lazy)
+    if outcome == "dead":
+        _notice(f"removed a dead shardfs mount at {mountpoint}")
+    elif outcome == "detached":
+        _notice(f"detached {mountpoint}; its daemon exits once the last process using it ends")
     return 0
 
 

@@ -8,7 +8,6 @@ only once the tree is usable.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import posixpath
@@ -21,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .cache import BlockCache, BlockKey, shard_key
 from .config import (
@@ -33,9 +32,10 @@ from .config import (
     SourceConfig,
     ViewConfig,
 )
-from .control import ControlServer, pid_file, process_running
+from .control import ControlServer, pid_file, process_running, socket_path
 from .errors import MountError, UsageError
 from .index import IndexBuilder, Progress, fingerprint
+from .mounttable import find_mount, is_disconnected
 from .readahead import Prefetcher
 from .reader import CachedReader, DirectReader, RangeReader
 from .stats import Stats
@@ -135,11 +135,26 @@ def open_source(
     return OpenedSource(store, view, index_path, builder.scanned_shards)
 
 
-def check_mountpoint(mountpoint: Path) -> None:
-    """Refuse a mountpoint that is missing, not a folder, already mounted, or not empty."""
+def check_mountpoint(mountpoint: Path, *, notice: Callable[[str], None] = log.warning) -> None:
+    """Refuse a mountpoint that is missing, not a folder, already mounted, or not empty.
+
+    A dead shardfs mount left there (its daemon was killed) is removed first, and
+    ``notice`` says so; a dead mount of another filesystem is not ours to remove."""
+    entry = find_mount(mountpoint)
+    if entry is not None:
+        if not is_disconnected(entry.mountpoint):
+            if entry.is_shardfs:
+                raise MountError(f"{mountpoint}: already mounted (shardfs umount {mountpoint})")
+            raise MountError(f"{mountpoint}: already mounted ({entry.fstype})")
+        if not entry.is_shardfs:
+            raise MountError(
+                f"{mountpoint}: a dead {entry.fstype} mount is left here, not a shardfs one; "
+                f"remove it with: fusermount3 -u {mountpoint}"
+            )
+        _unmount_command(entry.mountpoint, mountpoint, lazy=False)
+        _forget_dead_daemon(mountpoint)
+        notice(f"removed a dead shardfs mount at {mountpoint}")
     try:
-        if os.path.ismount(mountpoint):
-            raise MountError(f"{mountpoint}: already mounted (shardfs umount {mountpoint})")
         if not mountpoint.exists():
             raise MountError(f"{mountpoint}: mountpoint does not exist")
         if not mountpoint.is_dir():
@@ -147,10 +162,6 @@ def check_mountpoint(mountpoint: Path) -> None:
         if any(mountpoint.iterdir()):
             raise MountError(f"{mountpoint}: mountpoint is not empty")
     except OSError as exc:
-        if exc.errno == errno.ENOTCONN:
-            raise MountError(
-                f"{mountpoint}: a dead mount is left here; run: shardfs umount {mountpoint}"
-            ) from exc
         raise MountError(f"{mountpoint}: {exc.strerror}") from exc
 
 
@@ -343,27 +354,31 @@ def update_progress_bar(bar: object | None, text: str) -> object:
     return bar
 
 
-def unmount(mountpoint: Path, *, timeout: float = 30.0) -> None:
-    """Unmount and wait for the daemon to exit."""
-    try:
-        mounted = os.path.ismount(mountpoint)
-    except OSError:
-        mounted = True
-    if not mounted:
+Unmounted = Literal["live", "dead", "detached"]
+
+
+def unmount(mountpoint: Path, *, lazy: bool = False, timeout: float = 30.0) -> Unmounted:
+    """Unmount a shardfs mount, live or left dead by a killed daemon.
+
+    A live mount is unmounted and its daemon waited for ("live"). A dead one is only
+    removed from the mount table ("dead"). ``lazy`` detaches the mount even while a
+    process still uses it; its daemon then exits once the last user lets go ("detached")."""
+    entry = find_mount(mountpoint)
+    if entry is None:
         raise MountError(f"{mountpoint}: not mounted")
-    pid_path = pid_file(mountpoint)
-    pid = None
-    with contextlib.suppress(OSError, ValueError):
-        pid = int(pid_path.read_text())
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    command = [tool, "-u", str(mountpoint)] if tool else ["umount", str(mountpoint)]
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        message = (result.stderr or result.stdout).strip().splitlines()
-        detail = message[-1] if message else f"exit status {result.returncode}"
-        if "busy" in detail.lower():
-            raise MountError(f"{mountpoint}: busy (a process still uses it); close it and retry")
-        raise MountError(f"{mountpoint}: unmount failed ({detail})")
+    if not entry.is_shardfs:
+        raise MountError(
+            f"{mountpoint}: a {entry.fstype} mount, not a shardfs one; "
+            f"unmount it with fusermount3 -u or umount"
+        )
+    dead = is_disconnected(entry.mountpoint)
+    pid = None if dead else _daemon_pid(mountpoint)
+    _unmount_command(entry.mountpoint, mountpoint, lazy=lazy)
+    if dead:
+        _forget_dead_daemon(mountpoint)
+        return "dead"
+    if lazy:
+        return "detached"
     deadline = time.monotonic() + timeout
     while pid is not None and time.monotonic() < deadline:
         if not process_running(pid):
@@ -372,3 +387,40 @@ def unmount(mountpoint: Path, *, timeout: float = 30.0) -> None:
     else:
         if pid is not None:
             raise MountError(f"{mountpoint}: unmounted, but daemon pid {pid} is still running")
+    return "live"
+
+
+def _daemon_pid(mountpoint: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(pid_file(mountpoint).read_text())
+    return None
+
+
+def _forget_dead_daemon(mountpoint: Path) -> None:
+    """Drop the pid file and socket a killed daemon left, so nothing later waits on that
+    pid or asks that socket."""
+    pid = _daemon_pid(mountpoint)
+    if pid is not None and not process_running(pid):
+        for path in (pid_file(mountpoint), socket_path(mountpoint)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def _unmount_command(table_path: str, mountpoint: Path, *, lazy: bool) -> None:
+    """fusermount3 -u (what an unprivileged user may run), or umount without it."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool:
+        command = [tool, "-u", *(["-z"] if lazy else []), table_path]
+    else:
+        command = ["umount", *(["-l"] if lazy else []), table_path]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode == 0:
+        return
+    message = (result.stderr or result.stdout).strip().splitlines()
+    detail = message[-1] if message else f"exit status {result.returncode}"
+    if "busy" in detail.lower():
+        raise MountError(
+            f"{mountpoint}: busy (a process has a file open or its working folder inside); "
+            f"stop it and retry, or detach now with: shardfs umount --lazy {mountpoint}"
+        )
+    raise MountError(f"{mountpoint}: unmount failed ({detail})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -222,3 +223,24 @@ def test_umount_of_a_directory_that_is_not_mounted(tmp_path: Path) -> None:
     result = run_shardfs("umount", tmp_path)
     line = assert_one_error_line(result)
     assert "not mounted" in line
+
+
+def test_a_mount_of_another_filesystem_is_neither_unmounted_nor_mounted_over(
+    good_source: str, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "other", mountpoint], check=True)
+    try:
+        result = run_shardfs("umount", mountpoint)
+        line = assert_one_error_line(result)
+        assert result.returncode == 5
+        assert "tmpfs" in line and "not a shardfs" in line
+        assert is_mounted(mountpoint)
+
+        result = run_shardfs(
+            "mount", good_source, mountpoint, "--cache-dir", tmp_path / "c", env=env
+        )
+        line = assert_one_error_line(result)
+        assert result.returncode == 5
+        assert "already mounted (tmpfs)" in line
+    finally:
+        subprocess.run(["umount", mountpoint], check=True)
