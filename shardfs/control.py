@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MountError
+from .mounttable import table_path
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ def runtime_dir() -> Path:
 
 
 def _runtime_name(mountpoint: Path) -> str:
-    return hashlib.sha256(str(mountpoint.resolve()).encode()).hexdigest()[:16]
+    # Spelled as the mount table spells it, without a stat of the mountpoint: that would
+    # enter a dead mount, or fill the kernel's attribute cache of a live one.
+    return hashlib.sha256(table_path(mountpoint).encode()).hexdigest()[:16]
 
 
 def pid_file(mountpoint: Path) -> Path:
