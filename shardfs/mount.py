@@ -61,7 +61,7 @@ def report_warnings(report: ViewReport) -> list[str]:
             f"{report.duplicates} duplicate path(s); the copy in the later shard is served"
         )
     if report.dropped_links:
-        lines.append(f"{report.dropped_links} link(s) left out (they lead outside the mount or loop)")
+        lines.append(f"{report.dropped_links} link(s) left out (outside the mount, or a loop)")
     if report.unlabeled:
         lines.append(f"{report.unlabeled} image(s) without a label left out")
     return lines + [f"  e.g. {example}" for example in report.examples] if lines else []
