@@ -17,7 +17,9 @@ is the index's decision (``shardfs.index.normalize_member_path``).
 
 from __future__ import annotations
 
+import decimal
 import enum
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,6 +47,8 @@ INT64_MAX = 2**63 - 1
 # Significant digits allowed in a pax number: enough for any signed 64-bit value, and far
 # below the size at which int() of a decimal string becomes slow (or refuses: 4,300 digits).
 _MAX_PAX_DIGITS = 19
+# A pax time: a decimal with optional fraction and exponent (no "inf", "nan" or spaces).
+_PAX_TIME = re.compile(rb"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,9})?")
 # Bytes with the high bit set, for the signed-checksum fallback.
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 _USTAR_MAGIC = b"ustar\x00"
@@ -208,22 +212,15 @@ def _pax_size(value: bytes, shard: str, offset: int) -> int:
 
 
 def _pax_mtime(value: bytes, shard: str, offset: int) -> int:
-    """Floor a decimal ``[-]seconds[.fraction]`` without going through float; a value
-    beyond the signed 64-bit range is clamped (its digits are never all converted)."""
-    whole, _, fraction = value.partition(b".")
-    negative = whole.startswith(b"-")
-    digits = whole[1:] if negative else whole
-    if not digits.isdigit() or (fraction and not fraction.isdigit()):
+    """Floor a decimal ``[-]seconds[.fraction][e[+-]exponent]`` exactly, without going
+    through float; a value beyond the signed 64-bit range is clamped, and its digits are
+    never all converted. (Python's tarfile writes ``str(float)``, so exponents occur.)"""
+    if not _PAX_TIME.fullmatch(value):
         raise CorruptShardError(shard, offset, "malformed pax header")
-    significant = digits.lstrip(b"0")
-    if len(significant) > _MAX_PAX_DIGITS:
-        return INT64_MIN if negative else INT64_MAX
-    seconds = int(significant or b"0")
-    if negative:
-        seconds = -seconds
-        if fraction.strip(b"0"):
-            seconds -= 1
-    return _clamp_time(seconds)
+    exact = decimal.Decimal(value.decode("ascii"))
+    if exact.adjusted() > _MAX_PAX_DIGITS:
+        return INT64_MIN if exact < 0 else INT64_MAX
+    return _clamp_time(int(exact.to_integral_value(rounding=decimal.ROUND_FLOOR)))
 
 
 def iter_members(

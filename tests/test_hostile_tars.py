@@ -339,13 +339,15 @@ def built_cases() -> Iterator[tuple[str, bytes]]:
     yield "name/ustar-prefix-dotdot", member(b"x.jpg", b"p", extra={345: b".."}) + END
     yield "name/file-then-dir", member(b"a", b"file") + member(b"a/b.jpg", b"child") + END
     yield "name/dir-then-file", member(b"a/b.jpg", b"child") + member(b"a", b"file") + END
-    yield "name/symlink-then-child", header(b"a", typeflag=b"2", linkname=b"b") + member(
-        b"a/c.jpg", b"c"
-    ) + END
+    yield (
+        "name/symlink-then-child",
+        header(b"a", typeflag=b"2", linkname=b"b") + member(b"a/c.jpg", b"c") + END,
+    )
     yield "name/hardlink-to-self", header(b"h", typeflag=b"1", linkname=b"h") + END
-    yield "name/hardlink-to-later", header(b"h", typeflag=b"1", linkname=b"f") + member(
-        b"f", b"f"
-    ) + END
+    yield (
+        "name/hardlink-to-later",
+        header(b"h", typeflag=b"1", linkname=b"f") + member(b"f", b"f") + END,
+    )
 
     labels: dict[str, bytes] = {
         "cls-2^63": str(2**63).encode(),

@@ -688,3 +688,31 @@ def test_base256_size_beyond_int64_is_refused() -> None:
     field = b"\x80" + (2**63).to_bytes(11, "big")
     error = raises(header(b"first") + header(b"huge", size_field=field) + END)
     assert (error.reason, error.offset) == ("invalid number in header field size", 512)
+
+
+@pytest.mark.parametrize("mtime", [2.225073858507203e-309, 1e-05, 1.5e16, -2.5e-7])
+def test_pax_mtime_in_exponent_notation_as_tarfile_writes_it(mtime: float) -> None:
+    """tarfile writes a float mtime as ``str(mtime)``, which may carry an exponent."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("f")
+        info.mtime = mtime
+        tar.addfile(info)
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+        assert "e" in tar.getmember("f").pax_headers["mtime"]
+    (member,) = members(buf.getvalue())
+    assert member.mtime == math.floor(Decimal(repr(mtime)))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1e999999999", INT64_MAX), ("-1e-999999999", -1), (".5", 0)]
+)
+def test_pax_mtime_exponents_are_bounded(value: str, expected: int) -> None:
+    (member,) = members(pax_member(pax_record("mtime", value), b"f", b"") + END)
+    assert member.mtime == expected
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e", "1e1234567890", "- 1", "0x10", "1_0"])
+def test_pax_mtime_that_is_not_a_decimal_is_refused(value: str) -> None:
+    error = raises(pax_member(pax_record("mtime", value), b"f", b"") + END)
+    assert (error.reason, error.offset) == ("malformed pax header", 0)
