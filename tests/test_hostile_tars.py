@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 from tarbuild import hardlink, make_tar, symlink
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig

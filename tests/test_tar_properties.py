@@ -7,6 +7,7 @@ a ShardfsError, nothing else. (b) Parsing stays fast and its memory is bounded b
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
 import time
@@ -30,10 +31,8 @@ def parse_all(data: bytes) -> list[tuple[object, bytes | None]]:
     try:
         for member, content in iter_members(io.BytesIO(data), SHARD, capture=lambda m: True):
             found.append((member, content))
-            try:
+            with contextlib.suppress(UnsafeMemberError):
                 normalize_member_path(member.path, SHARD, member.header_offset)
-            except UnsafeMemberError:
-                pass
             if content is not None:
                 parse_label("json", content)
                 parse_label("cls", content)
