@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import os
 import random
 import shutil
@@ -27,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+from fuzz_target import check
 from tarbuild import hardlink, make_tar, symlink
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
@@ -544,3 +547,21 @@ def test_hostile_tars_raise_only_shardfs_errors(tmp_path: Path) -> None:
     )
     assert totals.failures == [], "\n".join(totals.failures[:30])
     assert totals.refused > 100 and totals.accepted > 50
+
+
+# --- stored fuzz findings ---------------------------------------------------------------------
+
+REGRESSIONS = Path(__file__).parent / "fuzz_regressions"
+FINDINGS = sorted(path.name for path in REGRESSIONS.glob("*.json"))
+
+
+def test_there_are_stored_findings() -> None:
+    assert len(FINDINGS) >= 12
+
+
+@pytest.mark.parametrize("finding", FINDINGS)
+def test_stored_fuzz_finding_replays_cleanly(finding: str, tmp_path: Path) -> None:
+    """Every input the fuzzer (or an earlier bug) made crash, through the parser, the name
+    and label rules, the scan and both views: only ShardfsErrors, every invariant kept."""
+    entry = json.loads((REGRESSIONS / finding).read_text())
+    check(bytes.fromhex(entry["input_hex"]), tmp_path / "views")
