@@ -54,3 +54,17 @@ bench-scale: bench-deps
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+FUZZ_STAMP := $(VENV)/.fuzz-installed
+FUZZ_SECONDS ?= 600
+
+$(FUZZ_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install -q -e '.[fuzz]'
+	touch $(FUZZ_STAMP)
+
+# Coverage-guided fuzzing (atheris) of the tar parser, the index's name and label rules and
+# the views, for FUZZ_SECONDS (default 600). A finding is stored as text in
+# tests/fuzz_regressions/, which the test suite replays.
+.PHONY: fuzz
+fuzz: setup $(FUZZ_STAMP)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) $(BIN)/python tests/fuzz_target.py

@@ -6,11 +6,20 @@ lives; serving a member is then a ranged read of ``(data_offset, size)``.
 
 ``tarfile`` is not used: it wants a seekable file, builds a heavier object per member and
 hides the offsets we need behind private attributes.
+
+Shards are untrusted input, so the parser raises nothing but ``CorruptShardError``:
+numbers are bounded before they are converted (a size must fit a signed 64-bit integer, a
+pax number may have at most ``_MAX_PAX_DIGITS`` significant digits, and an mtime outside
+the signed 64-bit range is clamped into it, since a timestamp is only shown). Names are
+decoded with ``surrogateescape`` and never refused here; what may be presented as a path
+is the index's decision (``shardfs.index.normalize_member_path``).
 """
 
 from __future__ import annotations
 
+import decimal
 import enum
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,6 +41,14 @@ _ZERO_BLOCK = bytes(BLOCK_SIZE)
 _SKIP_CHUNK = 4 * 1024 * 1024
 # A pax or GNU long-name header larger than this is corruption, not a name.
 _MAX_EXTENSION_SIZE = 16 * 1024 * 1024
+# Sizes and offsets are stored as SQLite integers (signed 64-bit); mtimes are clamped into it.
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+# Significant digits allowed in a pax number: enough for any signed 64-bit value, and far
+# below the size at which int() of a decimal string becomes slow (or refuses: 4,300 digits).
+_MAX_PAX_DIGITS = 19
+# A pax time: a decimal with optional fraction and exponent (no "inf", "nan" or spaces).
+_PAX_TIME = re.compile(rb"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,9})?")
 # Bytes with the high bit set, for the signed-checksum fallback.
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 _USTAR_MAGIC = b"ustar\x00"
@@ -146,6 +163,11 @@ def _number(field: bytes, name: str, shard: str, offset: int) -> int:
         raise CorruptShardError(shard, offset, f"invalid number in header field {name}") from None
 
 
+def _clamp_time(seconds: int) -> int:
+    """A timestamp outside the signed 64-bit range is clamped: it is metadata, not data."""
+    return INT64_MIN if seconds < INT64_MIN else INT64_MAX if seconds > INT64_MAX else seconds
+
+
 def _check_checksum(block: bytes, shard: str, offset: int) -> None:
     """Accept the unsigned sum (POSIX) or the signed one (some old tars), as tarfile does."""
     stored = _number(block[148:156], "chksum", shard, offset)
@@ -179,25 +201,26 @@ def _parse_pax(data: bytes, shard: str, offset: int) -> dict[bytes, bytes]:
     return records
 
 
-def _pax_int(value: bytes, shard: str, offset: int) -> int:
+def _pax_size(value: bytes, shard: str, offset: int) -> int:
+    """A pax ``size``: ASCII digits whose value fits a signed 64-bit integer."""
     if not value.isdigit():
         raise CorruptShardError(shard, offset, "malformed pax header")
-    return int(value)
+    significant = value.lstrip(b"0")
+    if len(significant) > _MAX_PAX_DIGITS or (significant and int(significant) > INT64_MAX):
+        raise CorruptShardError(shard, offset, "pax size too large")
+    return int(significant or b"0")
 
 
 def _pax_mtime(value: bytes, shard: str, offset: int) -> int:
-    """Floor a decimal ``[-]seconds[.fraction]`` without going through float."""
-    whole, _, fraction = value.partition(b".")
-    negative = whole.startswith(b"-")
-    digits = whole[1:] if negative else whole
-    if not digits.isdigit() or (fraction and not fraction.isdigit()):
+    """Floor a decimal ``[-]seconds[.fraction][e[+-]exponent]`` exactly, without going
+    through float; a value beyond the signed 64-bit range is clamped, and its digits are
+    never all converted. (Python's tarfile writes ``str(float)``, so exponents occur.)"""
+    if not _PAX_TIME.fullmatch(value):
         raise CorruptShardError(shard, offset, "malformed pax header")
-    seconds = int(digits)
-    if negative:
-        seconds = -seconds
-        if fraction.strip(b"0"):
-            seconds -= 1
-    return seconds
+    exact = decimal.Decimal(value.decode("ascii"))
+    if exact.adjusted() > _MAX_PAX_DIGITS:
+        return INT64_MIN if exact < 0 else INT64_MAX
+    return _clamp_time(int(exact.to_integral_value(rounding=decimal.ROUND_FLOOR)))
 
 
 def iter_members(
@@ -233,7 +256,7 @@ def iter_members(
 
         typeflag = block[156]
         size = _number(block[124:136], "size", shard, offset)
-        if size < 0:
+        if not 0 <= size <= INT64_MAX:
             raise CorruptShardError(shard, offset, "invalid number in header field size")
 
         if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK) or typeflag in _PAX_LOCAL:
@@ -273,7 +296,7 @@ def iter_members(
                     break
 
         mode = _number(block[100:108], "mode", shard, offset) & 0o7777
-        mtime = _number(block[136:148], "mtime", shard, offset)
+        mtime = _clamp_time(_number(block[136:148], "mtime", shard, offset))
         if long_name is not None:
             name = long_name
         else:
@@ -295,7 +318,7 @@ def iter_members(
             if value := pax.get(b"linkpath"):
                 linkname = value
             if value := pax.get(b"size"):
-                size = _pax_int(value, shard, header_offset)
+                size = _pax_size(value, shard, header_offset)
             if value := pax.get(b"mtime"):
                 mtime = _pax_mtime(value, shard, header_offset)
             if any(key.startswith(b"GNU.sparse.") for key in pax):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import sqlite3
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 from tarbuild import directory, hardlink, make_tar, memory_url, put, remove, store_with, symlink
 
-from shardfs.config import IndexConfig, SourceConfig
+from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, IndexError_, UnsafeMemberError
 from shardfs.index import (
     SIDECAR_NAME,
@@ -23,6 +25,7 @@ from shardfs.index import (
 )
 from shardfs.store import Store
 from shardfs.tar import MemberKind
+from shardfs.views import build_view
 
 
 def shard_bytes(tag: str, count: int = 3) -> bytes:
@@ -97,10 +100,65 @@ def test_normalize_member_path_refuses_escapes(raw: str) -> None:
         ("json", b"[1]", None),
         ("json", b"{broken", None),
         ("json", b"", None),
+        # hostile labels (issue 9): anything but 0 <= label < 2**31 is no label
+        ("cls", b"-3", None),
+        ("cls", b"+3", None),
+        ("cls", b"2147483647", 2**31 - 1),
+        ("cls", b"2147483648", None),
+        ("cls", str(2**63).encode(), None),
+        ("cls", b"9" * 5000, None),
+        ("cls", b"0" * 5000 + b"7", 7),
+        ("cls", "\u0663".encode(), None),  # ARABIC-INDIC DIGIT THREE: int() would say 3
+        ("json", b"-3", None),
+        ("json", str(2**63).encode(), None),
+        ("json", b"9" * 5000, None),
+        ("json", b'{"label": -1}', None),
+        ("json", b'{"label": 18446744073709551616}', None),
+        ("json", b'{"label": -1, "cls": 4}', 4),
+        ("json", b"[" * 100_000 + b"]" * 100_000, None),  # RecursionError in json.loads
+        ("json", b'{"a":' * 50_000 + b"1" + b"}" * 50_000, None),
+        ("json", b"1e400", None),
     ],
 )
 def test_parse_label(ext: str, content: bytes, label: int | None) -> None:
     assert parse_label(ext, content) == label
+
+
+def test_deeply_nested_json_label_is_no_label_even_near_the_recursion_limit() -> None:
+    def nested(depth: int) -> int | None:
+        if depth:
+            return nested(depth - 1)
+        return parse_label("json", b"[" * 60_000 + b"]" * 60_000)
+
+    assert nested(sys.getrecursionlimit() - 100) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        ("caf\udce9.jpg", "is not valid UTF-8"),
+        ("a\0b", "contains a NUL byte"),
+        ("a/" * 300 + "f", "is deeper than 256 folders"),
+        ("d/" + "n" * 256, "has a name longer than 255 bytes"),
+        ("d/" + "é" * 128, "has a name longer than 255 bytes"),  # 256 bytes of UTF-8
+        ("/".join(["x" * 200] * 21), "is longer than 4095 bytes"),
+    ],
+)
+def test_normalize_member_path_refuses_what_linux_cannot_name(raw: str, reason: str) -> None:
+    with pytest.raises(UnsafeMemberError) as info:
+        normalize_member_path(raw, "s.tar", 512)
+    assert (info.value.shard, info.value.offset) == ("s.tar", 512)
+    assert reason in str(info.value)
+    assert len(str(info.value)) < 400  # a huge name is cut short in the message
+
+
+def test_normalize_member_path_limits_are_inclusive() -> None:
+    deep = "/".join(["d"] * 256)
+    assert normalize_member_path(deep, "s.tar", 0) == deep
+    long_name = "d/" + "n" * 255
+    assert normalize_member_path(long_name, "s.tar", 0) == long_name
+    full = "/".join(["x" * 255] * 15) + "/" + "y" * 255
+    assert len(full) == 4095 and normalize_member_path(full, "s.tar", 0) == full
 
 
 def test_split_key() -> None:
@@ -423,3 +481,137 @@ def test_local_folder_source(tmp_path: Path) -> None:
     b, path = build(store, tmp_path / "cache")
     assert b.scanned_shards == 1
     assert sorted(members(path)) == ["s/f0.txt", "s/f1.txt", "s/f2.txt"]
+
+
+# --- hostile tars (issue 9): a bad shard or a per-member outcome, never a crash -------------
+
+
+def raw_tar(
+    name: str, *, fmt: int = tarfile.GNU_FORMAT, data: bytes = b"x", **fields: object
+) -> bytes:
+    """One member written by tarfile with names kept as bytes through surrogateescape, so a
+    name that is not UTF-8 reaches the archive as it is."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = 1_700_000_000
+    for key, value in fields.items():
+        setattr(info, key, value)
+    buf = io.BytesIO()
+    with tarfile.open(
+        fileobj=buf, mode="w", format=fmt, encoding="utf-8", errors="surrogateescape"
+    ) as tar:
+        tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return buf.getvalue()
+
+
+HOSTILE_SHARDS: dict[str, tuple[bytes, str]] = {
+    "non-utf8-name-gnu": (raw_tar("caf\udce9.jpg"), "is not valid UTF-8"),
+    "non-utf8-name-pax": (raw_tar("caf\udce9.jpg", fmt=tarfile.PAX_FORMAT), "is not valid UTF-8"),
+    "non-utf8-symlink-target": (
+        raw_tar("link", type=tarfile.SYMTYPE, linkname="t\udcff", data=b""),
+        "symlink target 't\\udcff' is not valid UTF-8",
+    ),
+    "non-utf8-hardlink-target": (
+        raw_tar("link", type=tarfile.LNKTYPE, linkname="t\udcff", data=b""),
+        "is not valid UTF-8",
+    ),
+    "nul-in-pax-path": (
+        raw_tar("a", fmt=tarfile.PAX_FORMAT, pax_headers={"path": "a\0/../../x"}),
+        "contains a NUL byte",
+    ),
+    "nul-in-pax-linkpath": (
+        raw_tar(
+            "l",
+            fmt=tarfile.PAX_FORMAT,
+            type=tarfile.SYMTYPE,
+            data=b"",
+            pax_headers={"linkpath": "a\0b"},
+        ),
+        "contains a NUL byte",
+    ),
+    "1000-components": (raw_tar("a/" * 1000 + "f", fmt=tarfile.PAX_FORMAT), "deeper than 256"),
+    "300-byte-component": (raw_tar("d/" + "n" * 300), "longer than 255 bytes"),
+    "8k-path": (raw_tar("/".join(["x" * 100] * 80), fmt=tarfile.PAX_FORMAT), "than 4095 bytes"),
+    "pax-size-5000-digits": (
+        raw_tar("f", fmt=tarfile.PAX_FORMAT, pax_headers={"size": "9" * 5000}),
+        "pax size too large",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_SHARDS))
+def test_hostile_shard_is_a_bad_shard_naming_shard_and_offset(tmp_path: Path, case: str) -> None:
+    """Fails the build with exit 4, naming shard and offset; --skip-bad-shards mounts the rest."""
+    archive, reason = HOSTILE_SHARDS[case]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.tar").write_bytes(shard_bytes("a"))
+    (data / "evil.tar").write_bytes(shard_bytes("e", 1)[:1024] + archive)  # hostile 2nd
+    store = Store(SourceConfig(str(data)))
+    with pytest.raises(CorruptShardError) as info:
+        build(store, tmp_path / "cache")
+    assert info.value.shard == "evil.tar" and info.value.exit_code == 4
+    assert info.value.offset == 1024  # the hostile member's first header
+    assert reason in str(info.value) and "--skip-bad-shards" in str(info.value)
+
+    b, path = build(store, tmp_path / "cache", skip_bad_shards=True)
+    assert [(s.name, s.offset) for s in b.bad_shards()] == [("evil.tar", 1024)]
+    assert sorted(members(path)) == ["a/f0.txt", "a/f1.txt", "a/f2.txt"]
+
+
+def stored_row(path: Path, name: str) -> tuple[int, int | None]:
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute("SELECT mtime, label FROM members WHERE path = ?", (name,)).fetchone()
+    finally:
+        conn.close()
+    return row  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "mtime", "stored"),
+    [
+        (tarfile.GNU_FORMAT, 2**63, 2**63 - 1),  # base-256
+        (tarfile.GNU_FORMAT, 2**80, 2**63 - 1),
+        (tarfile.GNU_FORMAT, -(2**70), -(2**63)),
+        (tarfile.PAX_FORMAT, 2**63, 2**63 - 1),  # pax mtime record
+        (tarfile.PAX_FORMAT, 10**5000, 2**63 - 1),  # more than 4,300 digits
+    ],
+    ids=["base256-2^63", "base256-2^80", "base256-neg-2^70", "pax-2^63", "pax-10^5000"],
+)
+def test_huge_mtime_is_clamped_and_stored(
+    tmp_path: Path, fmt: int, mtime: int, stored: int
+) -> None:
+    sys.set_int_max_str_digits(0)  # only to let tarfile write the 5,001-digit record
+    try:
+        archive = raw_tar("f.txt", fmt=fmt, mtime=mtime)
+    finally:
+        sys.set_int_max_str_digits(4300)
+    store = store_with({"s.tar": archive})
+    _, path = build(store, tmp_path)
+    assert stored_row(path, "f.txt") == (stored, None)
+
+
+@pytest.mark.parametrize(
+    ("ext", "label"),
+    [
+        ("cls", str(2**63).encode()),
+        ("cls", b"-3"),
+        ("json", str(-(2**63) - 1).encode()),
+        ("json", b'{"label": -3}'),
+        ("json", b"[" * 50_000 + b"]" * 50_000),
+    ],
+)
+def test_hostile_label_is_no_label_and_the_view_reports_it(
+    tmp_path: Path, ext: str, label: bytes
+) -> None:
+    archive = make_tar(
+        [("k1.jpg", b"one"), ("k1.cls", b"1"), ("k2.jpg", b"two"), (f"k2.{ext}", label)]
+    )
+    store = store_with({"s.tar": archive})
+    _, path = build(store, tmp_path)
+    assert stored_row(path, f"k2.{ext}")[1] is None
+    out = tmp_path / "view.sqlite"
+    report = build_view(path, out, ViewConfig(layout="imagefolder"), lambda _folder: None)
+    assert (report.files, report.unlabeled) == (1, 1)
+    assert any("k2.jpg" in note and "no label" in note for note in report.examples)

@@ -633,3 +633,86 @@ def test_extension_header_without_member() -> None:
     data = header(b"x", size=len(records), typeflag=b"x") + padded(records) + END
     error = raises(data)
     assert error.offset == 1024
+
+
+# --- hostile numbers (issue 9) ----------------------------------------------------------------
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("field", "expected"),
+    [
+        (b"\x80" + (2**63).to_bytes(11, "big"), INT64_MAX),
+        (b"\x80" + b"\xff" * 11, INT64_MAX),
+        (b"\xff" + (-(2**80)).to_bytes(11, "big", signed=True), -(2**63)),
+        (b"\x80" + (2**63 - 1).to_bytes(11, "big"), INT64_MAX),
+    ],
+)
+def test_base256_mtime_beyond_int64_is_clamped(field: bytes, expected: int) -> None:
+    (member,) = members(header(b"f", mtime_field=field) + END)
+    assert member.mtime == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (str(2**63), INT64_MAX),
+        ("9" * 5000, INT64_MAX),  # int() of this would raise: more than 4,300 digits
+        ("-" + "9" * 5000 + ".5", -(2**63)),
+        ("0" * 5000 + "17.25", 17),  # leading zeros do not count
+        (str(-(2**63)), -(2**63)),
+    ],
+)
+def test_pax_mtime_beyond_int64_is_clamped(value: str, expected: int) -> None:
+    (member,) = members(pax_member(pax_record("mtime", value), b"f", b"") + END)
+    assert member.mtime == expected
+
+
+@pytest.mark.parametrize("value", ["9" * 5000, str(2**63), "1" + "0" * 19])
+def test_pax_size_beyond_int64_is_refused(value: str) -> None:
+    data = (
+        header(b"first", size=3) + padded(b"abc") + pax_member(pax_record("size", value), b"f", b"")
+    )
+    error = raises(data + END)
+    assert (error.reason, error.offset, error.shard) == ("pax size too large", 1024, SHARD)
+
+
+def test_pax_size_with_thousands_of_leading_zeros_parses() -> None:
+    data = pax_member(pax_record("size", "0" * 5000 + "3"), b"f", b"abc") + END
+    (member,) = members(data)
+    assert member.size == 3
+
+
+def test_base256_size_beyond_int64_is_refused() -> None:
+    field = b"\x80" + (2**63).to_bytes(11, "big")
+    error = raises(header(b"first") + header(b"huge", size_field=field) + END)
+    assert (error.reason, error.offset) == ("invalid number in header field size", 512)
+
+
+@pytest.mark.parametrize("mtime", [2.225073858507203e-309, 1e-05, 1.5e16, -2.5e-7])
+def test_pax_mtime_in_exponent_notation_as_tarfile_writes_it(mtime: float) -> None:
+    """tarfile writes a float mtime as ``str(mtime)``, which may carry an exponent."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("f")
+        info.mtime = mtime
+        tar.addfile(info)
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tar:
+        assert "e" in tar.getmember("f").pax_headers["mtime"]
+    (member,) = members(buf.getvalue())
+    assert member.mtime == math.floor(Decimal(repr(mtime)))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("1e999999999", INT64_MAX), ("-1e-999999999", -1), (".5", 0)]
+)
+def test_pax_mtime_exponents_are_bounded(value: str, expected: int) -> None:
+    (member,) = members(pax_member(pax_record("mtime", value), b"f", b"") + END)
+    assert member.mtime == expected
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e", "1e1234567890", "- 1", "0x10", "1_0"])
+def test_pax_mtime_that_is_not_a_decimal_is_refused(value: str) -> None:
+    error = raises(pax_member(pax_record("mtime", value), b"f", b"") + END)
+    assert (error.reason, error.offset) == ("malformed pax header", 0)
