@@ -107,6 +107,12 @@ def test_skip_key_and_kind_scope_a_rule(
     assert get(url, 0, 10).status == 206  # spent
 
 
+def test_per_range_hits_each_range_once(url: str, proxy: FaultProxy) -> None:
+    proxy.add("status", status=500, times=None, per_range=True)
+    statuses = [get(url, start, start + 10).status for start in (0, 0, 100, 0, 100, 200)]
+    assert statuses == [500, 206, 500, 206, 206, 500]
+
+
 def test_probability_is_seeded(url: str, proxy: FaultProxy) -> None:
     def pattern() -> list[int]:
         rule_id = proxy.add("status", status=503, times=None, probability=0.5, seed=42)

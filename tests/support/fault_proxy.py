@@ -19,7 +19,10 @@ returns. That is exact where a guess from range sizes would not be.
 
 A rule names a fault and which requests it hits: a key substring, the request kinds,
 ``skip`` (matching requests let through first), ``times`` (injections before the rule is
-spent; None: no end) and ``probability`` (drawn from the rule's own RNG, seeded). Faults:
+spent; None: no end), ``probability`` (drawn from the rule's own RNG, seeded) and
+``per_range`` (the first request for each key and range is hit, its retries are not: every
+fetch meets the fault once, whichever thread makes it, so a case does not depend on which
+GET happens to come first). Faults:
 
 ====================  ================================================================
 ``status``            answer ``status`` (500, 503, 429, 404, 403, ...) with an S3 error
@@ -117,11 +120,13 @@ class Rule:
     where: str = "headers"
     fraction: float = 0.5
     shift: int = 4096
+    per_range: bool = False  # at most one injection per (key, range): retries get through
     id: int = 0
     matched: int = 0
     injected: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _released: threading.Event = field(default_factory=threading.Event, repr=False)
+    _hit_ranges: set[tuple[str, tuple[int, int] | None]] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -227,6 +232,10 @@ class FaultState:
                     continue
                 if rule.probability < 1.0 and rule._rng.random() >= rule.probability:
                     continue
+                if rule.per_range:
+                    if (request.key, request.range) in rule._hit_ranges:
+                        continue
+                    rule._hit_ranges.add((request.key, request.range))
                 rule.injected += 1
                 chosen = rule
                 break
@@ -427,9 +436,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         time.sleep(0.05)  # let what was sent reach the client before the reset
         with contextlib.suppress(OSError):
-            self.connection.setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-            )
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.connection.close()
         raise _Abort
 
