@@ -140,9 +140,8 @@ def test_truncate_promises_more_than_it_sends(url: str, proxy: FaultProxy) -> No
     host, port = url.split("/")[2].split(":")
     path = "/" + url.split("/", 3)[3]
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(
-            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nRange: bytes=0-{SIZE - 1}\r\n\r\n".encode()
-        )
+        head_lines = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        sock.sendall(f"{head_lines}Range: bytes=0-{SIZE - 1}\r\n\r\n".encode())
         received = b""
         while chunk := sock.recv(65536):
             received += chunk

@@ -184,7 +184,7 @@ def read_tree(root: Path, files: list[str], seed: int = 0) -> dict[str, str | in
 
     pool = concurrent.futures.ThreadPoolExecutor(THREADS)
     futures = {rel: pool.submit(one, rel) for rel in order}
-    done, pending = concurrent.futures.wait(futures.values(), timeout=READ_DEADLINE)
+    _, pending = concurrent.futures.wait(futures.values(), timeout=READ_DEADLINE)
     pool.shutdown(wait=False, cancel_futures=True)
     assert not pending, f"{len(pending)} of {len(files)} reads hung for {READ_DEADLINE}s"
     return {rel: future.result() for rel, future in futures.items()}
