@@ -5,8 +5,8 @@ A moto S3 server holds a generated dataset; shardfs mounts it through the fault 
 truncated bodies, short/long/shifted 206s, stalls) at ``--fault-rate`` per GET from the
 index scan on. Each epoch reads every file in a random order from several threads and
 checks its SHA-256; some epochs first run ``shardfs cache clear`` while mounted, so the
-reads go back to the store. Pages the kernel holds are dropped per file before each read
-(fadvise), so every read reaches the daemon.
+reads go back to the store. Files are opened with O_DIRECT, so every read reaches the
+daemon rather than the kernel's page cache.
 
 Per epoch it records the daemon's RSS, open fds and threads (/proc/PID), wrong files and
 errors; writes results/soak.json and prints a table. Exits 1 if any file was read with
@@ -99,6 +99,17 @@ def make_dataset(work: Path, files: int, seed: int) -> dict[str, str]:
     return sha
 
 
+def daemon_stats(mountpoint: Path) -> dict[str, int]:
+    """The mount's own counters (``shardfs stats --json``); empty if it cannot say."""
+    result = shardfs("stats", mountpoint, "--json")
+    if result.returncode != 0:
+        return {}
+    with contextlib.suppress(ValueError):
+        values = json.loads(result.stdout)
+        return {k: int(v) for k, v in values.items() if isinstance(v, int)}
+    return {}
+
+
 def proc_numbers(pid: int) -> dict[str, float]:
     status = Path(f"/proc/{pid}/status").read_text().splitlines()
     fields = dict(line.split(":", 1) for line in status if ":" in line)
@@ -119,9 +130,9 @@ def read_epoch(
     def one(rel: str) -> tuple[str, str | int, int]:
         path = mountpoint / rel
         try:
-            fd = os.open(path, os.O_RDONLY)
+            # O_DIRECT: FUSE then sends every read to the daemon, past the page cache.
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
             try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 chunks = []
                 while chunk := os.read(fd, 1 << 20):
                     chunks.append(chunk)
@@ -163,7 +174,7 @@ def growth(values: list[float]) -> float:
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = (
         f"{'epoch':>5} {'clear':>5} {'sec':>6} {'MB/s':>6} {'rss_mb':>7} {'fds':>4} "
-        f"{'thr':>4} {'faults':>6} {'wrong':>5}  errors"
+        f"{'thr':>4} {'GETs':>5} {'faults':>6} {'wrong':>5}  errors"
     )
     print(header)
     print("-" * len(header))
@@ -172,7 +183,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(
             f"{row['epoch']:>5} {'yes' if row['cache_cleared'] else '':>5} "
             f"{row['seconds']:>6.1f} {row['mb_per_s']:>6.1f} {row['rss_mb']:>7.1f} "
-            f"{row['fds']:>4} {row['threads']:>4} {row['faults_injected']:>6} "
+            f"{row['fds']:>4} {row['threads']:>4} {row['daemon_store_requests']:>5} "
+            f"{row['faults_injected']:>6} "
             f"{row['wrong_files']:>5}  {errors}"
         )
 
@@ -210,6 +222,8 @@ def run(args: argparse.Namespace) -> int:
             proxy.endpoint,
             "--block-size",
             args.block_size,
+            "--cache-size",
+            args.cache_size,
             env=proxy.env(),
         )
         proxy.set_phase("read")
@@ -228,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
                     result = shardfs("cache", "clear", "--cache-dir", cache_dir)
                     if result.returncode != 0:
                         raise RuntimeError(f"cache clear failed: {result.stderr.strip()}")
+                stats_before = daemon_stats(mountpoint)
                 before = proxy.counts()["injected_total"]
                 began = time.monotonic()
                 wrong, errors, total = read_epoch(
@@ -242,6 +257,11 @@ def run(args: argparse.Namespace) -> int:
                     "wrong_files": wrong,
                     "errors": errors,
                     "faults_injected": proxy.counts()["injected_total"] - before,
+                    **{
+                        f"daemon_{name}": daemon_stats(mountpoint).get(name, 0)
+                        - stats_before.get(name, 0)
+                        for name in ("bytes_served", "store_requests", "bytes_fetched")
+                    },
                     **proc_numbers(pid),
                 }
                 rows.append(row)
@@ -275,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
         "fault_rate": args.fault_rate,
         "threads": args.threads,
         "block_size": args.block_size,
+        "cache_size": args.cache_size,
         "faults_injected": counts["injected"],
         "requests_forwarded": counts["forwarded"],
         "wrong_files": wrong_total,
@@ -318,6 +339,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--clear-every", type=int, default=5, help="cache clear before every Nth epoch (0: never)"
     )
     parser.add_argument("--block-size", default="256K")
+    parser.add_argument(
+        "--cache-size",
+        default="4M",
+        help="block cache bound, below the dataset's size so that epochs evict and refetch",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "results" / "soak.json"))
     return parser.parse_args(argv)
