@@ -52,6 +52,13 @@ bench: bench-deps
 bench-scale: bench-deps
 	$(BIN)/python bench/scale.py --out results/scale.json
 
+.PHONY: soak
+# Soak under faults: one mount read for SOAK_EPOCHS epochs (default 30) through a fault proxy
+# that injects random transient faults; writes results/soak.json and prints a table. Fails on
+# any wrong byte or on daemon RSS/fd growth over 10% across the last half of the epochs.
+soak: setup
+	$(BIN)/python bench/soak.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
