@@ -7,15 +7,15 @@ matches, and then misbehaves the way a real store or network sometimes does.
 
 Each GET on an object is put in one of these request kinds:
 
-- ``fast``: a presigned GET (the query carries ``X-Amz-Signature`` or ``Signature``),
-  shardfs's urllib3 read path;
-- ``scan``: a ranged GET without a presigned query while the phase is ``scan``;
-- ``fallback``: the same while the phase is ``read`` (the default): s3fs's ranged reads;
+- ``scan``: a ranged GET, presigned or not, while the phase is ``scan``;
+- ``fast``: a presigned GET (the query carries ``X-Amz-Signature`` or ``Signature``) while
+  the phase is ``read`` (the default): shardfs's urllib3 read path;
+- ``fallback``: a ranged GET without a presigned query while the phase is ``read``: s3fs;
 - ``plain``: a GET without ``Range`` (sidecar, classes.txt).
 
-s3fs sends the index scan and the read-path fallback alike, so the test says which one it
-is doing: ``set_phase("scan")`` before a mount that scans, ``set_phase("read")`` after it
-returns. That is exact where a guess from range sizes would not be.
+The index scan reads through the same ranged GETs as files do, so the test says which one
+it is doing: ``set_phase("scan")`` before a mount that scans, ``set_phase("read")`` after
+it returns. That is exact where a guess from range sizes would not be.
 
 A rule names a fault and which requests it hits: a key substring, the request kinds,
 ``skip`` (matching requests let through first), ``times`` (injections before the rule is
@@ -169,12 +169,14 @@ def classify(method: str, target: str, headers: Any, phase: str) -> Request:
         kind = "other"
     else:
         params = {name for name, _ in urllib.parse.parse_qsl(parts.query, True)}
-        if params & {"X-Amz-Signature", "Signature"}:
-            kind = "fast"
-        elif headers.get("Range"):
-            kind = "scan" if phase == "scan" else "fallback"
-        else:
+        if not headers.get("Range"):
             kind = "plain"
+        elif phase == "scan":
+            kind = "scan"
+        elif params & {"X-Amz-Signature", "Signature"}:
+            kind = "fast"
+        else:
+            kind = "fallback"
     return Request(method, target, full_key, kind, asked)
 
 
