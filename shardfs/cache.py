@@ -72,7 +72,7 @@ _DISK_WIDE = frozenset(
     {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM}
 )
 # SQLite primary result codes (``sqlite_errorcode & 0xff``).
-_SQLITE_CORRUPT, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 11, 14, 26
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
 _LEDGER = "cache.sqlite"
 
 _SCHEMA = """
@@ -277,15 +277,10 @@ def _sqlite_code(exc: sqlite3.Error) -> int:
 def ledger_damaged(exc: sqlite3.Error, db_path: Path) -> bool:
     """Whether ``exc`` says the ledger file itself is bad (rebuild it), rather than the disk
     (full, read-only) or another process (busy)."""
-    code = _sqlite_code(exc)
-    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+    if _sqlite_code(exc) in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "integrity check" in str(exc):
         return True
-    if code == _SQLITE_CANTOPEN or "integrity check" in str(exc):
-        paths = [Path(f"{db_path}{suffix}") for suffix in ("", "-wal", "-shm")]
-        return "integrity check" in str(exc) or any(
-            p.is_symlink() or (p.exists() and not p.is_file()) for p in paths
-        )
-    return False
+    paths = [Path(f"{db_path}{suffix}") for suffix in ("", "-wal", "-shm")]
+    return any(p.is_symlink() or (p.exists() and not p.is_file()) for p in paths)
 
 
 def _connect_ledger(db_path: Path) -> sqlite3.Connection:
@@ -1155,6 +1150,19 @@ def cache_info(cache_dir: Path) -> dict[str, int | str]:
     return info
 
 
+def _move_blocks(blocks_dir: Path, trash: Path) -> None:
+    """Move every block away in one step, leaving an empty blocks folder."""
+    if blocks_dir.exists():
+        os.rename(blocks_dir, trash)
+    blocks_dir.mkdir(exist_ok=True)
+
+
+def _empty_ledger(conn: sqlite3.Connection) -> None:
+    conn.execute("DELETE FROM blocks")
+    conn.execute("UPDATE total SET bytes = 0 WHERE id = 1")
+    conn.execute("COMMIT")
+
+
 def clear_cache(cache_dir: Path, *, everything: bool = False) -> int:
     """Drop every cached block (and with ``everything`` the indexes and views).
 
@@ -1167,20 +1175,32 @@ def clear_cache(cache_dir: Path, *, everything: bool = False) -> int:
     used = 0
     db_path = cache_dir / _LEDGER
     if os.path.lexists(db_path):
-        heal_cache_folder(cache_dir)
-        conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+        with contextlib.suppress(OSError, sqlite3.OperationalError):  # full disk: see below
+            heal_cache_folder(cache_dir)
         trash = cache_dir / f"trash-{uuid.uuid4().hex[:8]}"
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            used = int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
-            if blocks_dir.exists():
-                os.rename(blocks_dir, trash)
-            blocks_dir.mkdir(exist_ok=True)
-            conn.execute("DELETE FROM blocks")
-            conn.execute("UPDATE total SET bytes = 0 WHERE id = 1")
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+            conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                used = int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
+                _move_blocks(blocks_dir, trash)
+                try:
+                    _empty_ledger(conn)
+                except sqlite3.OperationalError:
+                    # A full disk cannot take the ledger's write: free the blocks, retry.
+                    conn.execute("ROLLBACK")
+                    shutil.rmtree(trash, ignore_errors=True)
+                    conn.execute("BEGIN IMMEDIATE")
+                    _empty_ledger(conn)
+            finally:
+                conn.close()
+        except sqlite3.OperationalError as exc:
+            # Still no room (the disk is full of other files): no block is left, so an
+            # absent ledger is the right one; the next mount starts a new one.
+            log.warning("cache ledger not writable (%s); removed it", exc)
+            _move_blocks(blocks_dir, trash)
+            for suffix in ("", "-wal", "-shm"):
+                _remove_any(Path(f"{db_path}{suffix}"))
         shutil.rmtree(trash, ignore_errors=True)
     elif blocks_dir.exists():
         shutil.rmtree(blocks_dir, ignore_errors=True)
