@@ -417,8 +417,8 @@ class _OpenBlock:
 
 class _Flight:
     """One fetch of a block in progress. Threads that wait on it share its result: its
-    bytes (even when they could not be stored), or its failure (a black-holed store then
-    fails every waiter once, not each in turn)."""
+    failure (a black-holed store then fails every waiter once, not each in turn), or its
+    bytes when they could not be stored; a stored block is read from disk as usual."""
 
     __slots__ = ("block", "done", "error")
 
@@ -428,7 +428,7 @@ class _Flight:
         self.block: bytes | None = None
 
     def outcome(self) -> bytes | None:
-        """Wait for the fetch; raise its failure, or return its block (None: not fetched)."""
+        """Wait for the fetch; raise its failure, or return its unstored block (else None)."""
         self.done.wait()
         if self.error is not None:
             raise self.error
@@ -504,10 +504,10 @@ class BlockCache:
                     flight = self._inflight[key] = _Flight()
             if not owner:
                 shared = flight.outcome()
-                if shared is not None:  # its bytes, whether or not they could be stored
+                if shared is not None:  # fetched but not stored (degraded): share the bytes
                     self.stats.add(cache_hits=1)
                     return shared[start:end]
-                continue  # another mount fetched it: look again
+                continue  # stored (by that thread or another mount): read it from disk
             try:
                 data, flight.block = self._fetch_and_store(key, start, end, block_len, fetch)
                 return data
@@ -903,7 +903,8 @@ class BlockCache:
     def _fetch_and_store(
         self, key: BlockKey, start: int, end: int, block_len: int, fetch: Callable[[], bytes]
     ) -> tuple[bytes, bytes | None]:
-        """Bytes ``[start, end)`` and the whole fetched block (None: another mount had it)."""
+        """Bytes ``[start, end)``, and the fetched block when it could not be stored (for the
+        threads waiting on it); else None."""
         with self._cross_process_lock(key):
             data = self._load(key, start, end, block_len)  # another mount may have fetched it
             if data is not None:
@@ -913,19 +914,20 @@ class BlockCache:
             self.stats.add(cache_misses=1)
             if len(block) != block_len:
                 raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
-            self._store(key, block)
-        return block[start:end], block
+            stored = self._store(key, block)
+        return block[start:end], None if stored else block
 
-    def _store(self, key: BlockKey, block: bytes, *, expected: int | None = None) -> None:
+    def _store(self, key: BlockKey, block: bytes, *, expected: int | None = None) -> bool:
+        """Write a block into the cache; returns whether it is there now."""
         if expected is not None and len(block) != expected:
             raise ValueError(f"assembled {len(block)} bytes for a block of {expected}")
         if time.monotonic() < self._degraded_until:
-            return
+            return False
         final = self.path_of(key)
         if str(final) in self._bad_paths:
-            return
+            return False
         if not self._ledger_ready and not self._prepare():
-            return
+            return False
         header = block_header(key, block, self.config.chunk_size)
         size = len(header) + len(block)
         tmp = self.tmp_dir / f"{os.getpid()}-{next(self._tmp_names)}-{uuid.uuid4().hex[:8]}.tmp"
@@ -946,9 +948,10 @@ class BlockCache:
             os.replace(tmp, final)
             self._close_open(str(final))
             self.stats.add(blocks_written=1)
-            stored = self.on_stored
-            if stored is not None:
-                stored(key, block)
+            announce = self.on_stored
+            if announce is not None:
+                announce(key, block)
+            return True
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -963,6 +966,7 @@ class BlockCache:
                 self._rebuild_ledger(str(exc))
             else:
                 self._degrade(exc)
+            return False
 
     def _skip_path(self, path: str, exc: OSError) -> None:
         """A block path that fails on its own: count it, warn once for it, and serve that
