@@ -16,7 +16,6 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import is_mounted, run_shardfs
@@ -309,7 +308,3 @@ def test_cache_disk_full_at_mount_time_still_mounts(
     )
     assert cache_cmd("info", "--cache-dir", cache).returncode == 0
     assert cache_cmd("clear", "--cache-dir", cache).returncode == 0
-
-
-def _unused(*_: Any) -> None:
-    """Keeps imports used by type hints only."""
