@@ -16,6 +16,12 @@ A block is written to ``tmp/`` and renamed into place, so a daemon killed at any
 leaves either a whole block or none; leftover temp files of dead processes are removed at
 start by listing ``tmp/`` alone. The cache never sees the store: ``get`` takes a fetch
 function, which makes every part testable with a fake fetcher.
+
+The block files are the truth; ``cache.sqlite`` is only a ledger over them. An unreadable
+ledger is rebuilt from the block headers (one warning), and an unusable ``locks`` file is
+recreated, so no single damaged file stops a mount or loses a valid block. Errors that
+concern one block path (a folder squatting it, say) cost that block alone; only errors of
+the whole disk (full, read-only, failing) turn caching off for a while.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import mmap
 import os
 import shutil
 import sqlite3
+import stat
 import struct
 import threading
 import time
@@ -57,6 +64,16 @@ _DIRECT_BUFFERS = 8  # aligned write buffers kept for reuse
 _DEGRADED_RETRY_S = 30.0
 _ATIME_FLUSH_S = 5.0
 _EVICT_LOW_WATER = 0.9
+
+# Errors that say the cache disk as a whole is unusable: caching pauses for a while. Any
+# other OSError concerns one path (EISDIR, ENOTDIR, EEXIST, ENAMETOOLONG, ELOOP, ...) and
+# costs only its block.
+_DISK_WIDE = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM}
+)
+# SQLite primary result codes (``sqlite_errorcode & 0xff``).
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+_LEDGER = "cache.sqlite"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (path TEXT PRIMARY KEY, size INTEGER NOT NULL,
@@ -199,6 +216,195 @@ def _write_all(fd: int, *pieces: bytes) -> None:
             views[0] = views[0][written:]
 
 
+def _remove_any(path: Path) -> None:
+    """Remove whatever sits at ``path``: a file, a link or a whole folder."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _lock_range(fd: int, offset: int) -> None:
+    """Hold byte ``offset`` of the lock file; one holder across processes."""
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX, 1, offset)
+            return
+        except OSError as exc:
+            # Record locks belong to the process, so two multithreaded mounts waiting
+            # crosswise look like a deadlock to the kernel. It is none (a holder never
+            # waits for another slot), so wait and try again.
+            if exc.errno != errno.EDEADLK:
+                raise
+            time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def _holding(fd: int, offset: int) -> Iterator[None]:
+    _lock_range(fd, offset)
+    try:
+        yield
+    finally:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
+
+
+def open_lock_file(root: Path) -> int:
+    """The ``locks`` file, opened read-write; recreated (one warning) when something else
+    sits at its name: a folder, a link, a pipe, or a file that will not open."""
+    path = root / "locks"
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO):
+            raise
+        problem = exc.strerror or str(exc)
+    else:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+        problem = "not a regular file"
+    log.warning("cache lock file %s was unusable (%s); recreated it", path, problem)
+    _remove_any(path)
+    return os.open(path, flags, 0o644)
+
+
+def _sqlite_code(exc: sqlite3.Error) -> int:
+    return (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+
+
+def ledger_damaged(exc: sqlite3.Error, db_path: Path) -> bool:
+    """Whether ``exc`` says the ledger file itself is bad (rebuild it), rather than the disk
+    (full, read-only) or another process (busy)."""
+    if _sqlite_code(exc) in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "integrity check" in str(exc):
+        return True
+    paths = [Path(f"{db_path}{suffix}") for suffix in ("", "-wal", "-shm")]
+    return any(p.is_symlink() or (p.exists() and not p.is_file()) for p in paths)
+
+
+def _connect_ledger(db_path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(db_path, timeout=30, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _check_ledger(db_path: Path) -> None:
+    """Create the schema if missing and run SQLite's quick check (fast: one pass, no index
+    cross-checks); raises sqlite3.DatabaseError when the file is damaged."""
+    conn = _connect_ledger(db_path)
+    try:
+        conn.executescript(_SCHEMA)
+        verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
+        if verdict != "ok":
+            raise sqlite3.DatabaseError(f"integrity check failed: {verdict}")
+    finally:
+        conn.close()
+
+
+def block_file_size(path: str, shard: str, index: int) -> int | None:
+    """The size of a well-formed block file for ``(shard, index)``, or None: a whole header
+    that names this key and checks, and exactly as many data bytes as it announces. The data
+    checksums are left to the reads, which verify every chunk they return."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        fixed = os.pread(fd, _FIXED.size, 0)
+        if len(fixed) != _FIXED.size:
+            return None
+        data_len = _FIXED.unpack(fixed)[3]
+        header = read_header(fd, BlockKey(shard, index), data_len)
+    except (CorruptBlockError, struct.error, OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return size if size == header.header_len + header.data_len else None
+
+
+def _scan_block_files(blocks_dir: Path) -> Iterator[tuple[str, int, float]]:
+    """(path, size, last use) of every valid block file; invalid files are deleted."""
+    for top in _scandir(blocks_dir):
+        if not top.is_dir(follow_symlinks=False):
+            continue
+        for shard in _scandir(Path(top.path)):
+            if not shard.is_dir(follow_symlinks=False):
+                continue
+            valid_shard = len(shard.name) == 32 and shard.name[:2] == top.name
+            for entry in _scandir(Path(shard.path)):
+                if not entry.is_file(follow_symlinks=False):
+                    continue  # a folder squatting a block path costs that block alone
+                size = None
+                if valid_shard and entry.name.isdigit():
+                    with contextlib.suppress(ValueError):
+                        size = block_file_size(entry.path, shard.name, int(entry.name))
+                if size is None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+                    continue
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    yield entry.path, size, max(info.st_atime, info.st_mtime)
+
+
+def _scandir(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except OSError:
+        return []
+
+
+def rebuild_ledger(root: Path, reason: str) -> int:
+    """Replace ``cache.sqlite`` by one made from the block files; returns the blocks kept.
+    Call with the setup lock held."""
+    db_path = root / _LEDGER
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        _remove_any(Path(f"{db_path}{suffix}"))
+    rows = list(_scan_block_files(root / "blocks"))
+    conn = _connect_ledger(db_path)
+    try:
+        conn.executescript(_SCHEMA)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT OR IGNORE INTO blocks VALUES (?, ?, ?)", rows)
+        total = conn.execute("SELECT COALESCE(SUM(size), 0) FROM blocks").fetchone()[0]
+        conn.execute("UPDATE total SET bytes = ? WHERE id = 1", (total,))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    log.warning(
+        "cache ledger %s was unreadable (%s); rebuilt it from %d cached block(s)",
+        db_path,
+        reason,
+        len(rows),
+    )
+    return len(rows)
+
+
+def prepare_ledger(root: Path, lock_fd: int) -> None:
+    """Make sure ``cache.sqlite`` is usable, rebuilding it when it is damaged. Errors of the
+    disk (full, read-only) are raised: the caller decides how to degrade."""
+    db_path = root / _LEDGER
+    # Switching a new database to WAL fails at once ("database is locked") when another
+    # mount does the same, so mounts set it up one at a time (the byte after the slots).
+    with _holding(lock_fd, _LOCK_SLOTS):
+        try:
+            _check_ledger(db_path)
+        except sqlite3.DatabaseError as exc:
+            if not ledger_damaged(exc, db_path):
+                raise
+            rebuild_ledger(root, str(exc))
+
+
 @dataclass(slots=True)
 class _OpenBlock:
     """A block file kept open with its verified header; closed when retired and unused."""
@@ -207,6 +413,26 @@ class _OpenBlock:
     header: _Header
     users: int = 0
     retired: bool = False
+
+
+class _Flight:
+    """One fetch of a block in progress. Threads that wait on it share its result: its
+    failure (a black-holed store then fails every waiter once, not each in turn), or its
+    bytes when they could not be stored; a stored block is read from disk as usual."""
+
+    __slots__ = ("block", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: Exception | None = None
+        self.block: bytes | None = None
+
+    def outcome(self) -> bytes | None:
+        """Wait for the fetch; raise its failure, or return its unstored block (else None)."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.block
 
 
 class BlockCache:
@@ -223,14 +449,18 @@ class BlockCache:
             folder.mkdir(parents=True, exist_ok=True)
         disk = shutil.disk_usage(self.root)
         self.max_bytes = resolve_cache_size(config.size, disk.total)
-        self._db_path = self.root / "cache.sqlite"
+        self._db_path = self.root / _LEDGER
         self._local = threading.local()
-        self._lock_fd = os.open(self.root / "locks", os.O_RDWR | os.O_CREAT, 0o644)
-        # Switching a new database to WAL fails at once ("database is locked") when another
-        # mount does the same, so mounts set it up one at a time (the byte after the slots).
-        with self._locked(_LOCK_SLOTS), self._db() as db:
-            db.executescript(_SCHEMA)
-        self._inflight: dict[BlockKey, threading.Event] = {}
+        self._generation = 0  # bumped when the ledger is rebuilt: threads reconnect
+        self._degraded_until = 0.0
+        self._warned = False
+        self._lock_fd = open_lock_file(self.root)
+        self._ledger_ready = False
+        self._prepare()
+        self._inflight: dict[BlockKey, _Flight] = {}
+        # Block paths that failed on their own (a folder squatting one, say): served from
+        # the store without touching the disk again; every other block is cached as usual.
+        self._bad_paths: set[str] = set()
         self._open: OrderedDict[str, _OpenBlock] = OrderedDict()
         # Told every block this process stores (key and bytes), once it is in place on disk.
         self.on_stored: Callable[[BlockKey, bytes], None] | None = None
@@ -246,8 +476,6 @@ class BlockCache:
         self._touched: dict[str, float] = {}
         self._touched_lock = threading.Lock()
         self._last_flush = time.monotonic()
-        self._degraded_until = 0.0
-        self._warned = False
         self._tmp_names = itertools.count()
         self._evicting = threading.Lock()
         self._closed = False
@@ -270,17 +498,29 @@ class BlockCache:
                 self.stats.add(cache_hits=1)
                 return data
             with self._inflight_lock:
-                waiting = self._inflight.get(key)
-                if waiting is None:
-                    self._inflight[key] = threading.Event()
-            if waiting is not None:
-                waiting.wait()
-                continue  # the other thread stored it (or failed): look again
+                flight = self._inflight.get(key)
+                owner = flight is None
+                if flight is None:
+                    flight = self._inflight[key] = _Flight()
+            if not owner:
+                shared = flight.outcome()
+                if shared is not None:  # fetched but not stored (degraded): share the bytes
+                    self.stats.add(cache_hits=1)
+                    return shared[start:end]
+                continue  # stored (by that thread or another mount): read it from disk
             try:
-                return self._fetch_and_store(key, start, end, block_len, fetch)
+                data, flight.block = self._fetch_and_store(key, start, end, block_len, fetch)
+                return data
+            except Exception as exc:
+                flight.error = exc  # waiters fail with it too, instead of refetching in turn
+                raise
             finally:
-                with self._inflight_lock:
-                    self._inflight.pop(key).set()
+                self._release(key)
+
+    @property
+    def degraded(self) -> bool:
+        """Whether caching is paused because the cache disk failed (full, read-only)."""
+        return time.monotonic() < self._degraded_until
 
     def peek(
         self,
@@ -333,6 +573,9 @@ class BlockCache:
                     return data
                 needed = fetch_range(start, end)
                 self.stats.add(cache_misses=1)
+            except Exception as exc:
+                self._unlock_and_release(key, slot, exc)
+                raise
             except BaseException:
                 self._unlock_and_release(key, slot)
                 raise
@@ -369,8 +612,9 @@ class BlockCache:
         self, key: BlockKey, block_len: int, fetch_range: Callable[[int, int], bytes]
     ) -> bool:
         """Fetch a whole block ahead of need. Returns False, fetching nothing, when the block
-        is cached or in flight, or when it would not fit without evicting anything."""
-        if os.path.exists(self._block_path(key)):
+        is cached or in flight, when it would not fit without evicting anything, or while
+        caching is paused (a block that cannot be kept is not worth fetching ahead)."""
+        if self.degraded or self._unusable(key):
             return False
         if self.usage() + block_len > self.limit():
             return False
@@ -391,6 +635,11 @@ class BlockCache:
         finally:
             self._release(key)
 
+    def _unusable(self, key: BlockKey) -> bool:
+        """Cached already, or a path that cannot hold a block."""
+        path = self._block_path(key)
+        return path in self._bad_paths or os.path.lexists(path)
+
     def contains(self, key: BlockKey) -> bool:
         """Whether the block's file is on disk (not verified)."""
         return os.path.exists(self._block_path(key))
@@ -398,7 +647,9 @@ class BlockCache:
     def put(self, key: BlockKey, block: bytes) -> bool:
         """Store a block that was downloaded anyway (an index scan), unless it is cached,
         in flight, or would need evicting; returns True if stored."""
-        if os.path.exists(self._block_path(key)) or self.usage() + len(block) > self.limit():
+        if self.degraded or self._unusable(key):
+            return False
+        if self.usage() + len(block) > self.limit():
             return False
         if not self._claim(key, wait=False):
             return False
@@ -412,25 +663,29 @@ class BlockCache:
             self._release(key)
 
     def _claim(self, key: BlockKey, *, wait: bool = True) -> bool:
-        """Become the one thread fetching ``key``; else (if ``wait``) wait for the owner."""
+        """Become the one thread fetching ``key``; else (if ``wait``) wait for the owner,
+        raising its failure."""
         with self._inflight_lock:
-            waiting = self._inflight.get(key)
-            if waiting is None:
-                self._inflight[key] = threading.Event()
+            flight = self._inflight.get(key)
+            if flight is None:
+                self._inflight[key] = _Flight()
                 return True
         if wait:
-            waiting.wait()
+            flight.outcome()
         return False
 
-    def _release(self, key: BlockKey) -> None:
+    def _release(self, key: BlockKey, error: Exception | None = None) -> None:
         with self._inflight_lock:
-            self._inflight.pop(key).set()
+            flight = self._inflight.pop(key)
+        if error is not None and flight.error is None:
+            flight.error = error
+        flight.done.set()
 
-    def _unlock_and_release(self, key: BlockKey, slot: int) -> None:
+    def _unlock_and_release(self, key: BlockKey, slot: int, error: Exception | None = None) -> None:
         try:
             self._unlock_slot(slot)
         finally:
-            self._release(key)
+            self._release(key, error)
 
     def usage(self) -> int:
         try:
@@ -472,11 +727,14 @@ class BlockCache:
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and getattr(self._local, "generation", -1) != self._generation:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()  # the ledger was rebuilt: this connection sees the old file
+            conn = None
         if conn is None:
-            conn = sqlite3.connect(self._db_path, timeout=30, isolation_level=None)
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            conn = _connect_ledger(self._db_path)
             self._local.conn = conn
+            self._local.generation = self._generation
         try:
             yield conn
         except BaseException:
@@ -501,6 +759,8 @@ class BlockCache:
         self, key: BlockKey, start: int, end: int, block_len: int, *, nowait: bool = False
     ) -> bytes | None:
         path = self._block_path(key)
+        if path in self._bad_paths:
+            return None
         with self._pins_lock:
             self._pins[path] += 1
         try:
@@ -510,7 +770,10 @@ class BlockCache:
                 self._discard(path, exc)
                 return None
             except OSError as exc:
-                log.warning("cannot open cached block %s: %s", path, exc)
+                if exc.errno not in _DISK_WIDE:
+                    self._skip_path(path, exc)
+                else:
+                    log.warning("cannot open cached block %s: %s", path, exc)
                 return None
             if block is None:
                 return None
@@ -629,53 +892,44 @@ class BlockCache:
         return (int(key.shard[:8], 16) ^ key.index) % _LOCK_SLOTS
 
     def _lock_slot(self, offset: int) -> None:
-        """Hold byte ``offset`` of the lock file; one holder across processes."""
-        while True:
-            try:
-                fcntl.lockf(self._lock_fd, fcntl.LOCK_EX, 1, offset)
-                return
-            except OSError as exc:
-                # Record locks belong to the process, so two multithreaded mounts waiting
-                # crosswise look like a deadlock to the kernel. It is none (a holder never
-                # waits for another slot), so wait and try again.
-                if exc.errno != errno.EDEADLK:
-                    raise
-                time.sleep(0.01)
+        _lock_range(self._lock_fd, offset)
 
     def _unlock_slot(self, offset: int) -> None:
         fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, offset)
 
-    @contextlib.contextmanager
-    def _locked(self, offset: int) -> Iterator[None]:
-        self._lock_slot(offset)
-        try:
-            yield
-        finally:
-            self._unlock_slot(offset)
+    def _locked(self, offset: int) -> contextlib.AbstractContextManager[None]:
+        return _holding(self._lock_fd, offset)
 
     def _fetch_and_store(
         self, key: BlockKey, start: int, end: int, block_len: int, fetch: Callable[[], bytes]
-    ) -> bytes:
+    ) -> tuple[bytes, bytes | None]:
+        """Bytes ``[start, end)``, and the fetched block when it could not be stored (for the
+        threads waiting on it); else None."""
         with self._cross_process_lock(key):
             data = self._load(key, start, end, block_len)  # another mount may have fetched it
             if data is not None:
                 self.stats.add(cache_hits=1)
-                return data
+                return data, None
             block = fetch()
             self.stats.add(cache_misses=1)
             if len(block) != block_len:
                 raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
-            self._store(key, block)
-        return block[start:end]
+            stored = self._store(key, block)
+        return block[start:end], None if stored else block
 
-    def _store(self, key: BlockKey, block: bytes, *, expected: int | None = None) -> None:
+    def _store(self, key: BlockKey, block: bytes, *, expected: int | None = None) -> bool:
+        """Write a block into the cache; returns whether it is there now."""
         if expected is not None and len(block) != expected:
             raise ValueError(f"assembled {len(block)} bytes for a block of {expected}")
         if time.monotonic() < self._degraded_until:
-            return
+            return False
+        final = self.path_of(key)
+        if str(final) in self._bad_paths:
+            return False
+        if not self._ledger_ready and not self._prepare():
+            return False
         header = block_header(key, block, self.config.chunk_size)
         size = len(header) + len(block)
-        final = self.path_of(key)
         tmp = self.tmp_dir / f"{os.getpid()}-{next(self._tmp_names)}-{uuid.uuid4().hex[:8]}.tmp"
         inserted = 0
         try:
@@ -694,15 +948,58 @@ class BlockCache:
             os.replace(tmp, final)
             self._close_open(str(final))
             self.stats.add(blocks_written=1)
-            stored = self.on_stored
-            if stored is not None:
-                stored(key, block)
+            announce = self.on_stored
+            if announce is not None:
+                announce(key, block)
+            return True
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             if inserted:
                 self._forget(str(final))  # counted, but never renamed into place
+            if isinstance(exc, OSError) and exc.errno == errno.ENOENT:
+                self.stats.add(cache_write_errors=1)  # a folder cleared under us: next time
+            elif isinstance(exc, OSError) and exc.errno not in _DISK_WIDE:
+                self._skip_path(str(final), exc)
+            elif isinstance(exc, sqlite3.Error) and ledger_damaged(exc, self._db_path):
+                self.stats.add(cache_write_errors=1)
+                self._rebuild_ledger(str(exc))
+            else:
+                self._degrade(exc)
+            return False
+
+    def _skip_path(self, path: str, exc: OSError) -> None:
+        """A block path that fails on its own: count it, warn once for it, and serve that
+        block from the store from now on; the rest of the cache carries on."""
+        self.stats.add(cache_write_errors=1)
+        if path in self._bad_paths:
+            return
+        if len(self._bad_paths) < 4096:
+            self._bad_paths.add(path)
+        log.warning("cannot cache block %s (%s); serving it from the store", path, exc.strerror)
+
+    def _prepare(self) -> bool:
+        """Open (or rebuild) the ledger; on a full or read-only disk start degraded and try
+        again later. Returns whether the ledger is usable."""
+        try:
+            prepare_ledger(self.root, self._lock_fd)
+        except (OSError, sqlite3.Error) as exc:
             self._degrade(exc)
+            return False
+        self._generation += 1
+        self._ledger_ready = True
+        return True
+
+    def _rebuild_ledger(self, reason: str) -> None:
+        """The ledger went bad while in use: rebuild it from the block files."""
+        try:
+            with self._locked(_LOCK_SLOTS):
+                rebuild_ledger(self.root, reason)
+        except (OSError, sqlite3.Error) as exc:
+            self._ledger_ready = False
+            self._degrade(exc)
+            return
+        self._generation += 1
 
     def _write_new_file(self, path: Path, header: bytes, block: bytes) -> None:
         if self._direct:
@@ -757,16 +1054,7 @@ class BlockCache:
             self._warned = True
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             log.warning("cache disk unusable (%s); reading from the store without caching", reason)
-        if isinstance(exc, OSError) and exc.errno not in (
-            errno.ENOSPC,
-            errno.EROFS,
-            errno.EDQUOT,
-            errno.EACCES,
-            errno.EPERM,
-            errno.EIO,
-            errno.ENOENT,
-        ):
-            log.debug("cache write failed", exc_info=exc)
+        log.debug("cache write failed", exc_info=exc)
 
     def _make_room(self, incoming: int) -> None:
         """Evict least recently used blocks so that ``incoming`` bytes fit under the bound."""
@@ -817,28 +1105,66 @@ class BlockCache:
                 self.stats.add(blocks_evicted=len(chosen))
 
 
+def heal_cache_folder(cache_dir: Path) -> None:
+    """Recreate an unusable lock file and rebuild a damaged ledger (each with one warning);
+    errors of the disk itself are left to the caller."""
+    fd = open_lock_file(cache_dir)
+    try:
+        prepare_ledger(cache_dir, fd)
+    finally:
+        os.close(fd)
+
+
+def _ledger_totals(db_path: Path) -> tuple[int, int]:
+    """(blocks, bytes) the ledger records; sqlite3.Error if it cannot be read."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+    try:
+        blocks = int(conn.execute("SELECT COUNT(*) FROM blocks").fetchone()[0])
+        used = int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
+    finally:
+        conn.close()
+    return blocks, used
+
+
 def cache_info(cache_dir: Path) -> dict[str, int | str]:
-    """What is in a cache folder, without opening it for writing."""
+    """What is in a cache folder; a damaged ledger is rebuilt first (one warning)."""
     info: dict[str, int | str] = {"cache_dir": str(cache_dir)}
-    db_path = cache_dir / "cache.sqlite"
+    db_path = cache_dir / _LEDGER
     blocks = used = 0
-    if db_path.exists():
-        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+    if os.path.lexists(db_path):
         try:
-            blocks = int(conn.execute("SELECT COUNT(*) FROM blocks").fetchone()[0])
-            used = int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
-        except sqlite3.Error:
-            pass
-        finally:
-            conn.close()
+            blocks, used = _ledger_totals(db_path)
+        except sqlite3.Error as exc:
+            if ledger_damaged(exc, db_path) or "no such table" in str(exc):
+                with contextlib.suppress(OSError, sqlite3.Error):
+                    heal_cache_folder(cache_dir)
+            with contextlib.suppress(sqlite3.Error):
+                blocks, used = _ledger_totals(db_path)
     info["blocks"] = blocks
     info["block_bytes"] = used
     for name in ("index", "views"):
         folder = cache_dir / name
-        files = list(folder.glob("*.sqlite")) if folder.exists() else []
-        info[f"{name}_files"] = len(files)
-        info[f"{name}_bytes"] = sum(f.stat().st_size for f in files)
+        files = list(folder.glob("*.sqlite")) if folder.is_dir() else []
+        sizes = []
+        for path in files:
+            with contextlib.suppress(OSError):
+                sizes.append(path.stat().st_size)
+        info[f"{name}_files"] = len(sizes)
+        info[f"{name}_bytes"] = sum(sizes)
     return info
+
+
+def _move_blocks(blocks_dir: Path, trash: Path) -> None:
+    """Move every block away in one step, leaving an empty blocks folder."""
+    if blocks_dir.exists():
+        os.rename(blocks_dir, trash)
+    blocks_dir.mkdir(exist_ok=True)
+
+
+def _empty_ledger(conn: sqlite3.Connection) -> None:
+    conn.execute("DELETE FROM blocks")
+    conn.execute("UPDATE total SET bytes = 0 WHERE id = 1")
+    conn.execute("COMMIT")
 
 
 def clear_cache(cache_dir: Path, *, everything: bool = False) -> int:
@@ -846,29 +1172,43 @@ def clear_cache(cache_dir: Path, *, everything: bool = False) -> int:
 
     Safe while mounts use the folder: the blocks folder is renamed away in one step, so a
     reader either still holds an open block (valid until closed) or misses and refetches.
-    Returns the number of bytes the bookkeeping said were used.
+    Returns the number of bytes the bookkeeping said were used. A damaged ledger or lock
+    file is repaired first (one warning), so clearing always works.
     """
     blocks_dir = cache_dir / "blocks"
     used = 0
-    db_path = cache_dir / "cache.sqlite"
-    if db_path.exists():
-        conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+    db_path = cache_dir / _LEDGER
+    if os.path.lexists(db_path):
+        with contextlib.suppress(OSError, sqlite3.OperationalError):  # full disk: see below
+            heal_cache_folder(cache_dir)
+        trash = cache_dir / f"trash-{uuid.uuid4().hex[:8]}"
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            used = int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
-            trash = cache_dir / f"trash-{uuid.uuid4().hex[:8]}"
-            if blocks_dir.exists():
-                os.rename(blocks_dir, trash)
-            blocks_dir.mkdir(exist_ok=True)
-            conn.execute("DELETE FROM blocks")
-            conn.execute("UPDATE total SET bytes = 0 WHERE id = 1")
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+            conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                used = int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
+                _move_blocks(blocks_dir, trash)
+                try:
+                    _empty_ledger(conn)
+                except sqlite3.OperationalError:
+                    # A full disk cannot take the ledger's write: free the blocks, retry.
+                    conn.execute("ROLLBACK")
+                    shutil.rmtree(trash, ignore_errors=True)
+                    conn.execute("BEGIN IMMEDIATE")
+                    _empty_ledger(conn)
+            finally:
+                conn.close()
+        except sqlite3.OperationalError as exc:
+            # Still no room (the disk is full of other files): no block is left, so an
+            # absent ledger is the right one; the next mount starts a new one.
+            log.warning("cache ledger not writable (%s); removed it", exc)
+            _move_blocks(blocks_dir, trash)
+            for suffix in ("", "-wal", "-shm"):
+                _remove_any(Path(f"{db_path}{suffix}"))
         shutil.rmtree(trash, ignore_errors=True)
     elif blocks_dir.exists():
         shutil.rmtree(blocks_dir, ignore_errors=True)
     if everything:
         for name in ("index", "views"):
-            shutil.rmtree(cache_dir / name, ignore_errors=True)
+            _remove_any(cache_dir / name)
     return used

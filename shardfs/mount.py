@@ -3,15 +3,23 @@
 ``shardfs mount`` re-runs itself in the foreground as a detached child and waits on a pipe
 until the child reports that the mount is ready (or why it failed), so the command exits 0
 only once the tree is usable.
+
+The index and view files under the cache folder are derived data: a damaged one is deleted
+and rebuilt, and when the cache disk is full (or read-only) they are built in a private
+scratch folder in memory (``/dev/shm``, else ``$TMPDIR``) that goes away at unmount.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dataclasses
+import errno
 import logging
 import os
 import posixpath
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -33,8 +41,8 @@ from .config import (
     ViewConfig,
 )
 from .control import ControlServer, pid_file, process_running, socket_path
-from .errors import MountError, UsageError
-from .index import IndexBuilder, Progress, fingerprint
+from .errors import IndexError_, MountError, UsageError
+from .index import BlockSink, IndexBuilder, Progress, fingerprint
 from .mounttable import find_mount, is_disconnected
 from .readahead import Prefetcher
 from .reader import CachedReader, DirectReader, RangeReader
@@ -51,6 +59,163 @@ class OpenedSource:
     view: View
     index_path: Path
     scanned_shards: int
+    scratch: Path | None = None  # where index and view went when the cache disk was full
+
+    def close(self) -> None:
+        self.view.close()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+# Disk-wide failures while writing the index or view: build them in scratch instead.
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+_SQLITE_FULL_CODES = frozenset({8, 10, 13})  # SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL
+_SQLITE_DAMAGE_CODES = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB
+
+
+def _disk_unwritable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the cache disk takes no more writes."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        if isinstance(exc, sqlite3.Error):
+            code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
+            return code in _SQLITE_FULL_CODES
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    return ((getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF) in _SQLITE_DAMAGE_CODES
+
+
+def sqlite_file_damage(path: Path) -> str | None:
+    """Why an index or view file cannot be used as it is (not a file, not SQLite, cut
+    short), or None when it looks whole or is absent. Cheap: header and size only."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink() or not path.is_file():
+        return "not a regular file"
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return str(exc) if _damaged(exc) else None
+    size = path.stat().st_size
+    if pages == 0 or page_size * pages > size:
+        return f"cut short ({size} bytes, {page_size * pages} expected)"
+    return None
+
+
+def _discard_damaged(path: Path, what: str, warn: Callable[[str], None]) -> None:
+    reason = sqlite_file_damage(path)
+    if reason is not None:
+        warn(f"{what} {path} was damaged ({reason}); rebuilding it")
+        _remove_path(path)
+
+
+def _remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+class _Scratch:
+    """The private fallback folder for index and view, made on first need (one warning)."""
+
+    def __init__(self, cache_dir: Path, warn: Callable[[str], None]) -> None:
+        self.cache_dir = cache_dir
+        self.warn = warn
+        self.path: Path | None = None
+
+    def get(self, exc: BaseException) -> Path:
+        if self.path is None:
+            shm = Path("/dev/shm")
+            parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+            self.path = Path(tempfile.mkdtemp(prefix="shardfs-", dir=parent))
+            atexit.register(shutil.rmtree, self.path, True)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.warn(
+                f"cache folder {self.cache_dir} is full or read-only ({reason}); "
+                f"index and view are kept in {self.path} until unmount"
+            )
+        return self.path
+
+
+def _build_index(
+    store: Store,
+    shards: list[ShardInfo],
+    config: IndexConfig,
+    scratch: _Scratch,
+    *,
+    progress: Progress | None,
+    sink: BlockSink | None,
+    block_size: int,
+    warn: Callable[[str], None],
+) -> IndexBuilder:
+    """An up-to-date index: in the cache folder, rebuilt if damaged, or in scratch when the
+    cache disk cannot take it."""
+
+    def build(settings: IndexConfig) -> IndexBuilder:
+        builder = IndexBuilder(
+            store, settings, progress=progress, block_sink=sink, block_size=block_size
+        )
+        _discard_damaged(builder.path, "index", warn)
+        builder.build(shards)
+        return builder
+
+    try:
+        return build(config)
+    except (OSError, sqlite3.Error, IndexError_) as exc:
+        if not _disk_unwritable(exc):
+            raise
+        folder = scratch.get(exc)
+    old = IndexBuilder(store, config).path
+    settings = dataclasses.replace(config, cache_dir=folder)
+    if os.path.isfile(old) and sqlite_file_damage(old) is None:
+        (folder / "index").mkdir(exist_ok=True)
+        with contextlib.suppress(OSError):  # unchanged shards are then copied, not rescanned
+            shutil.copyfile(old, IndexBuilder(store, settings).path)
+    return build(settings)
+
+
+def _open_view(
+    index_path: Path,
+    view_path: Path,
+    config: ViewConfig,
+    classes_for: Callable[[str], list[str] | None],
+    scratch: _Scratch,
+    warn: Callable[[str], None],
+) -> View:
+    """The materialised view: reused when whole, rebuilt when damaged, built in scratch when
+    the cache disk cannot take it."""
+    _discard_damaged(view_path, "view", warn)
+    if not view_path.exists():
+        try:
+            report = build_view(index_path, view_path, config, classes_for)
+        except (OSError, sqlite3.Error) as exc:
+            if not _disk_unwritable(exc):
+                raise
+            view_path = scratch.get(exc) / "views" / view_path.name
+            report = build_view(index_path, view_path, config, classes_for)
+        for line in report_warnings(report):
+            warn(line)
+    try:
+        return View(view_path)
+    except sqlite3.DatabaseError as exc:
+        if not _damaged(exc):
+            raise
+        warn(f"view {view_path} was damaged ({exc}); rebuilding it")
+        _remove_path(view_path)
+        build_view(index_path, view_path, config, classes_for)
+        return View(view_path)
 
 
 def report_warnings(report: ViewReport) -> list[str]:
@@ -92,14 +257,50 @@ def open_source(
             )
             block_cache.put(BlockKey(key, index), block)
 
-    builder = IndexBuilder(
-        store,
-        index_config,
-        progress=progress,
-        block_sink=sink,
-        block_size=cache.config.block_size if cache is not None else 0,
+    scratch = _Scratch(index_config.cache_dir, warn)
+    try:
+        view, index_path, scanned = _open_index_and_view(
+            store, shards, index_config, view_config, scratch, progress, sink, cache, warn
+        )
+    except BaseException:
+        if scratch.path is not None:
+            shutil.rmtree(scratch.path, ignore_errors=True)
+        raise
+    log.info(
+        "view %s: %d files, %d folders, %d bytes in %d shards",
+        view.layout,
+        view.report.files,
+        view.report.directories,
+        view.report.bytes,
+        len(view.shards),
     )
-    index_path = builder.build(shards)
+    return OpenedSource(store, view, index_path, scanned, scratch.path)
+
+
+def _open_index_and_view(
+    store: Store,
+    shards: list[ShardInfo],
+    index_config: IndexConfig,
+    view_config: ViewConfig,
+    scratch: _Scratch,
+    progress: Progress | None,
+    sink: BlockSink | None,
+    cache: BlockCache | None,
+    warn: Callable[[str], None],
+) -> tuple[View, Path, int]:
+    def index() -> IndexBuilder:
+        return _build_index(
+            store,
+            shards,
+            index_config,
+            scratch,
+            progress=progress,
+            sink=sink,
+            block_size=cache.config.block_size if cache is not None else 0,
+            warn=warn,
+        )
+
+    builder = index()
     for bad in builder.bad_shards():
         warn(f"skipped bad shard {bad.name}: {bad.reason} at offset {bad.offset}")
     classes: dict[str, list[str]] = {}
@@ -119,20 +320,17 @@ def open_source(
 
     key = view_key(fingerprint(shards), view_config, classes)
     view_path = index_config.cache_dir / "views" / f"{store.identity}-{key}.sqlite"
-    if not view_path.exists():
-        report = build_view(index_path, view_path, view_config, classes_for)
-        for line in report_warnings(report):
-            warn(line)
-    view = View(view_path)
-    log.info(
-        "view %s: %d files, %d folders, %d bytes in %d shards",
-        view.layout,
-        view.report.files,
-        view.report.directories,
-        view.report.bytes,
-        len(view.shards),
-    )
-    return OpenedSource(store, view, index_path, builder.scanned_shards)
+    try:
+        view = _open_view(builder.path, view_path, view_config, classes_for, scratch, warn)
+    except sqlite3.DatabaseError as exc:
+        if not _damaged(exc):
+            raise
+        # The index passed its cheap check but is damaged inside: rebuild it, then the view.
+        warn(f"index {builder.path} was damaged ({exc}); rebuilding it")
+        _remove_path(builder.path)
+        builder = index()
+        view = _open_view(builder.path, view_path, view_config, classes_for, scratch, warn)
+    return view, builder.path, builder.scanned_shards
 
 
 def check_mountpoint(mountpoint: Path, *, notice: Callable[[str], None] = log.warning) -> None:
@@ -300,7 +498,7 @@ def run_foreground(
             prefetcher.close()
         if cache is not None:
             cache.close()
-        opened.view.close()
+        opened.close()
     log.info("unmounted %s", mount_config.mountpoint)
 
 

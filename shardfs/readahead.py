@@ -9,6 +9,10 @@ Two kinds of work share a small pool of threads (``--prefetch-streams``):
 Fills always go first. Demand reads never enter this queue: they are fetched by the reader's
 own thread, so a cold random read never waits behind prefetches. Readahead never evicts:
 ``BlockCache.prefetch`` declines a block that would not fit in the cache's free budget.
+
+While the block cache is paused (a full or read-only cache disk), ``MemoryReadahead`` takes
+over: a read fetches what it asks for plus a window that grows while a shard is read
+forward, kept in a small LRU in memory, so egress stays near the bytes read.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import itertools
 import logging
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
@@ -96,3 +101,87 @@ class Prefetcher:
             self._queue.put((_STOP, next(self._order), None))
         for thread in self._threads:
             thread.join(timeout)
+
+
+_FIRST_WINDOW = 64 << 10
+_MAX_WINDOW = 512 << 10
+_MEMORY = 16 << 20
+_STREAMS = 4096
+
+
+class MemoryReadahead:
+    """Reads without the block cache: what is asked for, plus a read-ahead window that
+    doubles (64 KiB up to 512 KiB) while reads of a shard move forward and drops to nothing
+    on a seek. The bytes read ahead are kept in a bounded LRU of ranges.
+
+    A whole block per read would multiply egress by the block size over the file size
+    (about 14x for 70 KB files in 1 MiB blocks); this stays near 1x for sequential and for
+    random reads alike."""
+
+    def __init__(
+        self,
+        *,
+        first_window: int = _FIRST_WINDOW,
+        max_window: int = _MAX_WINDOW,
+        memory: int = _MEMORY,
+    ) -> None:
+        self.first_window = first_window
+        self.max_window = max_window
+        self.memory = memory
+        self._ranges: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._bytes = 0
+        self._streams: OrderedDict[str, tuple[int, int]] = OrderedDict()  # next, window
+        self._lock = threading.Lock()
+
+    def read(
+        self, shard: str, start: int, end: int, size: int, fetch: Callable[[int, int], bytes]
+    ) -> bytes:
+        """Bytes ``[start, end)`` of the shard ``shard`` (of ``size`` bytes); ``fetch(a, b)``
+        gets bytes ``[a, b)`` from the store."""
+        if start >= end:
+            return b""
+        with self._lock:
+            window = self._advance(shard, start, end)
+            head = self._find(shard, start, end)
+        have = start + len(head)
+        if have >= end:
+            return head
+        stop = max(end, min(size, end + window))
+        data = fetch(have, stop)
+        wanted = end - have
+        if len(data) > wanted:
+            with self._lock:
+                self._keep(shard, end, data[wanted:])
+        return head + data[:wanted] if head else data[:wanted]
+
+    def _advance(self, shard: str, start: int, end: int) -> int:
+        """The window for this read: grown when it continues the shard's last read (a tar
+        header or two of gap allowed), else none."""
+        last = self._streams.pop(shard, None)
+        window = 0
+        if last is not None:
+            expected, previous = last
+            if expected <= start <= expected + max(previous, self.first_window):
+                window = min(max(previous * 2, self.first_window), self.max_window)
+        self._streams[shard] = (end, window)
+        while len(self._streams) > _STREAMS:
+            self._streams.popitem(last=False)
+        return window
+
+    def _find(self, shard: str, start: int, end: int) -> bytes:
+        """The longest run of bytes from ``start`` (up to ``end``) held in memory."""
+        for (key, offset), data in reversed(self._ranges.items()):
+            if key == shard and offset <= start < offset + len(data):
+                self._ranges.move_to_end((key, offset))
+                return data[start - offset : end - offset]
+        return b""
+
+    def _keep(self, shard: str, offset: int, data: bytes) -> None:
+        old = self._ranges.pop((shard, offset), None)
+        if old is not None:
+            self._bytes -= len(old)
+        self._ranges[(shard, offset)] = data
+        self._bytes += len(data)
+        while self._bytes > self.memory and self._ranges:
+            _, dropped = self._ranges.popitem(last=False)
+            self._bytes -= len(dropped)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .cache import BlockCache, BlockKey, shard_key
-from .readahead import Prefetcher
+from .readahead import MemoryReadahead, Prefetcher
 from .stats import Stats
 from .store import ShardInfo, Store
 
@@ -52,6 +52,8 @@ class CachedReader:
     A miss fetches its whole block in the reader's thread (one GET), or with
     ``split_misses`` only the bytes asked for, completing the block in the background. With a
     ``Prefetcher``, the first read inside a shard also schedules the rest of that shard.
+    While the cache is paused (full or read-only disk), blocks already cached are still
+    served, and misses fetch only what is read plus a little readahead kept in memory.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class CachedReader:
         self.on_block: Callable[[ShardInfo, int, int, bytes | None], None] | None = None
         self._announced: set[tuple[str, int]] = set()
         self._shards_by_key: dict[str, ShardInfo] = {}
+        self._memory = MemoryReadahead()
         cache.on_stored = self._stored
 
     def _stored(self, key: BlockKey, block: bytes) -> None:
@@ -132,8 +135,10 @@ class CachedReader:
     def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
         if start >= end:
             return b""
-        size = self.block_size
         skey = self.shard_key(shard)
+        if self.cache.degraded:
+            return self._read_degraded(shard, skey, start, end)
+        size = self.block_size
         pieces = []
         first, last = start // size, (end - 1) // size
         for index in range(first, last + 1):
@@ -155,6 +160,31 @@ class CachedReader:
         if self.prefetcher is not None and skey not in self._scheduled:
             self.read_ahead(shard, after=last)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _read_degraded(self, shard: ShardInfo, skey: str, start: int, end: int) -> bytes:
+        """The cache disk is unusable: blocks it holds still serve; anything else comes from
+        the store, range by range, never a whole block per read."""
+        size = self.block_size
+        pieces = []
+        for index in range(start // size, (end - 1) // size + 1):
+            block_start = index * size
+            lo, hi = max(start, block_start), min(end, block_start + size)
+            key = BlockKey(skey, index)
+            data = self.cache.peek(
+                key, lo - block_start, hi - block_start, self._block_len(shard, index)
+            )
+            if data is None:
+                break
+            pieces.append(data)
+        else:
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+        def fetch(lo: int, hi: int) -> bytes:
+            data = self.store.read_range(shard, lo, hi, retries=self.retries)
+            self.stats.add(store_requests=1, bytes_fetched=len(data))
+            return data
+
+        return self._memory.read(skey, start, end, shard.size, fetch)
 
     def read_local(
         self, shard: ShardInfo, start: int, end: int, *, quiet: bool = False

@@ -33,7 +33,7 @@ from shardfs.cache import (
     shard_key,
 )
 from shardfs.config import CacheConfig, resolve_cache_size
-from shardfs.errors import UsageError
+from shardfs.errors import StoreReadError, UsageError
 from shardfs.stats import Stats
 
 BLOCK = 4096
@@ -927,3 +927,99 @@ def test_a_read_that_must_not_wait_skips_blocks_the_page_cache_lacks(
     assert cache.peek(key, start, end, size) == source.block(0)[start:end]  # may wait
     assert cache.peek(key, start, end, size, nowait=True) == source.block(0)[start:end]
     assert source.calls == [0]  # all of it without a second fetch
+
+
+# --- failures shared, per-path errors, a damaged ledger -----------------------------------
+
+
+def test_waiters_share_a_failed_fetch_instead_of_refetching(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, source = open_cache(), Source()
+    error = StoreReadError("train-000.tar: store unreachable")
+    started, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+    waiting: list[int] = []
+    real_outcome = shardfs.cache._Flight.outcome
+
+    def counted_outcome(self: Any) -> Any:
+        waiting.append(1)
+        return real_outcome(self)
+
+    monkeypatch.setattr(shardfs.cache._Flight, "outcome", counted_outcome)
+
+    def failing() -> bytes:
+        calls.append(0)
+        started.set()
+        release.wait(30)
+        raise error
+
+    caught: list[BaseException] = []
+
+    def reader() -> None:
+        try:
+            cache.get(BlockKey(KEY, 0), 0, 100, BLOCK, failing)
+        except StoreReadError as exc:
+            caught.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(5)]
+    threads[0].start()
+    assert started.wait(10)
+    for thread in threads[1:]:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while len(waiting) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(waiting) == 4
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert calls == [0]  # one fetch; its four waiters got its failure, not a fetch each
+    assert len(caught) == 5 and all(exc is error for exc in caught)
+    assert source.get(cache, 0) == source.block(0)  # a later read tries again
+
+
+@pytest.mark.parametrize("squat", ["folder-at-block", "file-at-shard-folder"])
+def test_a_path_squatting_one_block_costs_that_block_only(
+    open_cache: Callable[..., BlockCache], caplog: Any, squat: str
+) -> None:
+    cache, source = open_cache(), Source()
+    path = cache.path_of(BlockKey(KEY, 1))
+    if squat == "folder-at-block":
+        path.mkdir(parents=True)
+        (path / "inside").write_text("x")
+    else:
+        path.parent.parent.mkdir(parents=True)
+        path.parent.write_text("a file where the shard's folder belongs")
+    with caplog.at_level(logging.WARNING, logger="shardfs.cache"):
+        for index in range(4):
+            for _ in range(2):
+                assert source.get(cache, index) == source.block(index)
+    assert not cache.degraded
+    if squat == "folder-at-block":
+        assert source.calls == [0, 1, 1, 2, 3]  # block 1 from the store each time, once else
+        assert sorted(p.name for p in block_files(cache)) == ["0", "2", "3", "inside"]
+    else:  # blocks 0 to 3 share the shard folder that a file occupies
+        assert source.calls == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert cache.stats.cache_write_errors >= 1
+    assert all("cache disk unusable" not in r.getMessage() for r in caplog.records)
+
+
+def test_damaged_ledger_is_rebuilt_from_the_block_files(
+    open_cache: Callable[..., BlockCache], cache_dir: Path, caplog: Any
+) -> None:
+    first, source = open_cache(), Source()
+    for index in range(3):
+        source.get(first, index)
+    used = first.usage()
+    first.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{cache_dir / 'cache.sqlite'}{suffix}").unlink(missing_ok=True)
+    (cache_dir / "cache.sqlite").write_bytes(b"\x00garbage" * 512)
+    with caplog.at_level(logging.WARNING, logger="shardfs.cache"):
+        second = open_cache()
+    assert second.usage() == used
+    for index in range(3):
+        assert source.get(second, index) == source.block(index)
+    assert source.calls == [0, 1, 2]  # nothing fetched again
+    assert len([r for r in caplog.records if "rebuilt it from 3" in r.getMessage()]) == 1

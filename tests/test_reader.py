@@ -243,3 +243,24 @@ def test_block_sizes_sharing_a_cache_never_mix_blocks(tmp_path: Path) -> None:
     finally:
         small.cache.close()
         large.cache.close()
+
+
+def test_degraded_cache_serves_cached_blocks_and_fetches_only_ranges(
+    block_cache: BlockCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = payload(512 * BLOCK)
+    store = memory_store({"a.tar": data})
+    shard = only_shard(store)
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
+    stats = block_cache.stats
+    assert reader.read(shard, 0, 100) == data[:100]  # block 0 is cached
+    before = stats.bytes_fetched
+    monkeypatch.setattr(type(block_cache), "degraded", property(lambda self: True))
+    assert reader.read(shard, 10, BLOCK) == data[10:BLOCK]
+    assert stats.bytes_fetched == before  # still served by the cached block
+    rng = random.Random(4)
+    spans = rng.sample(range(BLOCK, 511 * BLOCK, 20 * BLOCK), 15)  # 80K apart: seeks
+    for start in spans:
+        assert reader.read(shard, start, start + 300) == data[start : start + 300]
+    assert stats.bytes_fetched - before == 15 * 300  # what was read, not 15 blocks
+    assert block_files(block_cache) == [block_cache.path_of(BlockKey(reader.shard_key(shard), 0))]
