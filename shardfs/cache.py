@@ -62,6 +62,10 @@ _OPEN_BLOCKS = 64  # block files kept open with their verified headers
 _DIRECT_ALIGN = 4096  # O_DIRECT writes: offset, length and memory aligned to this
 _DIRECT_BUFFERS = 8  # aligned write buffers kept for reuse
 _DEGRADED_RETRY_S = 30.0
+# A block whose fetch just failed fails at once for this long: the kernel answers a failed
+# readahead with an immediate single-page READ, which would otherwise wait out a second
+# read deadline on a store that does not answer.
+_FAILURE_HOLD_S = 1.0
 _ATIME_FLUSH_S = 5.0
 _EVICT_LOW_WATER = 0.9
 
@@ -458,6 +462,7 @@ class BlockCache:
         self._ledger_ready = False
         self._prepare()
         self._inflight: dict[BlockKey, _Flight] = {}
+        self._failed: dict[BlockKey, tuple[Exception, float]] = {}
         # Block paths that failed on their own (a folder squatting one, say): served from
         # the store without touching the disk again; every other block is cached as usual.
         self._bad_paths: set[str] = set()
@@ -509,13 +514,30 @@ class BlockCache:
                     return shared[start:end]
                 continue  # stored (by that thread or another mount): read it from disk
             try:
+                self._raise_recent_failure(key)
                 data, flight.block = self._fetch_and_store(key, start, end, block_len, fetch)
                 return data
             except Exception as exc:
                 flight.error = exc  # waiters fail with it too, instead of refetching in turn
+                self._remember_failure(key, exc)
                 raise
             finally:
                 self._release(key)
+
+    def _raise_recent_failure(self, key: BlockKey) -> None:
+        with self._inflight_lock:
+            failed = self._failed.get(key)
+        if failed is not None and time.monotonic() < failed[1]:
+            raise failed[0]
+
+    def _remember_failure(self, key: BlockKey, exc: Exception) -> None:
+        now = time.monotonic()
+        with self._inflight_lock:
+            if key in self._failed and self._failed[key][0] is exc:
+                return  # raised from the memory itself: the hold does not grow
+            for old in [k for k, (_, until) in self._failed.items() if until <= now]:
+                del self._failed[old]
+            self._failed[key] = (exc, now + _FAILURE_HOLD_S)
 
     @property
     def degraded(self) -> bool:

@@ -320,7 +320,10 @@ def test_stale_temp_files_of_dead_processes_are_removed_on_start(
     assert block_files(cache) == []
 
 
-def test_failed_fetch_leaves_nothing_and_is_retried(open_cache: Callable[..., BlockCache]) -> None:
+def test_failed_fetch_leaves_nothing_and_is_retried(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shardfs.cache, "_FAILURE_HOLD_S", 0.0)
     cache, source = open_cache(), Source()
     attempts: list[int] = []
 
@@ -935,6 +938,7 @@ def test_a_read_that_must_not_wait_skips_blocks_the_page_cache_lacks(
 def test_waiters_share_a_failed_fetch_instead_of_refetching(
     open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(shardfs.cache, "_FAILURE_HOLD_S", 0.0)
     cache, source = open_cache(), Source()
     error = StoreReadError("train-000.tar: store unreachable")
     started, release = threading.Event(), threading.Event()
@@ -1023,3 +1027,36 @@ def test_damaged_ledger_is_rebuilt_from_the_block_files(
         assert source.get(second, index) == source.block(index)
     assert source.calls == [0, 1, 2]  # nothing fetched again
     assert len([r for r in caplog.records if "rebuilt it from 3" in r.getMessage()]) == 1
+
+
+def test_a_failed_block_fails_at_once_for_a_moment_then_is_fetched_again(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel follows a failed readahead with an immediate page READ: that READ gets the
+    same failure at once instead of waiting out a second deadline; later reads refetch."""
+    monkeypatch.setattr(shardfs.cache, "_FAILURE_HOLD_S", 0.3)
+    cache, source = open_cache(), Source()
+    error = StoreReadError("train-000.tar: no answer within 30 s")
+    calls: list[int] = []
+
+    def failing() -> bytes:
+        calls.append(0)
+        raise error
+
+    with pytest.raises(StoreReadError) as first:
+        cache.get(BlockKey(KEY, 0), 0, 100, BLOCK, failing)
+    with pytest.raises(StoreReadError) as second:
+        cache.get(BlockKey(KEY, 0), 0, 100, BLOCK, failing)
+    assert first.value is error and second.value is error
+    assert calls == [0]
+    assert source.get(cache, 1) == source.block(1)  # other blocks are not held
+
+    deadline = time.monotonic() + 10
+    data = None
+    while data is None and time.monotonic() < deadline:
+        try:
+            data = source.get(cache, 0)
+        except StoreReadError:
+            time.sleep(0.05)
+    assert data == source.block(0)
+    assert calls == [0]  # the refetch went to the working source

@@ -40,7 +40,7 @@ import pytest
 from conftest import is_mounted, run_shardfs, unmount
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.fault_proxy import FaultProxy, delete_object, other_version, replace_object
-from support.mounts import new_bucket
+from support.mounts import new_bucket, wait_for
 from support.s3 import S3Server
 
 from shardfs.control import pid_file
@@ -359,9 +359,19 @@ def test_black_hole_fails_a_read_within_the_deadline(
     assert outcome == [errno.EIO], f"expected EIO, got {outcome}"
     assert elapsed <= READ_TIMEOUT + 5, f"EIO came after {elapsed:.1f}s"
 
-    proxy.remove(hole)  # the store answers again: so do the reads
+    proxy.remove(hole)  # the store answers again: so do the reads (a failed block is held
+    # failed for about a second, for the kernel's immediate retry of a failed readahead)
+    wait_for(lambda: _reads(mounted.mountpoint / target), "the first read after the outage")
     results = read_tree(mounted.mountpoint, list(dataset.sha))
     assert wrong_bytes(dataset, results) == [] and failed(results) == {}
+
+
+def _reads(path: Path) -> bool:
+    try:
+        path.read_bytes()
+    except OSError:
+        return False
+    return True
 
 
 # -- without faults nothing is fetched twice -----------------------------------------------------
