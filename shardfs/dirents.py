@@ -24,8 +24,9 @@ from typing import NamedTuple
 _DIRENT = struct.Struct("<QQII")
 # fuse_entry_out (nodeid, generation, entry_valid, attr_valid, their nanoseconds, then
 # fuse_attr: ino, size, blocks, atime, mtime, ctime, three nanoseconds, mode, nlink, uid,
-# gid, rdev, blksize, flags), then fuse_dirent.
-_DIRENT_PLUS = struct.Struct("<QQQQII" + "QQQQQQ" + "IIIIIIIIII" + "QQII")
+# gid, rdev, blksize, flags), then fuse_dirent. The kernel reads the three times as signed
+# seconds, so a member dated before 1970 is packed as a negative number.
+_DIRENT_PLUS = struct.Struct("<QQQQII" + "QQQqqq" + "IIIIIIIIII" + "QQII")
 assert _DIRENT.size == 24 and _DIRENT_PLUS.size == 152
 _PADDING = [b"\0" * n for n in range(8)]
 

@@ -24,6 +24,8 @@ ENTRIES = [
     Entry(b"x" * 255, 11, stat.S_IFLNK | 0o777, 1, 3, 1, 1_700_000_001, False),
     Entry(b"exactly8", 2**40, stat.S_IFREG | 0o444, 1, 2**33, 2**24, 2**31, True),
     Entry(b"sixteen-bytes-ab", 13, stat.S_IFREG | 0o444, 1, 4096, 8, 0, True),
+    Entry(b"before-1970", 14, stat.S_IFREG | 0o444, 1, 1, 1, -86_400, True),  # signed times
+    Entry(b"hostile-mtime", 15, stat.S_IFREG | 0o444, 1, 1, 1, -(2**63), True),
 ]
 
 
