@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from tarbuild import Entry, directory, make_tar, store_with, symlink
 
+import shardfs.index
 from shardfs.config import IndexConfig, ViewConfig
 from shardfs.errors import NotFoundError
 from shardfs.index import IndexBuilder
@@ -330,9 +331,11 @@ def test_link_folder_component_becomes_a_real_folder_by_the_duplicate_rule(
 # --- deep trees -----------------------------------------------------------------------------
 
 
-def test_member_path_of_2000_components(tmp_path: Path) -> None:
+def test_member_path_of_2000_components(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan refuses paths deeper than MAX_PATH_DEPTH; the view must not rely on that."""
     depth = 2000
     assert depth > sys.getrecursionlimit()
+    monkeypatch.setattr(shardfs.index, "MAX_PATH_DEPTH", depth + 1)
     folder = "/".join(["d"] * depth)
     mid = "/".join(["d"] * 1000)
     view, report = build(
