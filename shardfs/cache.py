@@ -825,6 +825,12 @@ class BlockCache:
         """The open block file at ``path`` (opened and header-verified once), or None."""
         with self._open_lock:
             block = self._open.get(path)
+            if block is not None and os.fstat(block.fd).st_nlink == 0:
+                # Removed by `cache clear` or another mount's eviction: holding it open
+                # would keep its disk space and serve a block the cache no longer has.
+                del self._open[path]
+                self._retire_locked(block)
+                block = None
             if block is not None:
                 self._open.move_to_end(path)
                 block.users += 1

@@ -755,6 +755,30 @@ def test_clear_cache_while_another_instance_is_open(
     assert cache_info(cache_dir)["blocks"] == 3
 
 
+def test_clear_cache_closes_blocks_held_open_and_they_are_refetched(
+    cache_dir: Path, open_cache: Callable[..., BlockCache]
+) -> None:
+    """A block file read before the clear is held open; once cleared it must be neither
+    served nor kept open (its disk space would stay used, invisible to the bound)."""
+    cache, source = open_cache(), Source()
+    for index in range(3):
+        source.get(cache, index)
+        assert source.get(cache, index, 0, 100) == source.block(index)[:100]  # now held open
+    fds_held = len(os.listdir("/proc/self/fd"))
+    clear_cache(cache_dir)
+
+    for index in range(3):
+        assert source.get(cache, index, 0, 100) == source.block(index)[:100]
+    assert source.calls == [0, 1, 2, 0, 1, 2]
+    deleted = [
+        os.readlink(f"/proc/self/fd/{fd}")
+        for fd in os.listdir("/proc/self/fd")
+        if os.path.exists(f"/proc/self/fd/{fd}")
+    ]
+    assert not [t for t in deleted if t.startswith(str(cache_dir)) and t.endswith("(deleted)")]
+    assert len(os.listdir("/proc/self/fd")) <= fds_held
+
+
 def test_cache_info_of_missing_folder(tmp_path: Path) -> None:
     info = cache_info(tmp_path / "nothing")
     assert (info["blocks"], info["block_bytes"], info["index_files"]) == (0, 0, 0)
