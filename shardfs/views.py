@@ -492,7 +492,8 @@ def _build_imagefolder(
         labeled_here = 0
         for key, (label, images) in samples.items():
             if label is None:
-                example = f"{key}.{images[0][0]} in {shard_name}"
+                member = key.removeprefix(f"{folder}/") if folder else key  # as in the tar
+                example = f"{member}.{images[0][0]} in {shard_name}"
                 report.unlabeled += len(images)
                 report.note(f"image {example} has no label")
                 if strict and not report.auto_example:
