@@ -497,7 +497,8 @@ def diagnose_fuse_failure(
     helper = fusermount if fusermount is not None else _find_fusermount()
     if helper is None or not os.access(helper, os.X_OK):
         return (
-            "fusermount3 is not installed (an unprivileged user mounts through it): "
+            "fusermount3 is not installed or cannot be run (an unprivileged user mounts "
+            "through it): "
             "install fuse3 (apt install fuse3, or dnf install fuse3)"
         )
     info = os.stat(helper)
