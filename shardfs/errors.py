@@ -13,6 +13,7 @@ FUSE adapter answers with and the exit code the CLI returns.
      │    └── UnsafeMemberError      a member path would escape the mount
      ├── IndexError_              the persisted index is unreadable
      ├── MountError               the mountpoint cannot be used
+     │    └── FuseUnavailableError   this user may not mount FUSE here
      └── FileSystemError          a path lookup failed inside the mounted tree
           ├── NotFoundError          ENOENT
           ├── NotADirectoryError_    ENOTDIR
@@ -90,6 +91,11 @@ class MountError(ShardfsError):
 
     errno = errno.EBUSY
     exit_code = 5
+
+
+class FuseUnavailableError(MountError):
+    """FUSE cannot be used by this user here: ``/dev/fuse`` missing or not accessible,
+    fusermount3 missing, or ``allow_other`` not allowed; the message names the fix."""
 
 
 class FileSystemError(ShardfsError):

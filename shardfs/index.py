@@ -416,7 +416,8 @@ class IndexBuilder:
                     "ignoring invalid index sidecar %s", posixpath.join(folder, SIDECAR_NAME)
                 )
                 continue
-            log.info("using index sidecar in %r for %d shard(s)", folder, len(table))
+            where = f"folder {folder}/" if folder else "the source root"
+            log.info("using the index sidecar in %s for %d shard(s)", where, len(table))
             for (shard_name, size, etag), sid in table.items():
                 identity = (posixpath.join(folder, shard_name), size, etag)
                 found.setdefault(identity, _Source(Path(name), sid, folder))

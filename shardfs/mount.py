@@ -20,12 +20,13 @@ import os
 import posixpath
 import shutil
 import sqlite3
+import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -41,8 +42,8 @@ from .config import (
     ViewConfig,
 )
 from .control import ControlServer, pid_file, process_running, socket_path
-from .errors import IndexError_, MountError, UsageError
-from .index import BlockSink, IndexBuilder, Progress, fingerprint
+from .errors import FuseUnavailableError, IndexError_, MountError, UsageError
+from .index import BlockSink, IndexBuilder, Progress, connect, fingerprint
 from .mounttable import find_mount, is_disconnected
 from .readahead import Prefetcher
 from .reader import CachedReader, DirectReader, RangeReader
@@ -186,6 +187,44 @@ def _build_index(
     return build(settings)
 
 
+VIEW_NOTICE_AFTER = 1.0
+"""Seconds a view build may run silently; after that a line says what is going on."""
+
+
+@contextlib.contextmanager
+def _say_if_slow(notice: Callable[[str], None], text: Callable[[], str]) -> Iterator[None]:
+    """Say ``text()`` once the block has run for VIEW_NOTICE_AFTER seconds: a silent wait of
+    seconds after the scan's progress bar looks like a hang. Nothing is said after the block."""
+    done = threading.Event()
+
+    def wait() -> None:
+        if not done.wait(VIEW_NOTICE_AFTER):
+            notice(text())
+
+    thread = threading.Thread(target=wait, name="shardfs-view-notice", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _building_view_text(index_path: Path) -> str:
+    try:
+        conn = connect(index_path, readonly=True)
+        try:
+            members = conn.execute(
+                "SELECT COUNT(*) FROM members m JOIN shards s ON s.id = m.shard "
+                "WHERE s.error IS NULL"
+            ).fetchone()[0]
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return "building the view (once; later mounts reuse it) ..."
+    return f"building the view of {members:,} members (once; later mounts reuse it) ..."
+
+
 def _open_view(
     index_path: Path,
     view_path: Path,
@@ -193,18 +232,24 @@ def _open_view(
     classes_for: Callable[[str], list[str] | None],
     scratch: _Scratch,
     warn: Callable[[str], None],
+    notice: Callable[[str], None],
 ) -> View:
     """The materialised view: reused when whole, rebuilt when damaged, built in scratch when
     the cache disk cannot take it."""
+
+    def build(out: Path) -> ViewReport:
+        with _say_if_slow(notice, lambda: _building_view_text(index_path)):
+            return build_view(index_path, out, config, classes_for)
+
     _discard_damaged(view_path, "view", warn)
     if not view_path.exists():
         try:
-            report = build_view(index_path, view_path, config, classes_for)
+            report = build(view_path)
         except (OSError, sqlite3.Error) as exc:
             if not _disk_unwritable(exc):
                 raise
             view_path = scratch.get(exc) / "views" / view_path.name
-            report = build_view(index_path, view_path, config, classes_for)
+            report = build(view_path)
         for line in report_warnings(report):
             warn(line)
     try:
@@ -214,7 +259,7 @@ def _open_view(
             raise
         warn(f"view {view_path} was damaged ({exc}); rebuilding it")
         _remove_path(view_path)
-        build_view(index_path, view_path, config, classes_for)
+        build(view_path)
         return View(view_path)
 
 
@@ -232,6 +277,32 @@ def report_warnings(report: ViewReport) -> list[str]:
     return lines + [f"  e.g. {example}" for example in report.examples] if lines else []
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}" + ("" if number == 1 else "s")
+
+
+def layout_line(report: ViewReport) -> str | None:
+    """Which layout ``auto`` chose and why, as one line; None for a layout asked for by name.
+
+    Said at every mount (the reason is kept in the view), since a fallback to raw because
+    of one unlabelled image among thousands is otherwise invisible."""
+    if report.requested != "auto":
+        return None
+    if report.layout == "imagefolder":
+        images = _count(report.labeled, "labelled image")
+        return f"layout: imagefolder (auto: {images} in {_count(report.labeled_shards, 'shard')})"
+    if report.auto_unlabeled:
+        total = report.labeled + report.auto_unlabeled
+        verb = "has" if report.auto_unlabeled == 1 else "have"
+        ones = "one" if report.labeled == 1 else "ones"
+        return (
+            f"layout: raw (auto: {report.auto_unlabeled:,} of {_count(total, 'image')} "
+            f"{verb} no label, e.g. {report.auto_example}; use --layout imagefolder to mount "
+            f"the {report.labeled:,} labelled {ones})"
+        )
+    return "layout: raw (auto: no image has a label, a KEY.cls or KEY.json next to KEY.jpg)"
+
+
 def open_source(
     source: SourceConfig,
     index_config: IndexConfig,
@@ -239,9 +310,13 @@ def open_source(
     *,
     progress: Progress | None = None,
     warn: Callable[[str], None] = log.warning,
+    notice: Callable[[str], None] = log.info,
     cache: BlockCache | None = None,
 ) -> OpenedSource:
     """Everything up to a ready View: listing, index (scanning only what changed), view.
+
+    ``warn`` gets problems, ``notice`` what the user should know even so: the layout
+    ``auto`` chose and why, and a view build that takes a while.
 
     With a ``cache``, the bytes an index scan streams are kept as cache blocks, so reading
     the files afterwards downloads nothing again."""
@@ -260,12 +335,15 @@ def open_source(
     scratch = _Scratch(index_config.cache_dir, warn)
     try:
         view, index_path, scanned = _open_index_and_view(
-            store, shards, index_config, view_config, scratch, progress, sink, cache, warn
+            store, shards, index_config, view_config, scratch, progress, sink, cache, warn, notice
         )
     except BaseException:
         if scratch.path is not None:
             shutil.rmtree(scratch.path, ignore_errors=True)
         raise
+    line = layout_line(view.report)
+    if line is not None:
+        notice(line)
     log.info(
         "view %s: %d files, %d folders, %d bytes in %d shards",
         view.layout,
@@ -287,6 +365,7 @@ def _open_index_and_view(
     sink: BlockSink | None,
     cache: BlockCache | None,
     warn: Callable[[str], None],
+    notice: Callable[[str], None],
 ) -> tuple[View, Path, int]:
     def index() -> IndexBuilder:
         return _build_index(
@@ -307,12 +386,12 @@ def _open_index_and_view(
     if view_config.layout != "raw" and view_config.classes is None:
         folders = sorted({""} | {posixpath.dirname(s.name) for s in shards})
         for folder in folders:
-            data = store.read_object(posixpath.join(folder, CLASSES_FILE))
+            name = posixpath.join(folder, CLASSES_FILE)
+            data = store.read_object(name)
             if data is not None:
                 try:
-                    classes[folder] = parse_classes(data.decode("utf-8"))
+                    classes[folder] = parse_classes(data.decode("utf-8"), name)
                 except UnicodeDecodeError as exc:
-                    name = posixpath.join(folder, CLASSES_FILE)
                     raise UsageError(f"{name}: not UTF-8 text ({exc.reason})") from exc
 
     def classes_for(folder: str) -> list[str] | None:
@@ -321,7 +400,7 @@ def _open_index_and_view(
     key = view_key(fingerprint(shards), view_config, classes)
     view_path = index_config.cache_dir / "views" / f"{store.identity}-{key}.sqlite"
     try:
-        view = _open_view(builder.path, view_path, view_config, classes_for, scratch, warn)
+        view = _open_view(builder.path, view_path, view_config, classes_for, scratch, warn, notice)
     except sqlite3.DatabaseError as exc:
         if not _damaged(exc):
             raise
@@ -329,7 +408,7 @@ def _open_index_and_view(
         warn(f"index {builder.path} was damaged ({exc}); rebuilding it")
         _remove_path(builder.path)
         builder = index()
-        view = _open_view(builder.path, view_path, view_config, classes_for, scratch, warn)
+        view = _open_view(builder.path, view_path, view_config, classes_for, scratch, warn, notice)
     return view, builder.path, builder.scanned_shards
 
 
@@ -374,6 +453,127 @@ def check_cache_dir(cache_dir: Path) -> None:
         raise UsageError(f"--cache-dir {cache_dir}: not writable ({reason})") from exc
 
 
+_CAP_SYS_ADMIN = 21
+
+
+def diagnose_fuse_failure(
+    mountpoint: Path,
+    *,
+    allow_other: bool,
+    device: Path = Path("/dev/fuse"),
+    fuse_conf: Path = Path("/etc/fuse.conf"),
+    fusermount: str | None = None,
+    euid: int | None = None,
+    status: Path = Path("/proc/self/status"),
+) -> str | None:
+    """Why this process cannot mount FUSE at ``mountpoint``, with the fix; None if no cause
+    is seen. libfuse prints its reason only on stderr (the daemon's log), so its checks are
+    repeated here, after a failed mount, to put the cause in the user's one line.
+
+    ``fusermount`` is the helper an unprivileged mount runs (default: found as libfuse
+    finds it); the other arguments let tests point the checks at files of their own."""
+    user_id = os.geteuid() if euid is None else euid
+    if not os.path.exists(device):
+        return (
+            f"{device} does not exist: load the fuse kernel module (sudo modprobe fuse), "
+            "or in a container pass the device (--device /dev/fuse)"
+        )
+    try:
+        os.close(os.open(device, os.O_RDWR | os.O_CLOEXEC))
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return _device_permission_cause(device, exc)
+        return (
+            f"{device} cannot be opened ({exc.strerror}): is the fuse kernel module loaded? "
+            "(sudo modprobe fuse)"
+        )
+    if not _may_mount(status):
+        return (
+            "this process may not mount (CAP_SYS_ADMIN is not in its capability bounding "
+            "set); in a container, add --cap-add SYS_ADMIN --device /dev/fuse"
+        )
+    if user_id == 0:
+        return None
+    helper = fusermount if fusermount is not None else _find_fusermount()
+    if helper is None or not os.access(helper, os.X_OK):
+        return (
+            "fusermount3 is not installed or cannot be run (an unprivileged user mounts "
+            "through it): "
+            "install fuse3 (apt install fuse3, or dnf install fuse3)"
+        )
+    info = os.stat(helper)
+    if info.st_uid != 0 or not info.st_mode & stat.S_ISUID:
+        return (
+            f"{helper} is not setuid root, so an unprivileged user cannot mount with it: "
+            f"reinstall fuse3, or sudo chmod u+s {helper}"
+        )
+    if allow_other and not _user_allow_other(fuse_conf):
+        return (
+            f"allow_other needs the line user_allow_other in {fuse_conf} for users other "
+            "than root: add it (as root), or mount without allow_other"
+        )
+    if not os.access(mountpoint, os.W_OK):
+        return (
+            f"this user has no write access to the mountpoint {mountpoint}, which "
+            "fusermount3 requires: mount on a folder you own"
+        )
+    return None
+
+
+def _device_permission_cause(device: Path, exc: OSError) -> str:
+    import grp
+    import pwd
+
+    info = os.stat(device)
+    owner = _name_of(pwd.getpwuid, info.st_uid)
+    group = _name_of(grp.getgrgid, info.st_gid)
+    mode = stat.filemode(info.st_mode)
+    fixes = f"make it usable by all as most systems do (sudo chmod 0666 {device})"
+    if info.st_gid != 0 and info.st_mode & 0o060 == 0o060:
+        fixes = (
+            f"add this user to the {group} group (sudo usermod -aG {group} $USER, then log in "
+            f"again), or {fixes}"
+        )
+    found = f"{exc.strerror}; it is {mode} {owner}:{group}"
+    return f"{device} cannot be opened by this user ({found}): {fixes}"
+
+
+def _name_of(lookup: Callable[[int], Any], number: int) -> str:
+    try:
+        return str(lookup(number)[0])
+    except KeyError:
+        return str(number)
+
+
+def _find_fusermount() -> str | None:
+    """fusermount3 as libfuse runs it: its install folder first, then PATH."""
+    for name in ("fusermount3", "fusermount"):
+        for path in (f"/usr/bin/{name}", f"/bin/{name}", shutil.which(name)):
+            if path and os.path.isfile(path):
+                return path
+    return None
+
+
+def _may_mount(status: Path) -> bool:
+    """False when CAP_SYS_ADMIN is outside the bounding set: neither this process nor a
+    setuid fusermount3 it runs can mount then. True when it cannot be told."""
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("CapBnd:"):
+                return bool(int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
+def _user_allow_other(fuse_conf: Path) -> bool:
+    try:
+        lines = fuse_conf.read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in lines)
+
+
 class ReadyChannel:
     """The child's side of the pipe: progress, warnings, then ``ready`` or ``error``."""
 
@@ -401,6 +601,11 @@ def _warn_both(channel: ReadyChannel, text: str) -> None:
     channel.send("warn", text)
 
 
+def _note_both(channel: ReadyChannel, text: str) -> None:
+    log.info("%s", text)
+    channel.send("note", text)
+
+
 def run_foreground(
     source: SourceConfig,
     index_config: IndexConfig,
@@ -426,6 +631,7 @@ def run_foreground(
             view_config,
             progress=progress,
             warn=lambda text: _warn_both(channel, text),
+            notice=lambda text: _note_both(channel, text),
             cache=cache,
         )
     except BaseException:
@@ -488,7 +694,11 @@ def run_foreground(
         fuse_ops.serve(core, mount_config, on_ready, keep_handles=cache is None)
     except RuntimeError as exc:  # the mount itself failed (a stopped loop returns normally)
         if not served.is_set():
-            raise MountError(f"{mount_config.mountpoint}: FUSE mount failed ({exc})") from exc
+            mountpoint = mount_config.mountpoint
+            cause = diagnose_fuse_failure(mountpoint, allow_other=mount_config.allow_other)
+            if cause is not None:
+                raise FuseUnavailableError(f"{mountpoint}: cannot mount: {cause}") from exc
+            raise MountError(f"{mountpoint}: FUSE mount failed ({exc})") from exc
         raise
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -527,7 +737,9 @@ def spawn_daemon(argv: Sequence[str], log_path: Path, show_progress: bool) -> tu
                 if kind == "progress" and show_progress:
                     bar = update_progress_bar(bar, text)
                 elif kind == "warn":
-                    print(f"shardfs: warning: {text}", file=sys.stderr)
+                    _print_line(bar, f"shardfs: warning: {text}")
+                elif kind == "note":
+                    _print_line(bar, f"shardfs: {text}")
                 elif kind == "ready":
                     return 0, text
                 elif kind == "error":
@@ -538,6 +750,14 @@ def spawn_daemon(argv: Sequence[str], log_path: Path, show_progress: bool) -> tu
             bar.close()
     status = child.wait()
     return 1, f"the mount daemon exited with status {status} before it was ready; see {log_path}"
+
+
+def _print_line(bar: Any, text: str) -> None:
+    """A line on stderr, above the progress bar if one is shown."""
+    if bar is not None:
+        bar.write(text, file=sys.stderr)
+    else:
+        print(text, file=sys.stderr)
 
 
 def update_progress_bar(bar: object | None, text: str) -> object:

@@ -40,7 +40,7 @@ from .tar import MemberKind
 
 log = logging.getLogger(__name__)
 
-VIEW_VERSION = 2
+VIEW_VERSION = 3
 ROOT_INO = 1
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
 LABEL_EXTENSIONS = frozenset({"cls", "json"})
@@ -70,14 +70,21 @@ ClassesLookup = Callable[[str], "list[str] | None"]
 
 @dataclass
 class ViewReport:
-    """What building a view found; warnings name a few examples of each problem."""
+    """What building a view found; warnings name a few examples of each problem.
 
-    layout: str = "raw"
+    The ``auto_*`` fields keep why ``auto`` chose raw, so that every mount can say so."""
+
+    layout: str = "raw"  # the layout built
+    requested: str = "raw"  # the layout asked for: auto, raw or imagefolder
     files: int = 0
     directories: int = 0
     bytes: int = 0
     duplicates: int = 0
-    unlabeled: int = 0
+    labeled: int = 0  # images with a label (the imagefolder tree's files)
+    labeled_shards: int = 0  # shards holding them
+    unlabeled: int = 0  # images without a label, left out of an imagefolder tree
+    auto_unlabeled: int = 0  # images without a label that made auto choose raw
+    auto_example: str = ""  # one of them: "KEY.EXT in SHARD"
     ignored: int = 0
     dropped_links: int = 0
     examples: list[str] = field(default_factory=list)
@@ -92,14 +99,25 @@ def view_key(index_fingerprint: str, config: ViewConfig, classes: dict[str, list
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def parse_classes(text: str) -> list[str]:
-    """One class name per line, index = label; blank trailing lines are ignored."""
+def parse_classes(text: str, source: str = "classes file") -> list[str]:
+    """One class name per line, index = label; blank trailing lines are ignored.
+
+    A name given twice is refused: its labels would silently share one folder."""
     names = [line.strip() for line in text.splitlines()]
     while names and not names[-1]:
         names.pop()
-    for name in names:
+    first_line: dict[str, int] = {}
+    for number, name in enumerate(names, start=1):
         if not name or "/" in name or name in (".", ".."):
-            raise UsageError(f"invalid class name {name!r} in classes file")
+            raise UsageError(f"{source}: invalid class name {name!r} on line {number}")
+        earlier = first_line.setdefault(name, number)
+        if earlier != number:
+            again = [n for n, other in enumerate(names, start=1) if other == name]
+            lines = ", ".join(str(n) for n in again[:-1]) + f" and {again[-1]}"
+            raise UsageError(
+                f"{source}: duplicate class name {name!r} on lines {lines} "
+                "(each label needs a name of its own)"
+            )
     return names
 
 
@@ -439,8 +457,10 @@ def _build_imagefolder(
     *,
     strict: bool,
 ) -> bool:
-    """Fill the tree; return False (having written nothing) if ``strict`` and a sample has no
-    label, so that ``auto`` can fall back to raw."""
+    """Fill the tree and return True; or return False, having written nothing, when no
+    member has a label, or when ``strict`` and an image has none (``auto`` then falls back
+    to raw). Either way the report counts the labelled and unlabelled images, so that the
+    choice can be explained."""
     max_label = conn.execute(
         "SELECT MAX(label) FROM members m JOIN shards s ON s.id = m.shard "
         "WHERE s.error IS NULL AND label IS NOT NULL"
@@ -462,31 +482,40 @@ def _build_imagefolder(
             )
         return names[label]
 
-    staged: list[tuple[int, str, str, int, int, int, int]] = []
+    staged: list[tuple[int, str, int, int, int, int]] = []
     samples: dict[str, tuple[int | None, list[tuple[str, int, int, int, int]]]] = {}
     current_shard = -1
 
-    def flush_shard() -> bool:
+    def flush_shard() -> None:
+        shard_name = shard_dirs[current_shard]
+        folder = posixpath.dirname(shard_name)
+        labeled_here = 0
         for key, (label, images) in samples.items():
             if label is None:
+                member = key.removeprefix(f"{folder}/") if folder else key  # as in the tar
+                example = f"{member}.{images[0][0]} in {shard_name}"
                 report.unlabeled += len(images)
-                shard_name = shard_dirs[current_shard]
-                report.note(f"image {key}.{images[0][0]} in {shard_name} has no label")
-                if strict:
-                    return False
+                report.note(f"image {example} has no label")
+                if strict and not report.auto_example:
+                    report.auto_example = example
+                    staged.clear()  # nothing will be written: only count from here on
                 continue
-            folder = posixpath.dirname(shard_dirs[current_shard])
+            labeled_here += len(images)
+            name = class_name(current_shard, label)
+            if strict and report.unlabeled:
+                continue
             base = posixpath.basename(key)
             for ext, offset, size, mode, mtime in images:
-                path = posixpath.join(folder, class_name(current_shard, label), f"{base}.{ext}")
-                staged.append((current_shard, path, "", offset, size, mode, mtime))
+                path = posixpath.join(folder, name, f"{base}.{ext}")
+                staged.append((current_shard, path, offset, size, mode, mtime))
+        report.labeled += labeled_here
+        report.labeled_shards += labeled_here > 0
         samples.clear()
-        return True
 
     for shard, (path, offset, size, mode, mtime, kind, _link, label) in iter_member_rows(conn):
         if shard != current_shard:
-            if current_shard != -1 and not flush_shard():
-                return False
+            if current_shard != -1:
+                flush_shard()
             current_shard = shard
         if kind != MemberKind.FILE:
             continue
@@ -500,9 +529,11 @@ def _build_imagefolder(
             samples[key] = (label, images)
         elif lower not in LABEL_EXTENSIONS:
             report.ignored += 1
-    if current_shard != -1 and not flush_shard():
+    if current_shard != -1:
+        flush_shard()
+    if strict and (report.unlabeled or not report.labeled):
         return False
-    for shard, path, _, offset, size, mode, mtime in staged:
+    for shard, path, offset, size, mode, mtime in staged:
         tree.entry(path, MemberKind.FILE, shard, offset, size, mode, mtime)
     return True
 
@@ -537,7 +568,9 @@ def build_view(
             if _build_imagefolder(index, tree, report, lookup, strict=layout == "auto"):
                 layout = "imagefolder"
             elif layout == "auto":
-                report.unlabeled = 0
+                # Raw shows every image, so none is "left out": keep the count as the reason.
+                report.auto_unlabeled, report.unlabeled = report.unlabeled, 0
+                report.ignored = 0
                 report.examples.clear()
                 layout = "raw"
             else:
@@ -545,6 +578,7 @@ def build_view(
         if layout == "raw":
             _build_raw(index, tree, report)
         report.layout = layout
+        report.requested = config.layout
         tree.finish({sid: name for sid, name, _, _ in shards})
         out.execute("INSERT INTO meta VALUES ('layout', ?)", (layout,))
         out.execute("INSERT INTO meta VALUES ('report', ?)", (json.dumps(report.__dict__),))

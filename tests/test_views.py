@@ -267,8 +267,46 @@ def test_images_without_labels_auto_falls_back_to_raw(tmp_path: Path) -> None:
     view, report = view_of(tmp_path, shards, "auto")
     assert view.layout == report.layout == "raw"
     assert sorted(files(view)) == ["a.cls", "a.jpg", "b.jpg", "c.cls", "c.jpg"]
-    assert report.unlabeled == 0
+    assert report.unlabeled == 0  # raw leaves nothing out
     assert report.examples == []
+    # ... but why auto chose raw is kept, and survives in the stored view.
+    for kept in (report, view.report):
+        assert (kept.requested, kept.auto_unlabeled, kept.labeled) == ("auto", 1, 2)
+        assert kept.auto_example == "b.jpg in s.tar"
+
+
+def test_auto_counts_every_unlabelled_image_across_shards(tmp_path: Path) -> None:
+    """The count is the whole dataset's, not the first one met; the example is the first."""
+    shards = {
+        "d/s0.tar": sample_shard([("a", 0), ("x/b", None), ("c", 1)]),
+        "d/s1.tar": sample_shard([("d", None), ("e", 0), ("f", None)]),
+        "d/s2.tar": sample_shard([("g", 1)]),
+    }
+    view, report = view_of(tmp_path, shards, "auto")
+    assert view.layout == "raw"
+    assert (report.auto_unlabeled, report.labeled, report.labeled_shards) == (3, 4, 3)
+    assert report.auto_example == "x/b.jpg in d/s0.tar"
+
+
+def test_auto_imagefolder_counts_labelled_images_and_shards(tmp_path: Path) -> None:
+    shards = {
+        "s0.tar": sample_shard([("a", 0), ("b", 1)]),
+        "s1.tar": sample_shard([("c", 1)]),
+        "s2.tar": make_tar([("readme.txt", b"no images here")]),
+    }
+    _, report = view_of(tmp_path, shards, "auto")
+    assert report.layout == "imagefolder"
+    assert (report.requested, report.labeled, report.labeled_shards) == ("auto", 3, 2)
+    assert (report.auto_unlabeled, report.auto_example) == (0, "")
+
+
+def test_auto_with_labels_but_no_labelled_image_is_raw(tmp_path: Path) -> None:
+    """Labels whose images are missing would make an empty imagefolder tree."""
+    shards = {"s.tar": make_tar([("a.cls", b"0"), ("b.txt", b"text")])}
+    view, report = view_of(tmp_path, shards, "auto")
+    assert view.layout == "raw"
+    assert sorted(files(view)) == ["a.cls", "b.txt"]
+    assert (report.labeled, report.auto_unlabeled) == (0, 0)
 
 
 def test_images_without_labels_explicit_imagefolder_drops_them(tmp_path: Path) -> None:
@@ -353,6 +391,22 @@ def test_parse_classes() -> None:
     for bad in ("cat\n\ndog\n", "a/b\n", "..\n", ".\n"):
         with pytest.raises(UsageError, match="invalid class name"):
             parse_classes(bad)
+    with pytest.raises(UsageError, match=r"^c\.txt: invalid class name 'a/b' on line 2$"):
+        parse_classes("cat\na/b\n", "c.txt")
+
+
+def test_parse_classes_refuses_duplicate_names_with_their_lines() -> None:
+    with pytest.raises(UsageError) as twice:
+        parse_classes("cat\ndog\n cat\n", "train/classes.txt")
+    assert str(twice.value) == (
+        "train/classes.txt: duplicate class name 'cat' on lines 1 and 3 "
+        "(each label needs a name of its own)"
+    )
+    assert twice.value.exit_code == 2
+    with pytest.raises(UsageError, match=r"'b' on lines 2, 3 and 5 "):
+        parse_classes("a\nb\nb\nc\nb\na\n")
+    # Names differing only in case are different folders, so they are allowed.
+    assert parse_classes("Cat\ncat\n") == ["Cat", "cat"]
 
 
 # --- classes.txt next to the shards (through mount.open_source, no FUSE) ----------------------
