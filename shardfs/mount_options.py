@@ -68,7 +68,9 @@ def apply_options(
         name, has_value, value = item.partition("=")
         if not mounts and (name in _MOUNT_ONLY or _ignored(name)):
             raise UsageError(f"-o {name}: a mount option; shardfs {command} does not mount")
-        if name in FUSE_OPTIONS or _ignored(name):
+        if _ignored(name):
+            continue
+        if name in FUSE_OPTIONS:
             _apply_fuse_option(args, name, bool(has_value))
             continue
         flag = "--" + name.replace("_", "-")
@@ -98,16 +100,21 @@ def _apply_fuse_option(args: argparse.Namespace, name: str, has_value: bool) -> 
         args.allow_root = True
     elif name == "nonempty":
         args.nonempty = True
-    # ro and default_permissions hold for every shardfs mount; ignored options mean nothing
+    # ro and default_permissions hold for every shardfs mount
 
 
 def _unknown(item: str, name: str, actions: dict[str, argparse.Action], command: str) -> str:
     spelled = "--" + name.replace("_", "-")
     if "-" in name and spelled in actions:
         return f"-o {item}: write it with underscores: -o {item.replace('-', '_', name.count('-'))}"
-    if "=" in item or "." in name:
+    if spelled in actions or not ("=" in item or "." in name):
+        return f"-o {name}: unknown option (see shardfs {command} --help)"
+    if command == "mount":
         return (
             f"-o {item}: not a mount option; fsspec storage options now go with "
             f"--storage-option {item}"
         )
-    return f"-o {name}: unknown option (see shardfs {command} --help)"
+    return (
+        f"-o {item}: not an option of shardfs {command} (fsspec storage options go with "
+        f"--storage-option {item})"
+    )

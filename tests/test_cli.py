@@ -63,9 +63,17 @@ def mnt(tmp_path: Path) -> Path:
 
 # --- help and version -------------------------------------------------------------------------
 
-COMMON = ["-o", "--endpoint-url", "--cache-dir", "--skip-bad-shards", "--no-sidecar", "--verbose"]
+COMMON = [
+    "-o",
+    "--storage-option",
+    "--endpoint-url",
+    "--cache-dir",
+    "--skip-bad-shards",
+    "--no-sidecar",
+    "--verbose",
+]
 HELP = {
-    (): ["mount", "umount", "index", "--version", "exit codes", "130"],
+    (): ["mount", "umount", "index", "--version", "exit codes", "130", "examples:"],
     ("mount",): [
         *COMMON,
         "mountpoint",
@@ -75,11 +83,23 @@ HELP = {
         "--foreground",
         "--allow-other",
         "--single-threaded",
+        "--uid",
+        "--gid",
+        "--file-mode",
+        "--dir-mode",
+        "--log-file",
+        "allow_root",
         "exit codes",
     ],
-    ("umount",): ["mountpoint", "exit codes"],
+    ("umount",): ["mountpoint", "--lazy", "exit codes"],
     ("index",): [*COMMON, "--write-sidecar", "exit codes"],
+    ("warm",): [*COMMON, "--cache-size", "exit codes"],
+    ("verify",): [*COMMON, "src_dir", "exit codes"],
+    ("pack",): ["-o", "--storage-option", "--endpoint-url", "--cache-dir", "--format"],
+    ("stats",): ["mountpoint", "--json"],
+    ("cache",): ["info", "clear", "--json", "--all"],
 }
+MOUNT_ONLY = ["--layout", "--allow-other", "--prefetch", "--read-timeout", "--skip-bad-shards"]
 
 
 @pytest.mark.parametrize("command", list(HELP), ids=lambda c: "-".join(c) or "top")
@@ -91,6 +111,19 @@ def test_help(tmp_path: Path, command: tuple[str, ...]) -> None:
     for option in HELP[command]:
         assert option in result.stdout, option
     assert "--ready-fd" not in result.stdout  # internal
+    # A description of its own (the text between the usage and the arguments) and examples.
+    description = result.stdout.split("\n\n")[1]
+    assert not description.startswith(("positional", "options")), result.stdout
+    assert len(description) > 40, description
+    examples = result.stdout.split("examples:\n", 1)[1].split("\n\n")[0].splitlines()
+    assert examples and all(line.strip().startswith("shardfs") for line in examples), examples
+
+
+def test_pack_help_has_no_mount_options(tmp_path: Path) -> None:
+    result = run(tmp_path, "pack", "--help")
+    assert result.returncode == 0
+    for option in MOUNT_ONLY:
+        assert option not in result.stdout, option
 
 
 def test_version(tmp_path: Path) -> None:
@@ -167,22 +200,32 @@ def test_index_unwritable_cache_dir(tmp_path: Path, shards: Path) -> None:
 
 @pytest.mark.parametrize("option", ["novalue", "=x", "a..b=1"])
 def test_bad_storage_option(tmp_path: Path, shards: Path, option: str) -> None:
-    result = run(tmp_path, "index", shards, "-o", option)
+    result = run(tmp_path, "index", shards, "--storage-option", option)
     assert_one_error(result, 2, "storage option")
 
 
 def test_endpoint_with_non_mapping_client_kwargs(tmp_path: Path, shards: Path) -> None:
-    result = run(tmp_path, "index", shards, "--endpoint-url", "http://x", "-o", "client_kwargs=1")
+    result = run(
+        tmp_path,
+        "index",
+        shards,
+        "--endpoint-url",
+        "http://x",
+        "--storage-option",
+        "client_kwargs=1",
+    )
     assert_one_error(result, 2, "client_kwargs")
 
 
 @pytest.mark.parametrize(
     ("args", "part"),
     [
-        (["-o", "bogus=1"], "bogus"),
-        (["-o", "config_kwargs={bad"], "config_kwargs must be a mapping"),
+        (["--storage-option", "bogus=1"], "bogus"),
+        (["--storage-option", "config_kwargs={bad"], "config_kwargs must be a mapping"),
         (["--endpoint-url", "not a url"], "not a url"),
-        (["-o", "client_kwargs.endpoint_url=ftp://x"], "ftp://x"),
+        (["--storage-option", "client_kwargs.endpoint_url=ftp://x"], "ftp://x"),
+        (["-o", "storage_option=client_kwargs.endpoint_url=ftp://x"], "ftp://x"),
+        (["-o", "endpoint_url=not a url"], "not a url"),
     ],
 )
 def test_options_the_s3_client_rejects_are_usage_errors(
@@ -238,8 +281,8 @@ def test_mount_unwritable_cache_dir(tmp_path: Path, shards: Path, mnt: Path) -> 
     assert_one_error(result, 2, "--cache-dir", "not writable")
 
 
-def test_mount_bad_option(tmp_path: Path, shards: Path, mnt: Path) -> None:
-    result = run(tmp_path, "mount", shards, mnt, "-o", "anon")
+def test_mount_bad_storage_option(tmp_path: Path, shards: Path, mnt: Path) -> None:
+    result = run(tmp_path, "mount", shards, mnt, "--storage-option", "anon")
     assert_one_error(result, 2, "storage option must be key=value", "'anon'")
 
 
