@@ -297,3 +297,14 @@ def test_mount_t_shardfs_through_mount8(source: Path, mountpoint: Path, tmp_path
     assert is_mounted(mountpoint)
     check_owner_and_modes(mountpoint)
     umount(mountpoint)
+
+
+def test_helper_sloppy_drops_unknown_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """mount -s: an option shardfs does not know is named and dropped, the rest kept."""
+    assert mount_helper(["src", str(tmp_path), "-sf", "-o", "rw,bogus,cache_size=1G"]) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "shardfs: warning: ignored (-o bogus: unknown option (see shardfs mount --help))"
+    ]
+    assert mount_helper(["src", str(tmp_path), "-f", "-o", "bogus"]) == 2
