@@ -28,7 +28,8 @@ class SourceConfig:
 
     url: fsspec URL of a folder/prefix holding ``*.tar`` shards, a plain local path, or a
         brace pattern such as ``s3://b/train-{000000..000146}.tar``.
-    storage_options: passed to the fsspec filesystem (``-o key=value``). Default: none.
+    storage_options: passed to the fsspec filesystem (``--storage-option key=value``).
+        Default: none.
     endpoint_url: S3-compatible endpoint (``--endpoint-url``). Default: None, which lets
         the standard environment (``AWS_ENDPOINT_URL``) decide.
     read_timeout: seconds a ranged read may take, retries included, before it fails (EIO
@@ -100,18 +101,32 @@ class MountConfig:
     kernel_timeout: seconds the kernel may cache entries and attributes; the dataset is
         immutable, so this is long. Default: 86400.
     allow_other: let other users read the mount. Default: False.
+    allow_root: let root (besides the owner) read the mount. Default: False.
+    nonempty: mount over a folder that is not empty (its content is hidden meanwhile).
+        Default: False.
     threads: answer reads that wait on the store from worker threads, so one slow GET
         does not block other readers. Default: True.
     kernel_push: put the files of each block that reaches the block cache into the
         kernel's page cache, so reading them needs no request to the daemon. Default: True.
+    uid, gid: the owner and group every file and folder shows (``--uid``, ``--gid``).
+        Default: None, the user and group of the mounting process.
+    file_mode: permission bits of every regular file (``--file-mode``). Default: None,
+        read-only for everyone plus the member's own execute bits.
+    dir_mode: permission bits of every folder (``--dir-mode``). Default: None, 0o555.
     """
 
     mountpoint: Path
     foreground: bool = False
     kernel_timeout: float = 86400.0
     allow_other: bool = False
+    allow_root: bool = False
+    nonempty: bool = False
     threads: bool = True
     kernel_push: bool = True
+    uid: int | None = None
+    gid: int | None = None
+    file_mode: int | None = None
+    dir_mode: int | None = None
 
 
 def parse_storage_option(text: str) -> tuple[str, Any]:
@@ -133,7 +148,7 @@ def parse_storage_option(text: str) -> tuple[str, Any]:
 
 
 def storage_options_from_pairs(pairs: list[str]) -> dict[str, Any]:
-    """Build nested storage options from repeated ``-o key=value`` flags."""
+    """Build nested storage options from repeated ``--storage-option key=value`` flags."""
     options: dict[str, Any] = {}
     for text in pairs:
         key, value = parse_storage_option(text)
@@ -150,6 +165,8 @@ def storage_options_from_pairs(pairs: list[str]) -> dict[str, Any]:
         target[leaf] = value
     return options
 
+
+LOGS_KEPT = 20  # a backgrounded mount's logs kept in CACHE_DIR/logs (newest first)
 
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -169,6 +186,20 @@ def parse_size(text: str) -> int:
     if value < 0:
         raise UsageError(f"size must not be negative: {text!r}")
     return int(value * _SIZE_UNITS[unit])
+
+
+def format_bytes(count: float) -> str:
+    """``512 B``, ``7.3 MiB``: sizes in messages, in binary units like ``parse_size``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 shard``, ``2 shards``: counts in messages."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,17 @@
 """The control channel of a running mount: a unix socket that answers with live stats.
 
 ``shardfs stats MOUNTPOINT`` connects to the socket of that mountpoint, sends one command
-line and reads one JSON document. The socket and the daemon's pid file live in a private
-runtime folder (``$XDG_RUNTIME_DIR`` or the temp folder), named after the mountpoint.
+line and reads one JSON document. The socket, the daemon's pid file and its lock file live
+in a private runtime folder (``$XDG_RUNTIME_DIR`` or the temp folder), named after the
+mountpoint. The daemon holds the lock from before its scan until it exits, so a second
+mount of the same mountpoint fails at once instead of stacking a second mount on it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -44,6 +48,32 @@ def pid_file(mountpoint: Path) -> Path:
 
 def socket_path(mountpoint: Path) -> Path:
     return runtime_dir() / f"{_runtime_name(mountpoint)}.sock"
+
+
+def lock_path(mountpoint: Path) -> Path:
+    return runtime_dir() / f"{_runtime_name(mountpoint)}.lock"
+
+
+def lock_mountpoint(mountpoint: Path) -> int:
+    """Take the mountpoint's lock for this process's life; return its descriptor. It holds
+    this process's pid. MountError when another process holds it. The lock file is never
+    removed: another process may be waiting on that very file."""
+    path = lock_path(mountpoint)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise MountError(f"{mountpoint}: cannot lock {path} ({exc.strerror})") from exc
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise MountError(
+            f"{mountpoint}: another shardfs mount is starting or running here{who}"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
 
 
 def process_running(pid: int) -> bool:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
-from .config import ReadConfig
+from .config import MountConfig, ReadConfig
 from .dirents import Entry
 from .errors import IsADirectoryError_, NoSuchAttributeError, NotADirectoryError_, NotFoundError
 from .reader import CachedReader, RangeReader
@@ -24,6 +26,46 @@ from .views import Node, View, st_mode
 XATTR_SHARD = "user.shardfs.shard"
 XATTR_OFFSET = "user.shardfs.offset"
 _FILE_XATTRS = (XATTR_SHARD, XATTR_OFFSET)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who owns every file and folder, and their permission bits.
+
+    uid, gid: default the mounting process's. file_mode, dir_mode: permission bits of
+    every regular file and every folder; None keeps ``views.st_mode``'s rule (read-only
+    for everyone, plus a file's own execute bits). Symlinks always show 0o777."""
+
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)
+    file_mode: int | None = None
+    dir_mode: int | None = None
+
+    @classmethod
+    def of(cls, config: MountConfig) -> Owner:
+        return cls(
+            uid=os.getuid() if config.uid is None else config.uid,
+            gid=os.getgid() if config.gid is None else config.gid,
+            file_mode=config.file_mode,
+            dir_mode=config.dir_mode,
+        )
+
+    def mode_rule(self) -> Callable[[int, int], int]:
+        """``(kind, stored mode) -> st_mode``: ``views.st_mode`` with the overrides."""
+        if self.file_mode is None and self.dir_mode is None:
+            return st_mode
+        file_mode, dir_mode = self.file_mode, self.dir_mode
+
+        @lru_cache(maxsize=256)
+        def rule(kind: int, mode: int) -> int:
+            shown = st_mode(kind, mode)
+            if dir_mode is not None and stat.S_ISDIR(shown):
+                return stat.S_IFDIR | dir_mode
+            if file_mode is not None and stat.S_ISREG(shown):
+                return stat.S_IFREG | file_mode
+            return shown
+
+        return rule
 
 
 @dataclass
@@ -47,6 +89,8 @@ class ShardFileSystem:
         reader: RangeReader,
         config: ReadConfig | None = None,
         stats: Stats | None = None,
+        *,
+        owner: Owner | None = None,
     ) -> None:
         self.view = view
         self.reader = reader
@@ -55,8 +99,10 @@ class ShardFileSystem:
         self._handles: dict[int, _OpenFile] = {}
         self._next_handle = itertools.count(1)
         self._handles_lock = threading.Lock()
-        self.uid = os.getuid()
-        self.gid = os.getgid()
+        owner = owner if owner is not None else Owner()
+        self.uid = owner.uid
+        self.gid = owner.gid
+        self._mode = owner.mode_rule()
         self._mount_time = int(time.time())
 
     def getattr(self, path: str) -> dict[str, int]:
@@ -67,7 +113,7 @@ class ShardFileSystem:
         ``gid`` and ``BLOCK_SIZE`` that is everything ``stat`` shows."""
         size = node.size
         return (
-            node.st_mode,
+            self._mode(node.kind, node.mode),
             2 if node.is_dir else 1,
             size,
             (size + 511) // 512,
@@ -104,7 +150,8 @@ class ShardFileSystem:
             raise NotADirectoryError_(f"inode {folder.ino}")
         mount_time = self._mount_time
         directory = int(MemberKind.DIRECTORY)
-        dir_mode = st_mode(directory, 0)
+        mode_of = self._mode
+        dir_mode = mode_of(directory, 0)
         entries = [
             Entry(b".", folder.ino, dir_mode, 2, 0, 0, 0, False),
             Entry(b"..", self.view.parent_of(folder.ino), dir_mode, 2, 0, 0, 0, False),
@@ -118,7 +165,7 @@ class ShardFileSystem:
                 Entry(
                     name,
                     ino,
-                    st_mode(kind, mode),
+                    mode_of(kind, mode),
                     2 if is_dir else 1,
                     size,
                     (size + 511) // 512,

@@ -374,6 +374,8 @@ def serve(
     options = ["ro", "fsname=shardfs", "subtype=shardfs", "default_permissions"]
     if config.allow_other:
         options.append("allow_other")
+    if config.allow_root:  # libfuse lets the owner and root in and denies the others
+        options.append("allow_root")
     operations = FuseOperations(core, config, on_ready, keep_handles=keep_handles)
     pusher = KernelPusher(core) if config.kernel_push and core.uses_block_cache else None
     stop = threading.Event()

@@ -19,6 +19,7 @@ import logging
 import os
 import posixpath
 import shutil
+import signal
 import sqlite3
 import stat
 import subprocess
@@ -41,7 +42,7 @@ from .config import (
     SourceConfig,
     ViewConfig,
 )
-from .control import ControlServer, pid_file, process_running, socket_path
+from .control import ControlServer, lock_mountpoint, pid_file, process_running, socket_path
 from .errors import FuseUnavailableError, IndexError_, MountError, UsageError
 from .index import BlockSink, IndexBuilder, Progress, connect, fingerprint
 from .mounttable import find_mount, is_disconnected
@@ -412,8 +413,11 @@ def _open_index_and_view(
     return view, builder.path, builder.scanned_shards
 
 
-def check_mountpoint(mountpoint: Path, *, notice: Callable[[str], None] = log.warning) -> None:
-    """Refuse a mountpoint that is missing, not a folder, already mounted, or not empty.
+def check_mountpoint(
+    mountpoint: Path, *, notice: Callable[[str], None] = log.warning, nonempty: bool = False
+) -> None:
+    """Refuse a mountpoint that is missing, not a folder, already mounted, or not empty
+    (unless ``nonempty``).
 
     A dead shardfs mount left there (its daemon was killed) is removed first, and
     ``notice`` says so; a dead mount of another filesystem is not ours to remove."""
@@ -436,8 +440,11 @@ def check_mountpoint(mountpoint: Path, *, notice: Callable[[str], None] = log.wa
             raise MountError(f"{mountpoint}: mountpoint does not exist")
         if not mountpoint.is_dir():
             raise MountError(f"{mountpoint}: mountpoint is not a folder")
-        if any(mountpoint.iterdir()):
-            raise MountError(f"{mountpoint}: mountpoint is not empty")
+        if not nonempty and any(mountpoint.iterdir()):
+            raise MountError(
+                f"{mountpoint}: mountpoint is not empty (-o nonempty mounts over it, "
+                "hiding what it holds)"
+            )
     except OSError as exc:
         raise MountError(f"{mountpoint}: {exc.strerror}") from exc
 
@@ -620,7 +627,10 @@ def run_foreground(
     """Build everything, mount, and serve until unmounted."""
     from . import fuse_ops  # imported late: loading libfuse is only needed to serve
 
-    check_mountpoint(mount_config.mountpoint)
+    # Held until this process exits (the descriptor is never closed): a second mount of
+    # this mountpoint fails at once while this one scans or serves.
+    lock_mountpoint(mount_config.mountpoint)
+    check_mountpoint(mount_config.mountpoint, nonempty=mount_config.nonempty)
     check_cache_dir(index_config.cache_dir)
     stats = Stats()
     cache = BlockCache(cache_config, stats) if cache_config.enabled else None
@@ -638,7 +648,7 @@ def run_foreground(
         if cache is not None:
             cache.close()
         raise
-    from .filesystem import ShardFileSystem
+    from .filesystem import Owner, ShardFileSystem
 
     reader: RangeReader
     prefetcher = None
@@ -655,7 +665,13 @@ def run_foreground(
         )
     else:
         reader = DirectReader(opened.store, stats, retries=read_config.retries)
-    core = ShardFileSystem(opened.view, reader, read_config, stats)
+    core = ShardFileSystem(
+        opened.view,
+        reader,
+        read_config,
+        stats,
+        owner=Owner.of(mount_config),
+    )
     pid_path = pid_file(mount_config.mountpoint)
 
     def snapshot() -> dict[str, Any]:
@@ -712,26 +728,97 @@ def run_foreground(
     log.info("unmounted %s", mount_config.mountpoint)
 
 
-def spawn_daemon(argv: Sequence[str], log_path: Path, show_progress: bool) -> tuple[int, str]:
+def log_file_for(cache_dir: Path, chosen: Path | None) -> Path:
+    """Where a backgrounded mount's daemon logs: ``chosen`` (``--log-file``), else a new
+    file in ``CACHE_DIR/logs``, named by the daemon's pid once it runs (see spawn_daemon)."""
+    if chosen is not None:
+        return chosen.absolute()
+    return cache_dir / "logs" / f"mount-starting-{os.getpid()}.log"
+
+
+def _prune_logs(folder: Path, keep: int) -> None:
+    """Keep the newest ``keep`` mount logs, and every log of a daemon still running."""
+    logs = []
+    for path in folder.glob("mount-*.log"):
+        pid = path.stem.removeprefix("mount-")
+        if pid.isdigit() and process_running(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            logs.append((path.stat().st_mtime, path))
+    logs.sort(reverse=True)
+    for _, path in logs[keep:]:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+class _Stopped(Exception):
+    """The waiting parent got SIGINT or SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_PARENT_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_DAEMON_STOP_GRACE = 10.0  # seconds a stopped daemon gets to unmount before SIGKILL
+
+
+def spawn_daemon(
+    argv: Sequence[str],
+    mountpoint: Path,
+    log_path: Path,
+    show_progress: bool,
+    *,
+    verbose: bool = False,
+) -> tuple[int, str]:
     """Start ``shardfs mount --foreground`` detached and wait until it is ready or fails.
 
-    Returns (exit code, summary line).
-    """
+    Returns (exit code, summary line). SIGINT or SIGTERM while waiting stops the daemon
+    and removes whatever it mounted, so nothing is left behind. With ``verbose``, a daemon
+    that fails shows its traceback here (from its log)."""
+    from .config import LOGS_KEPT
+
     read_fd, write_fd = os.pipe()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log_file:
-        child = subprocess.Popen(
-            [sys.executable, "-m", "shardfs", *argv, "--foreground", "--ready-fd", str(write_fd)],
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            pass_fds=(write_fd,),
-            start_new_session=True,
-        )
-    os.close(write_fd)
+    named_by_pid = log_path.name.startswith("mount-starting-")
+    if named_by_pid:
+        _prune_logs(log_path.parent, LOGS_KEPT - 1)
+    previous = {number: signal.getsignal(number) for number in _PARENT_STOP_SIGNALS}
+
+    pending: list[int] = []
+    child: subprocess.Popen[bytes] | None = None
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if child is None:  # inside Popen: stop once the child can be named
+            pending.append(signum)
+            return
+        raise _Stopped(signum)
+
     bar: Any = None
     try:
+        for number in _PARENT_STOP_SIGNALS:
+            signal.signal(number, on_signal)
+        with open(log_path, "ab") as log_file:
+            log_start = log_file.tell()
+            child = subprocess.Popen(
+                [sys.executable, "-m", "shardfs", *argv, "--foreground", "--ready-fd",
+                 str(write_fd)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )  # fmt: skip
+        if pending:
+            raise _Stopped(pending[0])
+        if named_by_pid:
+            named = log_path.with_name(f"mount-{child.pid}.log")
+            os.replace(log_path, named)  # the daemon keeps writing to the same file
+            log_path = named
+        os.close(write_fd)
+        write_fd = -1
         with os.fdopen(read_fd, "r") as pipe:
+            read_fd = -1
             for line in pipe:
                 kind, _, text = line.rstrip("\n").partition(" ")
                 if kind == "progress" and show_progress:
@@ -744,12 +831,71 @@ def spawn_daemon(argv: Sequence[str], log_path: Path, show_progress: bool) -> tu
                     return 0, text
                 elif kind == "error":
                     code, _, message = text.partition(" ")
+                    if verbose:
+                        _show_daemon_traceback(child, log_path, log_start)
                     return int(code), message
-    finally:
+        status = child.wait()
+        if verbose:
+            _show_daemon_traceback(child, log_path, log_start)
+        return 1, (
+            f"the mount daemon exited with status {status} before it was ready; see {log_path}"
+        )
+    except _Stopped as stopped:
         if bar is not None:
             bar.close()
-    status = child.wait()
-    return 1, f"the mount daemon exited with status {status} before it was ready; see {log_path}"
+            bar = None
+        if child is not None:
+            _stop_daemon(child, mountpoint)
+        name = signal.Signals(stopped.signum).name
+        return 128 + stopped.signum, (
+            f"interrupted ({name}) before the mount was ready; stopped the mount daemon, "
+            "nothing is mounted"
+        )
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if bar is not None:
+            bar.close()
+
+
+def _stop_daemon(child: subprocess.Popen[bytes], mountpoint: Path) -> None:
+    """End a daemon that is not ready yet, and any mount it made meanwhile.
+
+    SIGTERM first: before it mounts, that ends it at once; once mounting, its handler
+    unmounts and exits. SIGKILL if it does not end in time, then the mount is removed."""
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(_DAEMON_STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    if find_mount(mountpoint) is not None:
+        with contextlib.suppress(MountError):
+            _unmount_command(str(mountpoint), mountpoint, lazy=True)
+        _forget_dead_daemon(mountpoint)
+
+
+def _show_daemon_traceback(child: subprocess.Popen[bytes], log_path: Path, start: int) -> None:
+    """Print the failed daemon's traceback from its log (what it wrote from byte ``start``
+    on), and where the log is."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(10)  # the daemon prints its traceback after it reported the error
+    try:
+        with open(log_path, "rb") as log_file:
+            log_file.seek(start)
+            text = log_file.read().decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    start = text.find("Traceback (most recent call last)")
+    if start >= 0:
+        end = text.find("\nshardfs: error:", start)
+        sys.stderr.write(text[start : end + 1 if end >= 0 else len(text)])
+    print(f"shardfs: the daemon's log is {log_path}", file=sys.stderr)
 
 
 def _print_line(bar: Any, text: str) -> None:

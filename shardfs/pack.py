@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from .config import SourceConfig
-from .errors import ShardfsError, UsageError
+from .errors import ShardfsError, SourceNotFoundError, UsageError
 from .index import (
     LABEL_EXTENSIONS,
     MAX_LABEL_BYTES,
@@ -416,7 +416,13 @@ class Packer:
                 )
         else:
             body = {"fingerprint": fingerprint, "shards": count, "format": self.config.format}
-            self.store.write_object(MANIFEST_NAME, json.dumps(body).encode())
+            try:
+                self.store.write_object(MANIFEST_NAME, json.dumps(body).encode())
+            except SourceNotFoundError as exc:  # the first write: name the destination
+                reason = str(exc.__cause__ or exc)
+                raise SourceNotFoundError(
+                    f"{self.dest.url}: destination not found ({reason})"
+                ) from exc
         return {name for name in present if name.endswith(SHARD_SUFFIX)}
 
     def _pack_one(self, shard: PlannedShard, total_files: int, total_bytes: int) -> None:

@@ -6,7 +6,15 @@ import time
 from dataclasses import dataclass
 
 from .cache import BlockCache, BlockKey
-from .config import CacheConfig, IndexConfig, ReadaheadConfig, SourceConfig, ViewConfig
+from .config import (
+    CacheConfig,
+    IndexConfig,
+    ReadaheadConfig,
+    SourceConfig,
+    ViewConfig,
+    format_bytes,
+    plural,
+)
 from .mount import open_source
 from .readahead import Prefetcher
 from .reader import CachedReader
@@ -27,9 +35,9 @@ class WarmReport:
         missing = self.blocks - self.cached_after
         tail = f"; {missing} did not fit in the cache bound" if missing else ""
         return (
-            f"warmed {self.shards} shards: {self.cached_after}/{self.blocks} blocks cached "
-            f"({self.cached_before} were already), fetched {self.bytes_fetched} bytes in "
-            f"{self.seconds:.1f} s ({rate:.0f} MB/s){tail}"
+            f"warmed {plural(self.shards, 'shard')}: {self.cached_after}/{self.blocks} blocks "
+            f"cached ({self.cached_before} were already), fetched "
+            f"{format_bytes(self.bytes_fetched)} in {self.seconds:.1f} s ({rate:.0f} MB/s){tail}"
         )
 
 

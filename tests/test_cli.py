@@ -3,6 +3,7 @@ before mounting)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -63,9 +64,17 @@ def mnt(tmp_path: Path) -> Path:
 
 # --- help and version -------------------------------------------------------------------------
 
-COMMON = ["-o", "--endpoint-url", "--cache-dir", "--skip-bad-shards", "--no-sidecar", "--verbose"]
+COMMON = [
+    "-o",
+    "--storage-option",
+    "--endpoint-url",
+    "--cache-dir",
+    "--skip-bad-shards",
+    "--no-sidecar",
+    "--verbose",
+]
 HELP = {
-    (): ["mount", "umount", "index", "--version", "exit codes", "130"],
+    (): ["mount", "umount", "index", "--version", "exit codes", "130", "examples:"],
     ("mount",): [
         *COMMON,
         "mountpoint",
@@ -75,11 +84,23 @@ HELP = {
         "--foreground",
         "--allow-other",
         "--single-threaded",
+        "--uid",
+        "--gid",
+        "--file-mode",
+        "--dir-mode",
+        "--log-file",
+        "allow_root",
         "exit codes",
     ],
-    ("umount",): ["mountpoint", "exit codes"],
+    ("umount",): ["mountpoint", "--lazy", "exit codes"],
     ("index",): [*COMMON, "--write-sidecar", "exit codes"],
+    ("warm",): [*COMMON, "--cache-size", "exit codes"],
+    ("verify",): [*COMMON, "src_dir", "exit codes"],
+    ("pack",): ["-o", "--storage-option", "--endpoint-url", "--cache-dir", "--format"],
+    ("stats",): ["mountpoint", "--json"],
+    ("cache",): ["info", "clear", "--json", "--all"],
 }
+MOUNT_ONLY = ["--layout", "--allow-other", "--prefetch", "--read-timeout", "--skip-bad-shards"]
 
 
 @pytest.mark.parametrize("command", list(HELP), ids=lambda c: "-".join(c) or "top")
@@ -91,6 +112,19 @@ def test_help(tmp_path: Path, command: tuple[str, ...]) -> None:
     for option in HELP[command]:
         assert option in result.stdout, option
     assert "--ready-fd" not in result.stdout  # internal
+    # A description of its own (the text between the usage and the arguments) and examples.
+    description = result.stdout.split("\n\n")[1]
+    assert not description.startswith(("positional", "options")), result.stdout
+    assert len(description) > 40, description
+    examples = result.stdout.split("examples:\n", 1)[1].split("\n\n")[0].splitlines()
+    assert examples and all(line.strip().startswith("shardfs") for line in examples), examples
+
+
+def test_pack_help_has_no_mount_options(tmp_path: Path) -> None:
+    result = run(tmp_path, "pack", "--help")
+    assert result.returncode == 0
+    for option in MOUNT_ONLY:
+        assert option not in result.stdout, option
 
 
 def test_version(tmp_path: Path) -> None:
@@ -167,22 +201,32 @@ def test_index_unwritable_cache_dir(tmp_path: Path, shards: Path) -> None:
 
 @pytest.mark.parametrize("option", ["novalue", "=x", "a..b=1"])
 def test_bad_storage_option(tmp_path: Path, shards: Path, option: str) -> None:
-    result = run(tmp_path, "index", shards, "-o", option)
+    result = run(tmp_path, "index", shards, "--storage-option", option)
     assert_one_error(result, 2, "storage option")
 
 
 def test_endpoint_with_non_mapping_client_kwargs(tmp_path: Path, shards: Path) -> None:
-    result = run(tmp_path, "index", shards, "--endpoint-url", "http://x", "-o", "client_kwargs=1")
+    result = run(
+        tmp_path,
+        "index",
+        shards,
+        "--endpoint-url",
+        "http://x",
+        "--storage-option",
+        "client_kwargs=1",
+    )
     assert_one_error(result, 2, "client_kwargs")
 
 
 @pytest.mark.parametrize(
     ("args", "part"),
     [
-        (["-o", "bogus=1"], "bogus"),
-        (["-o", "config_kwargs={bad"], "config_kwargs must be a mapping"),
+        (["--storage-option", "bogus=1"], "bogus"),
+        (["--storage-option", "config_kwargs={bad"], "config_kwargs must be a mapping"),
         (["--endpoint-url", "not a url"], "not a url"),
-        (["-o", "client_kwargs.endpoint_url=ftp://x"], "ftp://x"),
+        (["--storage-option", "client_kwargs.endpoint_url=ftp://x"], "ftp://x"),
+        (["-o", "storage_option=client_kwargs.endpoint_url=ftp://x"], "ftp://x"),
+        (["-o", "endpoint_url=not a url"], "not a url"),
     ],
 )
 def test_options_the_s3_client_rejects_are_usage_errors(
@@ -238,8 +282,8 @@ def test_mount_unwritable_cache_dir(tmp_path: Path, shards: Path, mnt: Path) -> 
     assert_one_error(result, 2, "--cache-dir", "not writable")
 
 
-def test_mount_bad_option(tmp_path: Path, shards: Path, mnt: Path) -> None:
-    result = run(tmp_path, "mount", shards, mnt, "-o", "anon")
+def test_mount_bad_storage_option(tmp_path: Path, shards: Path, mnt: Path) -> None:
+    result = run(tmp_path, "mount", shards, mnt, "--storage-option", "anon")
     assert_one_error(result, 2, "storage option must be key=value", "'anon'")
 
 
@@ -266,3 +310,138 @@ def test_mount_bad_classes_file(
 def test_umount_not_mounted(tmp_path: Path, mnt: Path) -> None:
     result = run(tmp_path, "umount", mnt)
     assert_one_error(result, 5, "not mounted")
+
+
+# --- -o and storage options -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "line"),
+    [
+        (
+            "anon=true",
+            "-o anon=true: not a mount option; fsspec storage options now go with "
+            "--storage-option anon=true",
+        ),
+        (
+            "client_kwargs.region_name=x",
+            "-o client_kwargs.region_name=x: not a mount option; fsspec storage options now go "
+            "with --storage-option client_kwargs.region_name=x",
+        ),
+        ("allow_other=true", "-o allow_other: takes no value (write -o allow_other)"),
+        ("anon", "-o anon: unknown option (see shardfs mount --help)"),
+        ("rw", "-o rw: shardfs is a read-only filesystem (leave rw out; ro is implied)"),
+    ],
+)
+def test_mount_o_refusals_are_one_line(
+    tmp_path: Path, shards: Path, mnt: Path, option: str, line: str
+) -> None:
+    result = run(tmp_path, "mount", shards, mnt, "-o", option)
+    assert assert_one_error(result, 2) == f"shardfs: error: {line}"
+
+
+def test_storage_option_reaches_the_store(tmp_path: Path, shards: Path) -> None:
+    """A storage option the local store does not take is passed on, not dropped."""
+    result = run(tmp_path, "index", shards, "--storage-option", "auto_mkdir=true")
+    assert result.returncode == 0, result.stderr
+    result = run(tmp_path, "index", shards, "-o", "storage_option=auto_mkdir=true")
+    assert result.returncode == 0, result.stderr
+
+
+# --- cache bound, cache clear, counts --------------------------------------------------------
+
+
+@pytest.mark.parametrize(("size", "block"), [("1", "8M"), ("31M", "8M"), ("255K", "64K")])
+def test_cache_under_four_blocks_is_refused(
+    tmp_path: Path, shards: Path, mnt: Path, size: str, block: str
+) -> None:
+    result = run(tmp_path, "mount", shards, mnt, "--cache-size", size, "--block-size", block)
+    line = assert_one_error(result, 2, f"--cache-size {size}: under 4 blocks", "--no-cache")
+    assert "give at least" in line
+
+
+def test_cache_of_four_blocks_or_none_is_taken(tmp_path: Path, shards: Path) -> None:
+    ok = run(tmp_path, "warm", shards, "--cache-size", "256K", "--block-size", "64K")
+    assert ok.returncode == 0, ok.stderr
+    summary = r"warmed 2 shards: 2/2 blocks cached \(\d were already\), fetched \d+ B in .*\n"
+    assert re.fullmatch(summary, ok.stdout), ok.stdout
+    refused = run(tmp_path, "warm", shards, "--cache-size", "1")
+    assert_one_error(refused, 2, "--no-cache")
+
+
+def test_cache_clear_json(tmp_path: Path, shards: Path) -> None:
+    cache = tmp_path / "cache"
+    assert run(tmp_path, "index", shards, "--cache-dir", cache).returncode == 0
+    result = run(tmp_path, "cache", "clear", "--all", "--json", "--cache-dir", cache)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "block_bytes_freed": 0,
+        "cache_dir": str(cache),
+        "cleared": ["blocks", "indexes", "views"],
+    }
+
+
+def test_one_shard_is_singular(tmp_path: Path) -> None:
+    folder = tmp_path / "one"
+    folder.mkdir()
+    (folder / "s.tar").write_bytes(make_tar([("x.txt", b"x")]))
+    result = run(tmp_path, "index", folder)
+    assert result.stdout.startswith("indexed 1 shard (1 scanned) into "), result.stdout
+
+
+# --- a backgrounded mount's daemon: traceback, log files -------------------------------------
+
+
+def daemon_logs(cache: Path) -> list[Path]:
+    return sorted((cache / "logs").glob("mount-*.log"))
+
+
+def test_failed_daemon_shows_its_traceback_with_v(tmp_path: Path, mnt: Path) -> None:
+    cache = tmp_path / "cache"
+    quiet = run(tmp_path, "mount", tmp_path / "nope", mnt, "--cache-dir", cache)
+    assert_one_error(quiet, 3, "no such folder")
+
+    loud = run(tmp_path, "mount", tmp_path / "nope", mnt, "--cache-dir", cache, "-v")
+    assert loud.returncode == 3
+    lines = loud.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):", loud.stderr
+    assert any(line.startswith("shardfs.errors.SourceNotFoundError: ") for line in lines)
+    assert lines[-1] == f"shardfs: error: {tmp_path / 'nope'}: no such folder or prefix"
+    match = re.fullmatch(r"shardfs: the daemon's log is (\S+)", lines[-2])
+    assert match, lines[-2]
+    log = Path(match.group(1))
+    assert re.fullmatch(r"mount-\d+\.log", log.name) and log.parent == cache / "logs"
+    assert "SourceNotFoundError" in log.read_text()
+    assert len(daemon_logs(cache)) == 2  # one per daemon, each named by its pid
+
+
+def test_logs_are_pruned_to_the_last_twenty(tmp_path: Path, mnt: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "logs").mkdir(parents=True)
+    old = [cache / "logs" / f"mount-{5_000_000 + n}.log" for n in range(25)]  # no such pids
+    for age, path in enumerate(old):
+        path.write_text("old")
+        os.utime(path, (1_000_000 + age, 1_000_000 + age))
+    result = run(tmp_path, "mount", tmp_path / "nope", mnt, "--cache-dir", cache)
+    assert result.returncode == 3
+    logs = daemon_logs(cache)
+    assert len(logs) == 20
+    newest = [path for path in logs if path not in old]
+    assert len(newest) == 1 and "no such folder" in newest[0].read_text()
+    assert set(logs) - set(newest) == set(old[-19:])  # the 19 most recent old ones stay
+
+
+def test_log_file_option(tmp_path: Path, mnt: Path) -> None:
+    cache = tmp_path / "cache"
+    chosen = tmp_path / "my.log"
+    chosen.write_text("earlier run\n")
+    result = run(
+        tmp_path, "mount", tmp_path / "nope", mnt, "--cache-dir", cache, "--log-file", chosen,
+        "-v",
+    )  # fmt: skip
+    assert result.returncode == 3
+    assert f"shardfs: the daemon's log is {chosen}" in result.stderr
+    assert result.stderr.count("Traceback (most recent call last)") == 1
+    text = chosen.read_text()
+    assert text.startswith("earlier run\n") and "SourceNotFoundError" in text
+    assert daemon_logs(cache) == []

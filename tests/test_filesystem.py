@@ -16,7 +16,7 @@ from shardfs.errors import (
     NotADirectoryError_,
     NotFoundError,
 )
-from shardfs.filesystem import XATTR_OFFSET, XATTR_SHARD, ShardFileSystem
+from shardfs.filesystem import XATTR_OFFSET, XATTR_SHARD, Owner, ShardFileSystem
 from shardfs.index import IndexBuilder
 from shardfs.store import ShardInfo
 from shardfs.views import View, build_view
@@ -165,6 +165,26 @@ def test_getattr_fields(view: View) -> None:
         fs.readlink("/d/small.bin")
     with pytest.raises(NotFoundError):
         fs.getattr("/nope")
+
+
+def test_owner_and_mode_overrides_reach_stat_and_listings(view: View) -> None:
+    owner = Owner(uid=1234, gid=5678, file_mode=0o440, dir_mode=0o550)
+    fs = ShardFileSystem(view, RecordingReader(SHARDS), owner=owner)
+    assert (fs.uid, fs.gid) == (1234, 5678)
+    for path, mode in [("/", stat.S_IFDIR | 0o550), ("/d", stat.S_IFDIR | 0o550),
+                       ("/d/big.bin", stat.S_IFREG | 0o440), ("/empty", stat.S_IFREG | 0o440),
+                       ("/d/link", stat.S_IFLNK | 0o777)]:  # fmt: skip
+        attrs = fs.getattr(path)
+        assert attrs["st_mode"] == mode, path
+        assert (attrs["st_uid"], attrs["st_gid"]) == (1234, 5678)
+    entries = fs.listing(fs.node(fs.getattr("/d")["st_ino"]))
+    assert [e.mode for e in entries] == [
+        stat.S_IFDIR | 0o550, stat.S_IFDIR | 0o550,
+        stat.S_IFREG | 0o440, stat.S_IFLNK | 0o777, stat.S_IFREG | 0o440,
+    ]  # fmt: skip
+    only_files = ShardFileSystem(view, RecordingReader(SHARDS), owner=Owner(file_mode=0o400))
+    assert only_files.getattr("/d")["st_mode"] == stat.S_IFDIR | 0o555  # the default rule
+    assert only_files.getattr("/d/small.bin")["st_mode"] == stat.S_IFREG | 0o400
 
 
 def test_readdir(view: View) -> None:

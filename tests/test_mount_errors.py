@@ -244,3 +244,14 @@ def test_a_mount_of_another_filesystem_is_neither_unmounted_nor_mounted_over(
         assert "already mounted (tmpfs)" in line
     finally:
         subprocess.run(["umount", mountpoint], check=True)
+
+
+def test_pack_to_a_missing_bucket_names_the_bucket(
+    env: dict[str, str], tmp_path: Path, good: tuple[Path, list[Path]]
+) -> None:
+    src, _shards = good
+    result = run_shardfs("pack", src, "s3://no-such-bucket-for-pack/p", env=env)
+    line = assert_one_error_line(result)
+    assert result.returncode == 3
+    assert line.startswith("shardfs: error: s3://no-such-bucket-for-pack/p: destination not found")
+    assert ".shardfs-pack.json" not in line

@@ -1,0 +1,120 @@
+"""``-o`` options, written the way FUSE tools and ``/etc/fstab`` write them.
+
+``-o`` takes a comma-separated list, and may be repeated. Each item is one of:
+
+- a FUSE or fstab mount option (``mount`` only): ``ro``, ``allow_other``, ``allow_root``,
+  ``default_permissions``, ``nonempty``, ``uid=N``, ``gid=N``; ``rw`` is refused (the
+  filesystem is read-only); options that only mean something to mount(8), systemd or
+  another kind of filesystem (``nodev``, ``noauto``, ``_netdev``, ``x-systemd.*``, ...) are
+  accepted and ignored, so an fstab line copied from another FUSE tool works;
+- a long option of the same command with underscores: ``cache_size=50G`` is
+  ``--cache-size 50G``, ``no_cache`` is ``--no-cache``. Its value is checked by the same
+  parser as the flag's, and ``-o`` values are applied after the flags.
+
+fsspec storage options are not ``-o`` options: they go with ``--storage-option KEY=VALUE``
+(or ``-o storage_option=KEY=VALUE`` in fstab). The old ``-o key=value`` spelling fails with
+a line that names the new flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .errors import UsageError
+
+# Meaningful to the FUSE mount itself; handled here.
+FUSE_OPTIONS = frozenset({"ro", "rw", "allow_root", "default_permissions", "nonempty"})
+
+# Accepted for fstab and mount(8) and ignored: FUSE mounts are already nodev and nosuid,
+# nothing on a read-only tree of data files needs exec rules or access times, and the
+# rest are read by mount(8) or systemd, never by the filesystem.
+IGNORED_OPTIONS = frozenset(
+    {
+        "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "noauto", "user",
+        "nouser", "users", "_netdev", "nofail", "defaults", "async", "sync", "atime",
+        "noatime", "relatime", "norelatime", "strictatime", "nodiratime", "lazytime",
+    }
+)  # fmt: skip
+
+# FUSE mount options that are also long options of mount (--allow-other, --uid, --gid).
+_MOUNT_ONLY = FUSE_OPTIONS | {"allow_other", "uid", "gid"}
+
+# Long options that make no sense inside -o.
+_NOT_FROM_O = frozenset({"help", "version", "verbose", "ready_fd", "options", "command_parser"})
+
+
+def split_options(texts: list[str]) -> list[str]:
+    """``["ro,uid=1", "cache_size=5G"]`` -> ``["ro", "uid=1", "cache_size=5G"]``."""
+    return [item.strip() for text in texts for item in text.split(",") if item.strip()]
+
+
+def _ignored(name: str) -> bool:
+    return name in IGNORED_OPTIONS or name.startswith(("x-", "comment"))
+
+
+def apply_options(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    items: list[str],
+    *,
+    command: str,
+) -> None:
+    """Apply every ``-o`` item to ``args``, as if its flag had been given. UsageError (one
+    line) for an unknown item, a value the flag refuses, or a mount option given to a
+    command that does not mount."""
+    mounts = command == "mount"
+    actions = parser._option_string_actions
+    for item in items:
+        name, has_value, value = item.partition("=")
+        if not mounts and (name in _MOUNT_ONLY or _ignored(name)):
+            raise UsageError(f"-o {name}: a mount option; shardfs {command} does not mount")
+        if _ignored(name):
+            continue
+        if name in FUSE_OPTIONS:
+            _apply_fuse_option(args, name, bool(has_value))
+            continue
+        flag = "--" + name.replace("_", "-")
+        action = actions.get(flag)
+        if action is None or action.dest in _NOT_FROM_O or "-" in name:
+            raise UsageError(_unknown(item, name, actions, command))
+        if action.nargs == 0:
+            if has_value:
+                raise UsageError(f"-o {name}: takes no value (write -o {name})")
+            action(parser, args, None, flag)
+            continue
+        if not has_value or not value:
+            raise UsageError(f"-o {name}: needs a value (-o {name}=VALUE)")
+        try:
+            converted = parser._get_values(action, [value])
+        except argparse.ArgumentError as exc:
+            raise UsageError(f"-o {item}: {exc.message}") from None
+        action(parser, args, converted, flag)
+
+
+def _apply_fuse_option(args: argparse.Namespace, name: str, has_value: bool) -> None:
+    if has_value:
+        raise UsageError(f"-o {name}: takes no value")
+    if name == "rw":
+        raise UsageError("-o rw: shardfs is a read-only filesystem (leave rw out; ro is implied)")
+    if name == "allow_root":
+        args.allow_root = True
+    elif name == "nonempty":
+        args.nonempty = True
+    # ro and default_permissions hold for every shardfs mount
+
+
+def _unknown(item: str, name: str, actions: dict[str, argparse.Action], command: str) -> str:
+    spelled = "--" + name.replace("_", "-")
+    if "-" in name and spelled in actions:
+        return f"-o {item}: write it with underscores: -o {item.replace('-', '_', name.count('-'))}"
+    if spelled in actions or not ("=" in item or "." in name):
+        return f"-o {name}: unknown option (see shardfs {command} --help)"
+    if command == "mount":
+        return (
+            f"-o {item}: not a mount option; fsspec storage options now go with "
+            f"--storage-option {item}"
+        )
+    return (
+        f"-o {item}: not an option of shardfs {command} (fsspec storage options go with "
+        f"--storage-option {item})"
+    )
