@@ -119,7 +119,9 @@ def _handler_for(server: FileServer) -> type[BaseHTTPRequestHandler]:
                 return None
             return local
 
-        def _plain(self, status: int, text: str = "", headers: dict[str, str] | None = None) -> None:
+        def _plain(
+            self, status: int, text: str = "", headers: dict[str, str] | None = None
+        ) -> None:
             body = text.encode()
             self.send_response(status)
             for name, value in (headers or {}).items():
