@@ -173,11 +173,11 @@ def select(url: str) -> _Selection:
     start = _path_start(url)
     expanded = expand_braces(url) if "{" in url[start:] else [url]
     braces = len(expanded) > 1 or expanded[0] != url
+    magic = [i for i in (url.find(c, start) for c in _GLOB_CHARS + "{") if i >= 0]
     if braces:
-        first_magic = url.index("{", start)
-        cut = url.rfind("/", 0, first_magic)
+        cut = url.rfind("/", 0, min(magic))
     else:
-        magic = [i for i in (url.find(c, start) for c in _GLOB_CHARS) if i >= 0]
+        magic = [i for i in magic if url[i] != "{"]  # an unbalanced brace is literal
         if not magic:
             if url.endswith(SHARD_SUFFIX):
                 root, _, name = url.rpartition("/")
@@ -316,6 +316,7 @@ class Store:
         self.root: str = root.rstrip("/")
         self._presigned: PresignedRanges | None = None
         self._unversioned: list[str] | None = None  # shards with no version, once listed
+        self._listed = 0  # paths the last folder listing gave
         self._fast_failures = 0
         self._fast_paused_until = 0.0
         self._fast_lock = threading.Lock()
@@ -461,6 +462,7 @@ class Store:
     def _listed_shards(self, globs: tuple[str, ...] | None) -> list[ShardInfo]:
         """Every ``*.tar`` under the root that one of ``globs`` (if any) matches."""
         found = self._call(self.config.url, lambda: self._find())
+        self._listed = len(found)
         matchers = [glob_regex(g) for g in globs or ()]
         picked: dict[str, dict[str, Any]] = {}
         for path, info in found.items():
@@ -505,11 +507,13 @@ class Store:
         url = self.config.url
         what = "match the pattern" if self._selection.globs else "found"
         if self.is_http:
-            raise SourceNotFoundError(
-                f"{url}: no *{SHARD_SUFFIX} links {what} in the server's folder listing "
-                "(where a server lists no folders, as the Hugging Face hub, name the shards "
-                "with a brace pattern: .../shard-{000000..000099}.tar)"
-            )
+            text = f"{url}: no *{SHARD_SUFFIX} links {what} in the server's folder listing"
+            if not self._listed:
+                text += (
+                    " (where a server lists no folders, as the Hugging Face hub, name the "
+                    "shards with a brace pattern: .../shard-{000000..000099}.tar)"
+                )
+            raise SourceNotFoundError(text)
         bucket = self.root.split("/", 1)[0]
         if self.protocol in ("s3", "s3a", "gs", "gcs") and bucket:
             exists = self._call(url, lambda: self.fs.exists(bucket))
