@@ -26,7 +26,7 @@ import fsspec
 import pytest
 from conftest import run_shardfs
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
-from support.http_servers import FileServer
+from support.http_servers import FakeHub, FileServer
 from support.mounts import assert_one_error_line, mount, new_bucket, umount
 from support.s3 import S3Server
 
@@ -364,3 +364,43 @@ def test_a_wildcard_in_the_bucket_is_a_usage_error() -> None:
 
     with pytest.raises(UsageError, match="bucket or host"):
         select("s3://b*/x.tar")
+
+
+# -- hf:// through huggingface_hub's HfFileSystem, against a fake hub ------------------------
+
+
+@pytest.fixture(scope="module")
+def fake_hub(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment that points huggingface_hub at a fake hub serving ``site.root``."""
+    pytest.importorskip("huggingface_hub", reason="the hf extra is not installed")
+    home = tmp_path_factory.mktemp("hf-home")
+    with FakeHub(site.root) as hub:
+        yield {
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(home),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_OFFLINE": "0",
+        }
+
+
+HF_DATA = "hf://datasets/org/shards/data"
+
+
+@pytest.mark.parametrize("form", ["folder", "brace", "nested-brace", "single", "glob-star"])
+def test_index_every_form_on_hf(form: str, fake_hub: dict[str, str], tmp_path: Path) -> None:
+    suffix, expected = FORMS[form]
+    result = run_shardfs("index", HF_DATA + suffix, "--cache-dir", tmp_path, env=fake_hub)
+    assert result.returncode == 0, result.stderr
+    assert indexed_count(result.stdout) == expected
+    assert "no version check" in result.stderr  # hf reads are checked by length only
+
+
+@pytest.mark.integration
+def test_mount_hf_reads_every_file_by_sha256(
+    site: Site, fake_hub: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    mount(HF_DATA + "/", mountpoint, tmp_path / "cache", env=fake_hub)
+    try:
+        assert sha256_tree(mountpoint) == expected_tree(site)
+    finally:
+        umount(mountpoint)

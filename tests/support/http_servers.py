@@ -11,7 +11,9 @@ sends its downloads to a CDN.
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import html
+import json
 import os
 import threading
 import urllib.parse
@@ -215,5 +217,143 @@ def _handler_for(server: FileServer) -> type[BaseHTTPRequestHandler]:
                 if int(status.st_mtime) > int(parsed.timestamp()):
                     return True
             return False
+
+    return Handler
+
+
+class FakeHub:
+    """The few Hugging Face hub API calls ``HfFileSystem`` makes to list and read a dataset
+    repository, answered from a local folder (point ``HF_ENDPOINT`` at ``url``).
+
+    ``/api/datasets/REPO[/revision/REV]`` (repo info), ``/api/datasets/REPO/tree/REV/PATH``
+    (listing, ``recursive`` honoured), ``/api/datasets/REPO/paths-info/REV`` (POST) and
+    ``/datasets/REPO/resolve/REV/PATH`` (the file, served by a ``FileServer`` of the folder
+    through a 302 redirect, as the hub does). ``requests`` records every path asked for.
+    """
+
+    SHA = "0123456789abcdef0123456789abcdef01234567"
+
+    def __init__(self, root: Path, repo: str = "org/shards") -> None:
+        self.root = root.resolve()
+        self.repo = repo
+        self.requests: list[str] = []
+        self.files = FileServer(self.root, listing=False)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _hub_handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def entry(self, path: Path) -> dict[str, Any]:
+        rel = path.relative_to(self.root).as_posix()
+        if path.is_dir():
+            return {"type": "directory", "oid": "d" * 40, "path": rel}
+        data = path.read_bytes()
+        sha256 = hashlib.sha256(data).hexdigest()
+        return {
+            "type": "file",
+            "oid": hashlib.sha1(data).hexdigest(),
+            "size": len(data),
+            "path": rel,
+            "lfs": {"oid": sha256, "size": len(data), "pointerSize": 134},
+        }
+
+    def __enter__(self) -> FakeHub:
+        self.files.__enter__()
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+        self.files.__exit__(exc_type, exc, tb)
+
+
+def _hub_handler_for(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
+    api = f"/api/datasets/{hub.repo}"
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def _json(self, status: int, value: Any) -> None:
+            body = json.dumps(value).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("X-Repo-Commit", FakeHub.SHA)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _local(self, rel: str) -> Path | None:
+            local = (hub.root / rel).resolve()
+            if local != hub.root and hub.root not in local.parents:
+                return None
+            return local if local.exists() else None
+
+        def do_HEAD(self) -> None:
+            self.do_GET()
+
+        def do_POST(self) -> None:
+            hub.requests.append(f"POST {self.path}")
+            split = urllib.parse.urlsplit(self.path)
+            if not split.path.startswith(f"{api}/paths-info/"):
+                self._json(404, {"error": "not found"})
+                return
+            length = int(self.headers.get("Content-Length", 0))
+            form = urllib.parse.parse_qs(self.rfile.read(length).decode())
+            body = form.get("paths", [])
+            if not body and self.headers.get("Content-Type", "").startswith("application/json"):
+                body = []
+            found = [self._local(p) for p in body]
+            self._json(200, [hub.entry(p) for p in found if p is not None])
+
+        def do_GET(self) -> None:
+            hub.requests.append(f"{self.command} {self.path}")
+            split = urllib.parse.urlsplit(self.path)
+            path = urllib.parse.unquote(split.path)
+            query = urllib.parse.parse_qs(split.query)
+            if path in (api, f"{api}/revision/main", f"{api}/revision/{FakeHub.SHA}"):
+                self._json(200, {"id": hub.repo, "sha": FakeHub.SHA, "private": False})
+                return
+            for revision in ("main", FakeHub.SHA):
+                tree = f"{api}/tree/{revision}"
+                if path == tree or path.startswith(tree + "/"):
+                    self._tree(path[len(tree) :].lstrip("/"), query)
+                    return
+                resolve = f"/datasets/{hub.repo}/resolve/{revision}/"
+                if path.startswith(resolve):
+                    rel = path[len(resolve) :]
+                    if self._local(rel) is None:
+                        self._json(404, {"error": "Entry not found"})
+                        return
+                    self.send_response(302)
+                    self.send_header("Location", hub.files.url + "/" + urllib.parse.quote(rel))
+                    self.send_header("Content-Length", "0")
+                    self.send_header("X-Repo-Commit", FakeHub.SHA)
+                    self.end_headers()
+                    return
+            self._json(404, {"error": "not found"})
+
+        def _tree(self, rel: str, query: dict[str, list[str]]) -> None:
+            local = self._local(rel)
+            if local is None or not local.is_dir():
+                self._json(404, {"error": "Entry not found"})
+                return
+            recursive = query.get("recursive", ["false"])[0].lower() == "true"
+            paths = local.rglob("*") if recursive else local.iterdir()
+            self._json(200, [hub.entry(p) for p in sorted(paths)])
 
     return Handler
