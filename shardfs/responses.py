@@ -1,8 +1,9 @@
 """Checks every ranged GET's answer against the request and the indexed shard.
 
-Both ways of reading S3 (presigned URLs, s3fs) hand their response here, so one set of
-rules decides which bytes may be stored or served: the range and the object's length must
-be the ones asked for, and the object's ETag, where the store sends one, the indexed one.
+Every checked way of reading (presigned URLs and s3fs on S3, ``http_ranges`` on HTTP) hands
+its response here, so one set of rules decides which bytes may be stored or served: the range
+and the object's length must be the ones asked for, and the object's validator (ETag, or
+Last-Modified on a server without ETags), where the answer carries one, the indexed one.
 Only ``store.Store`` and the modules it drives use this module.
 """
 
@@ -24,6 +25,9 @@ class WrongLengthError(TransientError):
     """An answer whose length or range is not the one asked for: retried, and if it stays
     wrong, the shard's listing tells whether the shard changed."""
 
+
+# How a version taken from a Last-Modified date (a server without ETags) is written.
+LAST_MODIFIED_PREFIX = "last-modified:"
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
@@ -48,8 +52,9 @@ def comparable_etag(etag: str) -> str:
 
 
 def checks_etag(etag: str) -> bool:
-    """Whether an indexed version string is an ETag a store can compare (not a local mtime)."""
-    return bool(etag) and not etag.startswith("mtime:")
+    """Whether an indexed version string is an ETag a store can compare (not a local mtime
+    or a Last-Modified date)."""
+    return bool(etag) and not etag.startswith(("mtime:", LAST_MODIFIED_PREFIX))
 
 
 def checked_body(
@@ -63,12 +68,22 @@ def checked_body(
     end: int,
     size: int,
     etag: str,
+    last_modified_header: str | None = None,
 ) -> bytes:
     """The bytes ``[start, end)`` of an object of ``size`` bytes taken from one response, or
     an exception: PreconditionFailed when the object is another version, TransientError when
     the answer does not match the request, OSError for any other status."""
-    if etag_header and checks_etag(etag) and comparable_etag(etag_header) != etag:
+    if etag_header and checks_etag(etag) and comparable_etag(etag_header) != comparable_etag(etag):
         raise PreconditionFailed(f"{what}: ETag {etag_header} is not the indexed {etag}")
+    if (
+        last_modified_header
+        and etag.startswith(LAST_MODIFIED_PREFIX)
+        and last_modified_header.strip() != etag.removeprefix(LAST_MODIFIED_PREFIX)
+    ):
+        raise PreconditionFailed(
+            f"{what}: Last-Modified {last_modified_header} is not the indexed "
+            f"{etag.removeprefix(LAST_MODIFIED_PREFIX)}"
+        )
     if status == 206:
         got = parse_content_range(content_range)
         if got != (start, end - 1, size):

@@ -1,7 +1,10 @@
 """The only module that talks to the store: listing, ranged reads, streams and small objects.
 
-Everything goes through fsspec, so every backend it knows (s3, gcs, http, file, memory)
-works. Foreign exceptions (botocore, aiohttp, OSError) are translated here, in one place.
+Everything goes through fsspec, so every backend it knows (s3, gcs, http, hf, file, memory)
+works. A source URL names a folder (every ``*.tar`` under it), one ``.tar``, a brace pattern
+(``shard-{000..009}.tar``) or a glob (``shard-*.tar``); shard names are relative to the part
+of the URL before the first wildcard. Foreign exceptions (botocore, aiohttp, OSError) are
+translated here, in one place.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar, cast
+from typing import IO, TYPE_CHECKING, Any, TypeVar, cast
 
 import fsspec
 from fsspec.core import url_to_fs
 
-from . import s3_ranges
+from . import http_ranges, s3_ranges
 from .config import SourceConfig
 from .errors import (
     ShardChangedError,
@@ -35,9 +38,11 @@ from .errors import (
     StoreReadError,
     UsageError,
 )
-from .presigned import PresignedRanges
 from .responses import PreconditionFailed, TransientError, WrongLengthError
 from .tar import Readable
+
+if TYPE_CHECKING:  # imported when used: only S3 needs urllib3
+    from .presigned import PresignedRanges
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,9 @@ MAX_PATTERN_SHARDS = 1_000_000
 _FAST_FAILURES_TO_PAUSE = 3
 _FAST_PAUSE_S = 60.0
 _LOCAL_PROTOCOLS = ("file", "local")
+_HTTP_PROTOCOLS = ("http", "https")
+# Characters that make a source URL a glob; ``{`` starts a brace pattern.
+_GLOB_CHARS = "*?["
 # Storage options that s3fs expects to be mappings.
 _MAPPING_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs")
 
@@ -121,6 +129,11 @@ def _etag_of(info: dict[str, Any]) -> str:
     for key in ("ETag", "etag", "VersionId", "version_id", "generation", "md5Hash"):
         if info.get(key):
             return str(info[key]).strip('"')
+    lfs = info.get("lfs")  # Hugging Face: the content hash of a file kept in LFS, else git's
+    if isinstance(lfs, dict) and lfs.get("sha256"):
+        return f"sha256:{lfs['sha256']}"
+    if info.get("blob_id"):
+        return f"blob:{info['blob_id']}"
     for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
         value = info.get(key)
         if value is not None:
@@ -130,6 +143,88 @@ def _etag_of(info: dict[str, Any]) -> str:
                 value = value.timestamp()
             return f"mtime:{value}"
     return ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """Which shards a source URL names: ``root`` is the URL up to the last ``/`` before the
+    first wildcard (the whole URL for a folder); ``names`` are exact shard names relative to
+    it (a brace pattern or one ``.tar``); ``globs`` match names relative to it."""
+
+    root: str
+    names: tuple[str, ...] | None = None
+    globs: tuple[str, ...] | None = None
+    single: bool = False
+
+
+def _path_start(url: str) -> int:
+    """Where the path begins: after ``scheme://`` (and an http host), else 0."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return 0
+    if scheme in _HTTP_PROTOCOLS:
+        slash = rest.find("/")
+        return len(scheme) + 3 + (slash if slash >= 0 else len(rest))
+    return len(scheme) + 3
+
+
+def select(url: str) -> _Selection:
+    """Split a source URL into the folder to list or probe and the shards it names."""
+    start = _path_start(url)
+    expanded = expand_braces(url) if "{" in url[start:] else [url]
+    braces = len(expanded) > 1 or expanded[0] != url
+    magic = [i for i in (url.find(c, start) for c in _GLOB_CHARS + "{") if i >= 0]
+    if braces:
+        cut = url.rfind("/", 0, min(magic))
+    else:
+        magic = [i for i in magic if url[i] != "{"]  # an unbalanced brace is literal
+        if not magic:
+            if url.endswith(SHARD_SUFFIX):
+                root, _, name = url.rpartition("/")
+                return _Selection(root=root or ".", names=(name,), single=True)
+            return _Selection(root=url.rstrip("/") or url)
+        cut = url.rfind("/", 0, min(magic))
+    if cut < start:
+        if start:  # a wildcard in the bucket or host name
+            raise UsageError(f"{url}: a pattern must not reach into the bucket or host name")
+        root, cut = ".", -1  # a relative local pattern such as shard-*.tar
+    else:
+        root = url[:cut] or "/"
+    relative = [e[cut + 1 :] for e in expanded]
+    if any(c in e for e in relative for c in _GLOB_CHARS):
+        return _Selection(root=root, globs=tuple(relative))
+    return _Selection(root=root, names=tuple(relative))
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A shell glob as a regex over ``/``-separated names: ``*`` and ``?`` stay within one
+    folder level, ``**`` crosses levels, ``[...]`` is a class (``[!...]`` negated)."""
+    out, i = [], 0
+    while i < len(pattern):
+        char = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "[" and (close := pattern.find("]", i + 2)) > 0:
+            body = pattern[i + 1 : close]
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            out.append(f"[{'^' if negate else ''}{body.replace(chr(92), chr(92) * 2)}]")
+            i = close + 1
+            continue
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return re.compile("".join(out))
 
 
 def translate_errors(what: str, exc: BaseException) -> ShardfsError:
@@ -167,6 +262,20 @@ def _check_options(options: dict[str, Any], endpoint_url: str | None) -> None:
             raise UsageError(f"endpoint URL {endpoint!r} is not an http:// or https:// URL")
 
 
+def _with_http_timeouts(options: dict[str, Any], config: SourceConfig) -> dict[str, Any]:
+    """Bound fsspec's own HTTP requests (folder listings) unless the user chose a timeout."""
+    import aiohttp
+
+    client_kwargs = dict(options.get("client_kwargs") or {})
+    client_kwargs.setdefault(
+        "timeout",
+        aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.stall_timeout
+        ),
+    )
+    return {**options, "client_kwargs": client_kwargs}
+
+
 def _with_s3_timeouts(options: dict[str, Any], config: SourceConfig) -> dict[str, Any]:
     """Bound every s3fs request by our timeouts unless the user chose their own."""
     config_kwargs = dict(options.get("config_kwargs") or {})
@@ -193,12 +302,11 @@ class Store:
                 **options["client_kwargs"],
                 "endpoint_url": config.endpoint_url,
             }
-        self._pattern: list[str] | None = None
-        if "{" in url:
-            self._pattern = expand_braces(url)
-            url = posixpath.dirname(self._pattern[0])
+        self._selection = select(url)
+        if url.split("://", 1)[0] in _HTTP_PROTOCOLS:
+            options = _with_http_timeouts(options, config)
         try:
-            fs, root = url_to_fs(url, **options)
+            fs, root = url_to_fs(self._selection.root, **options)
         except ImportError as exc:
             hint = "install the matching extra, e.g. shardfs[s3]"
             raise UsageError(f"{config.url}: {exc} ({hint})") from exc
@@ -207,12 +315,16 @@ class Store:
         self.fs: fsspec.AbstractFileSystem = fs
         self.root: str = root.rstrip("/")
         self._presigned: PresignedRanges | None = None
+        self._unversioned: list[str] | None = None  # shards with no version, once listed
+        self._listed = 0  # paths the last folder listing gave
         self._fast_failures = 0
         self._fast_paused_until = 0.0
         self._fast_lock = threading.Lock()
         if self.protocol in ("s3", "s3a"):
             self._start_s3_session()
             if hasattr(fs, "url"):
+                from .presigned import PresignedRanges
+
                 self._presigned = PresignedRanges(
                     fs,
                     connect_timeout=config.connect_timeout,
@@ -249,20 +361,39 @@ class Store:
         return endpoint
 
     @property
+    def is_http(self) -> bool:
+        return self.protocol in _HTTP_PROTOCOLS
+
+    @property
     def identity(self) -> str:
         """A stable id of this source, used to key the persisted index."""
-        text = f"{self.protocol}://{self.root}|{self._endpoint()}|{'|'.join(self._pattern or [])}"
+        selection = self._selection
+        named = selection.names or selection.globs or ()
+        if selection.globs:
+            named = ("glob", *named)
+        text = f"{self.protocol}://{self.root}|{self._endpoint()}|{'|'.join(named)}"
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
     def location(self, shard: ShardInfo) -> str:
         """Where a shard's bytes live, whatever source URL named it (keys the block cache)."""
-        return f"{self.protocol}://{self._path(shard.name)}|{self._endpoint()}"
+        path = self._path(shard.name)
+        where = path if self.is_http else f"{self.protocol}://{path}"
+        return f"{where}|{self._endpoint()}"
 
     def describe(self) -> str:
         return self.config.url
 
     def _path(self, name: str) -> str:
+        """The store's path (on HTTP the URL) of a name relative to the root."""
+        if self.is_http:
+            name = urllib.parse.quote(name, safe="/:@!$&'()*+,;=~")
         return f"{self.root}/{name}" if self.root else name
+
+    def _name(self, path: str) -> str:
+        """A listed path relative to the root (on HTTP without URL escapes)."""
+        prefix = self.root + "/" if self.root else ""
+        name = path[len(prefix) :] if path.startswith(prefix) else path
+        return urllib.parse.unquote(name) if self.is_http else name
 
     def _call(self, what: str, func: Callable[[], T]) -> T:
         try:
@@ -273,51 +404,161 @@ class Store:
             raise translate_errors(what, exc) from exc
 
     def list_shards(self) -> list[ShardInfo]:
-        """List ``*.tar`` shards under the root (recursively), sorted by name."""
-        found = self._call(self.config.url, lambda: self._find())
-        prefix = self.root + "/" if self.root else ""
+        """The shards the source URL names, sorted by name: every ``*.tar`` under a folder
+        (recursively), the ones a glob matches, or exactly those a brace pattern or a
+        ``.tar`` URL names (each must exist)."""
+        selection = self._selection
+        if selection.names is not None:
+            shards = self._named_shards(list(selection.names))
+        else:
+            shards = self._listed_shards(selection.globs)
+        if not shards:
+            self._raise_nothing_found()
+        self._warn_if_unchecked(shards)
+        return sorted(shards, key=lambda s: s.name)
+
+    def _named_shards(self, names: list[str]) -> list[ShardInfo]:
+        """Exact names: one HEAD each over HTTP (no listing needed), one listing per folder
+        elsewhere; a single ``.tar`` URL that is a folder is listed as one."""
+        url = self.config.url
+        if self.is_http:
+            objects = self._call(url, lambda: self._head_many(names))
+            found = {n: o for n, o in zip(names, objects, strict=True) if o is not None}
+            shards = [ShardInfo(n, o.size, o.version) for n, o in found.items()]
+        elif self._selection.single:
+            info = self._call(url, lambda: self._info_or_none(self._path(names[0])))
+            if info is not None and info.get("type") == "directory":
+                self.root = self._path(names[0])
+                self._selection = _Selection(root=url)
+                return self._listed_shards(None)
+            shards = [] if info is None else [self._shard_of(names[0], info)]
+        else:
+            shards = self._call(url, lambda: self._listed_folders(names))
+        missing = sorted(set(names) - {s.name for s in shards})
+        if missing and self._selection.single:
+            raise SourceNotFoundError(f"{url}: not found")
+        if missing:
+            raise SourceNotFoundError(
+                f"{url}: {len(missing)} of {len(names)} shard(s) of the pattern are missing, "
+                f"first: {self._path(missing[0]) if self.is_http else missing[0]}"
+            )
+        return shards
+
+    def _listed_folders(self, names: list[str]) -> list[ShardInfo]:
+        wanted = set(names)
         shards = []
+        for folder in sorted({posixpath.dirname(n) for n in names}):
+            path = self._path(folder) if folder else self.root
+            try:
+                entries = self.fs.ls(path, detail=True)
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                name = self._name(str(entry["name"]).rstrip("/"))
+                if name in wanted and entry.get("type", "file") == "file":
+                    shards.append(self._shard_of(name, entry))
+        return shards
+
+    def _listed_shards(self, globs: tuple[str, ...] | None) -> list[ShardInfo]:
+        """Every ``*.tar`` under the root that one of ``globs`` (if any) matches."""
+        found = self._call(self.config.url, lambda: self._find())
+        self._listed = len(found)
+        matchers = [glob_regex(g) for g in globs or ()]
+        picked: dict[str, dict[str, Any]] = {}
         for path, info in found.items():
             if info.get("type", "file") != "file" or not path.endswith(SHARD_SUFFIX):
                 continue
-            name = path[len(prefix) :] if path.startswith(prefix) else path
-            shards.append(ShardInfo(name=name, size=int(info["size"]), etag=_etag_of(info)))
-        if self._pattern is not None:
-            wanted = {posixpath.basename(p) for p in self._pattern}
-            shards = [s for s in shards if s.name in wanted]
-            missing = sorted(wanted - {s.name for s in shards})
-            if missing:
-                raise SourceNotFoundError(
-                    f"{self.config.url}: {len(missing)} shard(s) of the pattern are missing, "
-                    f"first: {missing[0]}"
-                )
-        if not shards:
-            self._raise_nothing_found()
-        return sorted(shards, key=lambda s: s.name)
+            name = self._name(path)
+            if matchers and not any(m.fullmatch(name) for m in matchers):
+                continue
+            picked[name] = info
+        if self.is_http:  # an HTML listing gives no size or version
+            names = sorted(picked)
+            objects = self._call(self.config.url, lambda: self._head_many(names))
+            return [
+                ShardInfo(n, o.size, o.version)
+                for n, o in zip(names, objects, strict=True)
+                if o is not None
+            ]
+        return [self._shard_of(name, info) for name, info in picked.items()]
+
+    def _shard_of(self, name: str, info: dict[str, Any]) -> ShardInfo:
+        if info.get("size") is None:  # a listing without sizes: ask for this one
+            info = self._call(name, lambda: self.fs.info(self._path(name)))
+        return ShardInfo(name=name, size=int(info["size"]), etag=_etag_of(info))
+
+    def _info_or_none(self, path: str) -> dict[str, Any] | None:
+        try:
+            return cast(dict[str, Any], self.fs.info(path))
+        except FileNotFoundError:
+            return None
+
+    def _head_many(self, names: list[str]) -> list[http_ranges.HttpObject | None]:
+        urls = [self._path(n) for n in names]
+        return http_ranges.head_many(self.fs, urls, timeout=self.config.read_timeout)
 
     def _find(self) -> dict[str, dict[str, Any]]:
-        if self._pattern is not None:
-            entries = self.fs.ls(self.root, detail=True)
-            return {str(e["name"]).rstrip("/"): e for e in entries}
-        return cast(dict[str, dict[str, Any]], self.fs.find(self.root, detail=True))
+        try:
+            return cast(dict[str, dict[str, Any]], self.fs.find(self.root, detail=True))
+        except FileNotFoundError:
+            return {}
 
     def _raise_nothing_found(self) -> None:
         url = self.config.url
+        what = "match the pattern" if self._selection.globs else "found"
+        if self.is_http:
+            text = f"{url}: no *{SHARD_SUFFIX} links {what} in the server's folder listing"
+            if not self._listed:
+                text += (
+                    " (where a server lists no folders, as the Hugging Face hub, name the "
+                    "shards with a brace pattern: .../shard-{000000..000099}.tar)"
+                )
+            raise SourceNotFoundError(text)
         bucket = self.root.split("/", 1)[0]
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        if protocol in ("s3", "s3a", "gs", "gcs") and bucket:
+        if self.protocol in ("s3", "s3a", "gs", "gcs") and bucket:
             exists = self._call(url, lambda: self.fs.exists(bucket))
             if not exists:
                 raise SourceNotFoundError(f"{url}: bucket {bucket!r} does not exist")
         exists = self._call(url, lambda: self.fs.exists(self.root))
         if not exists:
             raise SourceNotFoundError(f"{url}: no such folder or prefix")
-        raise SourceNotFoundError(f"{url}: no *{SHARD_SUFFIX} shards found")
+        raise SourceNotFoundError(f"{url}: no *{SHARD_SUFFIX} shards {what}")
+
+    def _warn_if_unchecked(self, shards: list[ShardInfo]) -> None:
+        """Say once, when listing, that reads cannot tell a replaced shard from the indexed
+        one where the store gives nothing to check."""
+        if self._unversioned is not None:
+            return
+        self._unversioned = [s.name for s in shards if not s.etag] if self.is_http else []
+        if self._unversioned:
+            log.warning(
+                "%s: the server gives no ETag or Last-Modified for %d shard(s) (first: %s), so "
+                "no version check: a shard changed in place may be served mixed",
+                self.config.url,
+                len(self._unversioned),
+                self._unversioned[0],
+            )
+        elif not self.checks_identity:
+            log.warning(
+                "%s: this store (%s) offers no version check on reads, only a length check: "
+                "a shard changed in place may be served mixed",
+                self.config.url,
+                self.protocol,
+            )
+
+    def _current(self, shard: ShardInfo) -> ShardInfo | None:
+        """The shard as the store shows it now, or None if it is gone."""
+        if self.is_http:
+            (found,) = self._call(shard.name, lambda: self._head_many([shard.name]))
+            return None if found is None else ShardInfo(shard.name, found.size, found.version)
+        info = self._call(shard.name, lambda: self._info_or_none(self._path(shard.name)))
+        return None if info is None else ShardInfo(shard.name, int(info["size"]), _etag_of(info))
 
     def check_current(self, shard: ShardInfo) -> None:
         """Raise ShardChangedError if the shard no longer matches what was indexed."""
-        info = self._call(shard.name, lambda: self.fs.info(self._path(shard.name)))
-        current = ShardInfo(shard.name, int(info["size"]), _etag_of(info))
+        current = self._current(shard)
+        if current is None:
+            raise ShardChangedError(f"{shard.name}: gone from the store")
         if current.identity != shard.identity:
             raise ShardChangedError(f"{shard.name}: changed in the store since it was indexed")
 
@@ -372,6 +613,8 @@ class Store:
         timeout = max(0.05, deadline - time.monotonic())
         if self.protocol in _LOCAL_PROTOCOLS:
             return _read_local_file(path, shard, start, end)
+        if self.is_http:
+            return http_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
         if self.protocol not in ("s3", "s3a"):
             return self._get_range_fsspec(path, shard, start, end, timeout)
         fast = self._presigned
@@ -425,7 +668,10 @@ class Store:
 
     @property
     def checks_identity(self) -> bool:
-        """Whether every read is checked against the indexed version of its shard."""
+        """Whether every read is checked against the indexed version of its shard (over
+        HTTP: once listed, whether every shard has an ETag or a Last-Modified date)."""
+        if self.is_http:
+            return self._unversioned is not None and not self._unversioned
         return self.protocol in ("s3", "s3a", *_LOCAL_PROTOCOLS)
 
     @contextlib.contextmanager

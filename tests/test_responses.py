@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from shardfs.http_ranges import version_of
 from shardfs.responses import (
+    LAST_MODIFIED_PREFIX,
     PreconditionFailed,
     TransientError,
     WrongLengthError,
     checked_body,
+    checks_etag,
     parse_content_range,
 )
 
@@ -87,3 +90,48 @@ def test_parse_content_range() -> None:
     assert parse_content_range("bytes 0-9/*") is None
     assert parse_content_range("items 0-9/10") is None
     assert parse_content_range(None) is None
+
+
+# -- HTTP servers: weak ETags and Last-Modified dates ------------------------------------------
+
+DATE = "Tue, 14 Nov 2023 22:13:20 GMT"
+
+
+def _check_version(version: str, etag: str | None, last_modified: str | None) -> bytes:
+    return checked_body(
+        what="a.tar",
+        status=206,
+        content_range="bytes 100-199/1024",
+        etag_header=etag,
+        last_modified_header=last_modified,
+        data=OBJECT[100:200],
+        start=100,
+        end=200,
+        size=len(OBJECT),
+        etag=version,
+    )
+
+
+def test_weak_etag_is_compared_without_its_prefix() -> None:
+    assert _check_version("W/v1", 'W/"v1"', None) == OBJECT[100:200]
+    assert _check_version("W/v1", '"v1"', None) == OBJECT[100:200]
+    with pytest.raises(PreconditionFailed):
+        _check_version("W/v1", 'W/"v2"', None)
+
+
+def test_last_modified_version_is_compared_to_the_answers_date() -> None:
+    version = LAST_MODIFIED_PREFIX + DATE
+    assert not checks_etag(version)  # never sent as If-Match
+    assert _check_version(version, '"some-etag"', DATE) == OBJECT[100:200]
+    assert _check_version(version, None, None) == OBJECT[100:200]  # nothing to compare
+    # An older file put back in place answers If-Unmodified-Since with 206: only the
+    # comparison of the date catches it.
+    with pytest.raises(PreconditionFailed, match="Last-Modified"):
+        _check_version(version, None, "Mon, 13 Nov 2023 22:13:20 GMT")
+
+
+def test_version_of_http_validators() -> None:
+    assert version_of('"abc"', DATE) == "abc"
+    assert version_of('W/"abc"', None) == "W/abc"
+    assert version_of(None, DATE) == LAST_MODIFIED_PREFIX + DATE
+    assert version_of(None, None) == ""

@@ -112,7 +112,7 @@ def test_brace_pattern_with_a_missing_shard_names_it() -> None:
     for i in (0, 1, 3):
         put(url, f"train-{i:03d}.tar", b"t")
     store = Store(SourceConfig(url + "/train-{000..003}.tar"))
-    with pytest.raises(SourceNotFoundError, match=r"1 shard\(s\).*train-002\.tar"):
+    with pytest.raises(SourceNotFoundError, match=r"1 of 4 shard\(s\).*first: train-002\.tar$"):
         store.list_shards()
 
 
@@ -396,3 +396,63 @@ def test_presigned_server_errors_are_transient_and_keep_the_fast_path() -> None:
     fast._pool = _FakePool([503], b"")  # type: ignore[assignment]
     with pytest.raises(TransientError):
         fast.get("b/a.tar", 0, 10, 100, "etag-1", time.monotonic() + 5)
+
+
+# --- single .tar URLs and globs on the memory filesystem --------------------------------------
+
+
+def test_single_tar_url_lists_that_tar_only() -> None:
+    url = memory_url()
+    put(url, "a.tar", b"a" * 3)
+    put(url, "b.tar", b"b" * 5)
+    (shard,) = Store(SourceConfig(url + "/b.tar")).list_shards()
+    assert (shard.name, shard.size) == ("b.tar", 5)
+
+
+def test_missing_single_tar_url_is_not_found() -> None:
+    url = memory_url()
+    put(url, "a.tar", b"a")
+    with pytest.raises(SourceNotFoundError, match=r"b\.tar: not found$"):
+        Store(SourceConfig(url + "/b.tar")).list_shards()
+
+
+def test_folder_whose_name_ends_in_tar_is_listed_as_a_folder() -> None:
+    url = memory_url()
+    put(url, "odd.tar/x.tar", b"x" * 2)
+    put(url, "odd.tar/y.tar", b"y" * 4)
+    shards = Store(SourceConfig(url + "/odd.tar")).list_shards()
+    assert [(s.name, s.size) for s in shards] == [("x.tar", 2), ("y.tar", 4)]
+
+
+def test_glob_names_are_relative_to_the_part_before_the_wildcard() -> None:
+    url = memory_url()
+    for name in ("train/s-0.tar", "train/s-1.tar", "train/s-12.tar", "val/s-0.tar", "s-9.tar"):
+        put(url, name, b"t")
+    store = Store(SourceConfig(url + "/*/s-?.tar"))
+    names = [s.name for s in store.list_shards()]
+    assert names == ["train/s-0.tar", "train/s-1.tar", "val/s-0.tar"]
+    assert store.identity != Store(SourceConfig(url)).identity
+
+
+def test_glob_that_matches_nothing_says_so() -> None:
+    url = memory_url()
+    put(url, "s-0.tar", b"t")
+    with pytest.raises(SourceNotFoundError, match=r"no \*\.tar shards match the pattern"):
+        Store(SourceConfig(url + "/x-*.tar")).list_shards()
+
+
+def test_core_modules_do_not_import_urllib3_for_non_s3_stores() -> None:
+    """The core install has no urllib3: only the S3 fast path may import it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['urllib3'] = None\n"
+        "from shardfs.store import Store; from shardfs.config import SourceConfig\n"
+        "import shardfs.cli, shardfs.mount\n"
+        "Store(SourceConfig('memory://x')); print('ok')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.stdout.strip() == "ok", result.stderr

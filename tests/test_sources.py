@@ -1,0 +1,406 @@
+"""Every kind of source URL on every scheme, against real local servers.
+
+One set of GNU tar shards is served as: S3 (moto), an HTTP server with folder listings,
+ETag and Last-Modified, an HTTP "hub" that lists nothing and redirects every file to a second
+server (as the Hugging Face hub sends downloads to its CDN), ``file://``, a plain path and
+fsspec's memory filesystem. For each, ``shardfs index`` takes a folder, a brace pattern, a
+single ``.tar`` URL and globs where the store lists; s3, http and file are also mounted and
+read through FUSE, compared by SHA-256.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import re
+import shutil
+import tarfile
+from collections.abc import Iterator
+from contextlib import redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import fsspec
+import pytest
+from conftest import run_shardfs
+from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
+from support.http_servers import FakeHub, FileServer
+from support.mounts import assert_one_error_line, mount, new_bucket, umount
+from support.s3 import S3Server
+
+from shardfs import cli
+
+# data/shard-000000..2.tar and data/more/shard-000003.tar: a folder holds 4 shards, a glob
+# without ** only the 3 at its own level.
+FOLDER_SHARDS = 4
+
+
+@dataclass(frozen=True)
+class Site:
+    """The source tree, the folder holding ``data/``, and the servers that serve it."""
+
+    src: Path
+    root: Path
+    listing: FileServer
+    hub: FileServer
+    cdn: FileServer
+    bucket: str
+
+    def shard(self, number: int) -> Path:
+        folder = self.root / "data" / ("more" if number == 3 else "")
+        return folder / f"shard-{number:06d}.tar"
+
+
+@pytest.fixture(scope="module")
+def site(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    base = tmp_path_factory.mktemp("sources")
+    src = base / "src"
+    make_imagefolder(src, {"cat": 5, "dog": 4, "ελάφι": 3})
+    shards = pack_with_gnu_tar(src, base / "packed", files_per_shard=[4, 3, 3, 2])
+    assert len(shards) == FOLDER_SHARDS
+    data = base / "site" / "data"
+    (data / "more").mkdir(parents=True)
+    for number, shard in enumerate(shards):
+        shutil.copy(shard, data / ("more" if number == 3 else "") / shard.name)
+    (data / "notes.txt").write_text("not a shard\n")
+    bucket = new_bucket(s3_server, "sources")
+    s3_server.upload_dir(base / "site", bucket)
+    with (
+        FileServer(base / "site") as listing,
+        FileServer(base / "site", listing=False) as cdn,
+        FileServer(base / "site", listing=False, redirect_to=cdn.url) as hub,
+    ):
+        yield Site(src, base / "site", listing, hub, cdn, bucket)
+
+
+def data_url(site: Site, scheme: str) -> str:
+    """The URL of the ``data`` folder on ``scheme``."""
+    return {
+        "s3": f"s3://{site.bucket}/data",
+        "http": f"{site.listing.url}/data",
+        "http-hub": f"{site.hub.url}/data",
+        "file": f"file://{site.root}/data",
+        "path": f"{site.root}/data",
+    }[scheme]
+
+
+BRACE = "/shard-{000000..000002}.tar"
+SINGLE = "/shard-000001.tar"
+# (suffix, shards it names)
+FORMS: dict[str, tuple[str, int]] = {
+    "folder": ("/", FOLDER_SHARDS),
+    "brace": (BRACE, 3),
+    "nested-brace": ("/{shard-{000000..000001},more/shard-000003}.tar", 3),
+    "single": (SINGLE, 1),
+    "glob-star": ("/shard-*.tar", 3),
+    "glob-class": ("/shard-00000[02].tar", 2),
+    "glob-question": ("/shard-00000?.tar", 3),
+    "glob-deep": ("/**/*.tar", FOLDER_SHARDS),
+}
+LISTING_SCHEMES = ("s3", "http", "file", "path")
+CASES = [(scheme, form) for scheme in LISTING_SCHEMES for form in FORMS] + [
+    ("http-hub", form) for form in ("brace", "nested-brace", "single")
+]
+
+
+def indexed_count(stdout: str) -> int:
+    match = re.search(r"indexed (\d+) shards?", stdout)
+    assert match is not None, stdout
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize(("scheme", "form"), CASES)
+def test_index_every_form_on_every_scheme(
+    scheme: str, form: str, site: Site, s3_server: S3Server, tmp_path: Path
+) -> None:
+    suffix, expected = FORMS[form]
+    source = data_url(site, scheme) + suffix
+    result = run_shardfs("index", source, "--cache-dir", tmp_path, env=s3_server.env())
+    assert result.returncode == 0, f"{source}: {result.stderr}"
+    assert indexed_count(result.stdout) == expected
+    assert "Traceback" not in result.stderr
+    assert "no version check" not in result.stderr  # every one of these stores has versions
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_index_every_form_on_memory(form: str, site: Site, tmp_path: Path) -> None:
+    """fsspec's memory filesystem lives in one process, so the CLI runs in this one."""
+    fs = fsspec.filesystem("memory")
+    prefix = f"/sources-{os.getpid()}-{form}"
+    for path in site.root.rglob("*"):
+        if path.is_file():
+            fs.pipe_file(f"{prefix}/{path.relative_to(site.root).as_posix()}", path.read_bytes())
+    suffix, expected = FORMS[form]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = cli.main(["index", f"memory://{prefix}/data{suffix}", "--cache-dir", str(tmp_path)])
+    assert code == 0
+    assert indexed_count(out.getvalue()) == expected
+
+
+# -- real mounts, read through FUSE ---------------------------------------------------------
+
+
+MOUNTS = {
+    "s3": "/",
+    "http": "/",
+    "http-hub": "/{shard-{000000..000002},more/shard-000003}.tar",
+    "file": "/**/shard-*.tar",
+    "path": "/",
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("scheme", sorted(MOUNTS))
+def test_mount_reads_every_file_by_sha256(
+    scheme: str, site: Site, s3_server: S3Server, mountpoint: Path, tmp_path: Path
+) -> None:
+    site.listing.reset_counts()
+    site.hub.reset_counts()
+    site.cdn.reset_counts()
+    source = data_url(site, scheme) + MOUNTS[scheme]
+    mount(source, mountpoint, tmp_path / "cache", env=s3_server.env())
+    try:
+        assert sha256_tree(mountpoint) == expected_tree(site)
+    finally:
+        umount(mountpoint)
+    if scheme == "http":
+        assert site.listing.counts["GET-range"] > 0  # the bytes came over HTTP ranges
+    if scheme == "http-hub":
+        # Each shard's HEAD and every ranged GET reached the files through a redirect.
+        assert site.cdn.counts["HEAD"] == FOLDER_SHARDS
+        assert site.cdn.counts["GET-range"] > 0
+        assert site.hub.counts["redirect"] == site.cdn.counts["HEAD"] + site.cdn.counts["GET"]
+
+
+def expected_tree(site: Site) -> dict[str, str]:
+    """The raw view of data/: each shard's files under the shard's folder."""
+    tree = {}
+    for number in range(FOLDER_SHARDS):
+        folder = "more/" if number == 3 else ""
+        tree.update({folder + n: h for n, h in members(site.shard(number)).items()})
+    assert sorted(h for h in tree.values()) == sorted(sha256_tree(site.src).values())
+    return tree
+
+
+def members(shard: Path) -> dict[str, str]:
+    with tarfile.open(shard) as tar:
+        return {
+            m.name: hashlib.sha256(tar.extractfile(m).read()).hexdigest()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile()
+        }
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("scheme", ["s3", "http", "http-hub", "file"])
+def test_mount_single_tar_url(
+    scheme: str, site: Site, s3_server: S3Server, mountpoint: Path, tmp_path: Path
+) -> None:
+    mount(data_url(site, scheme) + SINGLE, mountpoint, tmp_path / "cache", env=s3_server.env())
+    try:
+        assert sha256_tree(mountpoint) == members(site.shard(1))
+    finally:
+        umount(mountpoint)
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+
+def test_http_brace_pattern_with_a_missing_shard_is_one_line(site: Site, tmp_path: Path) -> None:
+    source = f"{site.hub.url}/data/shard-{{000000..000005}}.tar"
+    result = run_shardfs("index", source, "--cache-dir", tmp_path)
+    line = assert_one_error_line(result)
+    assert result.returncode == 3
+    assert "3 of 6 shard(s)" in line  # 000003 lives in more/
+    assert line.endswith(f"first: {site.hub.url}/data/shard-000003.tar")
+
+
+def test_http_folder_on_a_server_without_listings_says_to_use_a_pattern(
+    site: Site, tmp_path: Path
+) -> None:
+    result = run_shardfs("index", f"{site.hub.url}/data/", "--cache-dir", tmp_path)
+    line = assert_one_error_line(result)
+    assert result.returncode == 3
+    assert "brace pattern" in line
+
+
+@pytest.mark.parametrize(
+    ("scheme", "suffix", "expected"),
+    [
+        ("s3", "/shard-000009.tar", "not found"),
+        ("http", "/shard-000009.tar", "not found"),
+        ("path", "/shard-000009.tar", "not found"),
+        ("s3", "/shard-9*.tar", "no *.tar shards match the pattern"),
+        ("path", "/shard-9*.tar", "no *.tar shards match the pattern"),
+        (
+            "http",
+            "/shard-9*.tar",
+            "no *.tar links match the pattern in the server's folder listing",
+        ),
+    ],
+)
+def test_missing_single_tar_or_empty_glob_is_one_line(
+    scheme: str, suffix: str, expected: str, site: Site, s3_server: S3Server, tmp_path: Path
+) -> None:
+    source = data_url(site, scheme) + suffix
+    result = run_shardfs("index", source, "--cache-dir", tmp_path, env=s3_server.env())
+    line = assert_one_error_line(result)
+    assert result.returncode == 3
+    assert line == f"shardfs: error: {source}: {expected}", line
+
+
+def test_server_without_validators_is_warned_about_once(site: Site, tmp_path: Path) -> None:
+    with FileServer(site.root, etag=False, last_modified=False) as bare:
+        result = run_shardfs("index", f"{bare.url}/data/", "--cache-dir", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert indexed_count(result.stdout) == FOLDER_SHARDS
+    warnings = [line for line in result.stderr.splitlines() if "no version check" in line]
+    assert len(warnings) == 1, result.stderr
+    assert "may be served mixed" in warnings[0]
+
+
+# -- a shard replaced on the server after the mount -----------------------------------------
+
+
+def _replace_same_size(path: Path, bump_mtime: bool) -> None:
+    """Another version of the same length: only a version check can tell them apart."""
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    for i in range(512, len(data) - 1024):  # past the first header, before the end blocks
+        data[i] ^= 0xFF
+    fresh = path.with_name(path.name + ".new")
+    fresh.write_bytes(bytes(data))
+    if bump_mtime:  # Last-Modified has one-second steps
+        os.utime(fresh, (stat.st_atime + 5, stat.st_mtime + 5))
+    else:
+        os.utime(fresh, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(fresh, path)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("validator", ["etag", "last-modified"])
+def test_shard_replaced_on_the_http_server_fails_never_mixes(
+    validator: str, site: Site, mountpoint: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "site"
+    shutil.copytree(site.root / "data", root)
+    victim = root / "shard-000001.tar"
+    before = members(victim)
+    with FileServer(root, etag=validator == "etag") as server:
+        mount(f"{server.url}/", mountpoint, tmp_path / "cache", "--no-cache", env={})
+        try:
+            _replace_same_size(victim, bump_mtime=validator == "last-modified")
+            outcomes: dict[str, str | int] = {}
+            for name in before:
+                try:
+                    outcomes[name] = hashlib.sha256((mountpoint / name).read_bytes()).hexdigest()
+                except OSError as exc:
+                    outcomes[name] = exc.errno or -1
+            refused = server.counts["412"]
+        finally:
+            umount(mountpoint)
+    served = {n: h for n, h in outcomes.items() if isinstance(h, str)}
+    assert served == {}, f"bytes were served after the shard changed: {served}"
+    assert set(outcomes.values()) <= {errno.ESTALE, errno.EIO}, outcomes
+    assert refused >= 1, "the server never refused a request for the old version"
+
+
+# -- unit: how a source URL is split -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "root", "names", "globs"),
+    [
+        ("s3://b/p/", "s3://b/p", None, None),
+        ("s3://b/p/shard-000000.tar", "s3://b/p", ("shard-000000.tar",), None),
+        ("s3://b/p/s-{0..1}.tar", "s3://b/p", ("s-0.tar", "s-1.tar"), None),
+        ("s3://b/p/{x,y}/s.tar", "s3://b/p", ("x/s.tar", "y/s.tar"), None),
+        ("s3://b/p/s-*.tar", "s3://b/p", None, ("s-*.tar",)),
+        ("s3://b/p/x*/s-{0..1}.tar", "s3://b/p", None, ("x*/s-0.tar", "x*/s-1.tar")),
+        ("https://h/d/s-[0-9].tar", "https://h/d", None, ("s-[0-9].tar",)),
+        ("https://h/s.tar", "https://h", ("s.tar",), None),
+        ("https://h", "https://h", None, None),
+        ("/data/s-?.tar", "/data", None, ("s-?.tar",)),
+        ("s-?.tar", ".", None, ("s-?.tar",)),
+        ("s.tar", ".", ("s.tar",), None),
+        ("file:///d/s.tar", "file:///d", ("s.tar",), None),
+    ],
+)
+def test_select_splits_root_and_names(
+    url: str, root: str, names: tuple[str, ...] | None, globs: tuple[str, ...] | None
+) -> None:
+    from shardfs.store import select
+
+    selection = select(url)
+    assert (selection.root, selection.names, selection.globs) == (root, names, globs)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matches", "misses"),
+    [
+        ("s-*.tar", ["s-1.tar", "s-.tar"], ["x/s-1.tar", "s-1.tar.gz"]),
+        ("s-?.tar", ["s-1.tar"], ["s-10.tar", "s-/.tar"]),
+        ("s-[02].tar", ["s-0.tar", "s-2.tar"], ["s-1.tar"]),
+        ("s-[!02].tar", ["s-1.tar"], ["s-0.tar"]),
+        ("**/s.tar", ["s.tar", "a/s.tar", "a/b/s.tar"], ["as.tar"]),
+        ("a/**", ["a/x.tar", "a/b/x.tar"], ["b/x.tar"]),
+        ("s+(1).tar", ["s+(1).tar"], ["ss(1).tar"]),
+    ],
+)
+def test_glob_regex(pattern: str, matches: list[str], misses: list[str]) -> None:
+    from shardfs.store import glob_regex
+
+    regex = glob_regex(pattern)
+    assert [m for m in matches if not regex.fullmatch(m)] == []
+    assert [m for m in misses if regex.fullmatch(m)] == []
+
+
+def test_a_wildcard_in_the_bucket_is_a_usage_error() -> None:
+    from shardfs.errors import UsageError
+    from shardfs.store import select
+
+    with pytest.raises(UsageError, match="bucket or host"):
+        select("s3://b*/x.tar")
+
+
+# -- hf:// through huggingface_hub's HfFileSystem, against a fake hub ------------------------
+
+
+@pytest.fixture(scope="module")
+def fake_hub(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment that points huggingface_hub at a fake hub serving ``site.root``."""
+    pytest.importorskip("huggingface_hub", reason="the hf extra is not installed")
+    home = tmp_path_factory.mktemp("hf-home")
+    with FakeHub(site.root) as hub:
+        yield {
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(home),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_OFFLINE": "0",
+        }
+
+
+HF_DATA = "hf://datasets/org/shards/data"
+
+
+@pytest.mark.parametrize("form", ["folder", "brace", "nested-brace", "single", "glob-star"])
+def test_index_every_form_on_hf(form: str, fake_hub: dict[str, str], tmp_path: Path) -> None:
+    suffix, expected = FORMS[form]
+    result = run_shardfs("index", HF_DATA + suffix, "--cache-dir", tmp_path, env=fake_hub)
+    assert result.returncode == 0, result.stderr
+    assert indexed_count(result.stdout) == expected
+    assert "no version check" in result.stderr  # hf reads are checked by length only
+
+
+@pytest.mark.integration
+def test_mount_hf_reads_every_file_by_sha256(
+    site: Site, fake_hub: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    mount(HF_DATA + "/", mountpoint, tmp_path / "cache", env=fake_hub)
+    try:
+        assert sha256_tree(mountpoint) == expected_tree(site)
+    finally:
+        umount(mountpoint)
