@@ -66,8 +66,9 @@ def _source_arguments(
     parser.add_argument(
         positional,
         help=what
-        or "fsspec URL of the folder/prefix holding *.tar shards (s3://b/p/, gs://..., "
-        "file:///data, a local path) or a brace pattern like s3://b/train-{000..146}.tar",
+        or "where the *.tar shards are: a folder or prefix (s3://b/p/, gs://..., "
+        "https://host/p/, file:///data, a local path), one .tar, a brace pattern "
+        "(https://host/train-{000..146}.tar) or a glob (s3://b/p/train-*.tar)",
     )
     parser.add_argument(
         "--storage-option",

@@ -26,8 +26,9 @@ def default_cache_dir() -> Path:
 class SourceConfig:
     """Where the shards live.
 
-    url: fsspec URL of a folder/prefix holding ``*.tar`` shards, a plain local path, or a
-        brace pattern such as ``s3://b/train-{000000..000146}.tar``.
+    url: fsspec URL (or plain local path) of a folder/prefix holding ``*.tar`` shards, of one
+        ``.tar``, a brace pattern such as ``s3://b/train-{000000..000146}.tar``, or a glob
+        such as ``https://host/train-*.tar`` (on stores that list).
     storage_options: passed to the fsspec filesystem (``--storage-option key=value``).
         Default: none.
     endpoint_url: S3-compatible endpoint (``--endpoint-url``). Default: None, which lets
