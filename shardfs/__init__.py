@@ -10,6 +10,7 @@ from .config import IndexConfig, MountConfig, ReadConfig, SourceConfig, ViewConf
 from .errors import (
     CorruptShardError,
     FileSystemError,
+    FuseUnavailableError,
     IndexError_,
     IsADirectoryError_,
     MountError,
@@ -29,6 +30,7 @@ from .errors import (
 __all__ = [
     "CorruptShardError",
     "FileSystemError",
+    "FuseUnavailableError",
     "IndexConfig",
     "IndexError_",
     "IsADirectoryError_",

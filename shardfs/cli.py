@@ -7,7 +7,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
@@ -558,19 +557,13 @@ def _cache_config(args: argparse.Namespace, cache_dir: Path) -> CacheConfig:
 
 def _check_cache_bound(config: CacheConfig) -> None:
     """Refuse a bound under a few blocks: with it every read evicts a block another reader
-    still needs, and the same bytes are fetched again and again."""
+    still needs, and the same bytes are fetched again and again. A share of the disk
+    (``50%``) is not checked: if it comes out that small, the disk is small or full, and the
+    cache degrades (one warning; reads go to the store, fetching only what is read)."""
     if config.size.strip().endswith("%"):
-        folder = config.cache_dir
-        while not folder.exists() and folder != folder.parent:
-            folder = folder.parent
-        try:
-            bound = resolve_cache_size(config.size, shutil.disk_usage(folder).total)
-        except OSError:
-            return
-    else:
-        bound = parse_size(config.size)
+        return
     least = MIN_CACHE_BLOCKS * config.block_size
-    if bound < least:
+    if parse_size(config.size) < least:
         raise UsageError(
             f"--cache-size {config.size}: under {MIN_CACHE_BLOCKS} blocks of "
             f"{format_bytes(config.block_size)}, so reads would fetch the same blocks again "

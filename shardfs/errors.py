@@ -10,7 +10,7 @@ FUSE adapter answers with and the exit code the CLI returns.
      │    └── StoreReadError         a ranged read failed after retries
      ├── ShardChangedError        a shard no longer matches the index (ESTALE)
      ├── CorruptShardError        a tar shard is truncated or malformed
-     │    └── UnsafeMemberError      a member path would escape the mount
+     │    └── UnsafeMemberError      a member path would escape the mount or is no Linux path
      ├── IndexError_              the persisted index is unreadable
      ├── MountError               the mountpoint cannot be used
      │    └── FuseUnavailableError   this user may not mount FUSE here
@@ -77,7 +77,8 @@ class CorruptShardError(ShardfsError):
 
 
 class UnsafeMemberError(CorruptShardError):
-    """A member path is absolute or climbs out of the mount with '..'."""
+    """A member path is absolute, climbs out with '..', or cannot be a Linux path (not UTF-8,
+    a NUL, a name over 255 bytes, a path over 4,095 bytes or 256 levels)."""
 
 
 class IndexError_(ShardfsError):

@@ -11,6 +11,7 @@ from shardfs import errors
 EXPECTED = [
     "CorruptShardError",
     "FileSystemError",
+    "FuseUnavailableError",
     "IndexConfig",
     "IndexError_",
     "IsADirectoryError_",
