@@ -30,9 +30,12 @@ Mode = Literal["shard", "uniform"]
 IntArray = npt.NDArray[np.int64]
 
 DEFAULT_WINDOW = 8
-"""Shards mixed at a time in shard mode. bench/shuffle_quality.py: on a shuffled pack 8
-shards already give RandomSampler's classes per batch, lag-1 agreement and KS statistic
-within 2%, while keeping the live set of shards (what the cache must hold) small."""
+"""Shards mixed at a time in shard mode (bench/shuffle_quality.py, 1,000 classes x 128 in
+shards of 1,000). On a shuffled pack every window from 1 up matches RandomSampler (226
+classes per batch of 256, lag-1 0.001, KS 0.075). On a class-sorted pack quality grows with
+the window (classes per batch 36 at 4, 66 at 8, 110 at 16) while the live set of shards the
+cache must hold grows with it (5, 9, 16 per batch); 8 is the middle: twice the mixing of 4
+for a live set that stays under ten shards."""
 
 _STATE_KEYS = ("epoch", "yielded", "seed", "length")
 
