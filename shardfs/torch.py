@@ -158,7 +158,7 @@ def plan_node(
             perm = _rng(seed, epoch).permutation(num_samples).astype(np.int64)
         else:
             perm = np.arange(num_samples, dtype=np.int64)
-        grid = np.resize(perm, total).reshape(per_rank, world.size) if total else perm[:0]
+        grid = np.resize(perm, total).reshape(per_rank, world.size)
         first = world.node_rank * world.local_size
         order = np.ascontiguousarray(grid[:, first : first + world.local_size]).reshape(-1)
         return NodePlan(order.astype(np.int64), per_rank, padded, dropped)
