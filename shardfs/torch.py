@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -386,9 +387,8 @@ class ShardSampler(Sampler[int]):
         from . import placement
 
         try:
-            placement.send_hint(
-                table.mount_root, table.placement, table.rows[order].tolist(), epoch=self.epoch
-            )
+            rows = array("i", table.rows[order].astype(np.int32).tobytes())
+            placement.send_hint(table.mount_root, table.placement, rows, epoch=self.epoch)
         except OSError as exc:
             if not self._hint_warned:
                 self._hint_warned = True

@@ -186,7 +186,9 @@ class Folder:
     """What ShardSampler reads from a torchvision folder dataset."""
 
     def __init__(self, root: Path, count: int, attribute: str = "samples") -> None:
-        setattr(self, attribute, [(str(root / f"c{i % 3}" / f"{i}.jpg"), i % 3) for i in range(count)])
+        setattr(
+            self, attribute, [(str(root / f"c{i % 3}" / f"{i}.jpg"), i % 3) for i in range(count)]
+        )
 
     def __len__(self) -> int:
         return len(getattr(self, "samples", getattr(self, "imgs", [])))
