@@ -159,7 +159,7 @@ class FuseOperations:
             self.lib.fuse_reply_entry(req, ctypes.byref(entry))
             return
         self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
-        if self.pusher is not None:
+        if self.pusher is not None and not self.core.is_virtual(node):
             self.pusher.inode_known(node.ino, push_waiting=False)
 
     def forget(self, req: int, _ino: int, _nlookup: int) -> None:
@@ -222,7 +222,8 @@ class FuseOperations:
 
     def _delivered(self, node: Node, offset: int, data: bytes) -> None:
         """A READ answered with ``data``: when that is the whole file, nothing to push."""
-        if offset == 0 and len(data) == node.size and self.pusher is not None:
+        whole = offset == 0 and len(data) == node.size
+        if whole and self.pusher is not None and not self.core.is_virtual(node):
             self.pusher.in_kernel[node.ino] = 1
 
     def _later(self, req: int, operation: str, func: Callable[..., bytes], *args: Any) -> None:
