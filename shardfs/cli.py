@@ -810,6 +810,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
             f"{format_bytes(values['cache_bytes_limit'])}",
         ),
         ("blocks evicted", str(values["blocks_evicted"])),
+        ("hinted reads", f"{values.get('hinted_reads', 0)} ({values.get('hints_taken', 0)} hints)"),
+        ("reads waited on net", str(values.get("reads_waited_on_network", 0))),
+        ("prefetched unread", format_bytes(values.get("prefetched_unread_bytes", 0))),
         ("checksum failures", str(values["checksum_failures"])),
         ("cache write errors", str(values["cache_write_errors"])),
     ]

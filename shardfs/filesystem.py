@@ -6,22 +6,34 @@ Tests drive this class directly; ``fuse_ops`` is a thin adapter over it.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import stat
 import threading
 import time
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from . import placement
 from .config import MountConfig, ReadConfig
 from .dirents import Entry
-from .errors import IsADirectoryError_, NoSuchAttributeError, NotADirectoryError_, NotFoundError
+from .errors import (
+    IsADirectoryError_,
+    NoSuchAttributeError,
+    NotADirectoryError_,
+    NotFoundError,
+    UsageError,
+)
+from .readahead import HintedOrder
 from .reader import CachedReader, RangeReader
 from .stats import Stats
 from .store import ShardInfo
 from .tar import MemberKind
-from .views import Node, View, st_mode
+from .views import ROOT_INO, Node, View, st_mode
+
+log = logging.getLogger(__name__)
 
 XATTR_SHARD = "user.shardfs.shard"
 XATTR_OFFSET = "user.shardfs.offset"
@@ -78,8 +90,47 @@ class _OpenFile:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+@dataclass
+class _Table:
+    """The placement table of the view, built once: its bytes and the row of each inode."""
+
+    fingerprint: str
+    data: bytes
+    rows: int
+    row_of_ino: array[int]  # 'i': table row of each inode, -1 for none
+    shard_ids: list[int]  # table shard id -> view shard id
+    shards: array[int]  # table shard id of each row
+    offsets: array[int]
+    sizes: array[int]
+
+
+@dataclass
+class _ActiveHint:
+    """An order hint being followed: each row's position in it, and the block plan."""
+
+    epoch: int
+    position_of_row: array[int]  # 'i': first position of each row in the hint, -1 if absent
+    plan: HintedOrder
+
+
+@dataclass
+class _HintParts:
+    """A hint whose chunks are still arriving."""
+
+    buffer: bytearray
+    offsets: set[int] = field(default_factory=set)
+    received: int = 0
+
+
+_HINT_PARTS = 4  # hints being received at once (one per sender, normally one)
+
+
 class ShardFileSystem:
-    """A read-only tree over a materialised view, reading bytes through a RangeReader."""
+    """A read-only tree over a materialised view, reading bytes through a RangeReader.
+
+    Two virtual files sit at the root, found by lookup and never listed (see
+    ``shardfs.placement``): the placement table, and the hint file that takes the order in
+    which this node will read, which the core then reads ahead in."""
 
     BLOCK_SIZE = 1 << 17  # st_blksize: the I/O size readers are told to prefer
 
@@ -104,9 +155,196 @@ class ShardFileSystem:
         self.gid = owner.gid
         self._mode = owner.mode_rule()
         self._mount_time = int(time.time())
+        self.table_ino = view.max_ino + 1
+        self.hint_ino = view.max_ino + 2
+        self._table: _Table | None = None
+        self._table_lock = threading.Lock()
+        self._hint: _ActiveHint | None = None
+        self._hint_parts: dict[bytes, _HintParts] = {}
+        self._hint_lock = threading.Lock()
+
+    # -- the placement table and the order hint -------------------------------------------
+
+    def _virtual(self, ino: int) -> Node | None:
+        if ino == self.table_ino:
+            size = len(self.table().data)
+        elif ino != self.hint_ino:
+            return None
+        else:
+            size = 0
+        return Node(ino, MemberKind.FILE, -1, 0, size, 0o444, self._mount_time, "")
+
+    def is_virtual(self, node: Node) -> bool:
+        return node.ino in (self.table_ino, self.hint_ino)
+
+    def table(self) -> _Table:
+        """The placement table, built at its first use and kept for the mount's life."""
+        with self._table_lock:
+            if self._table is None:
+                started = time.monotonic()
+                self._table = self._build_table()
+                log.info(
+                    "placement table: %d rows, %d bytes in %.2f s",
+                    self._table.rows,
+                    len(self._table.data),
+                    time.monotonic() - started,
+                )
+            return self._table
+
+    def _build_table(self) -> _Table:
+        view = self.view
+        shard_ids = sorted(view.shards)
+        dense = {sid: i for i, sid in enumerate(shard_ids)}
+        row_of_ino = array("i", [-1]) * (view.max_ino + 1)
+        inos = array("i")
+        rows = []
+        for path, node in view.files():
+            inos.append(node.ino)
+            rows.append((path, dense[node.shard], node.offset, node.size))
+        for row, ino in enumerate(inos):
+            row_of_ino[ino] = row
+        names = [view.shards[sid].name for sid in shard_ids]
+        fingerprint, data = placement.encode_table(names, rows)
+        return _Table(
+            fingerprint,
+            data,
+            len(rows),
+            row_of_ino,
+            shard_ids,
+            array("i", (shard for _, shard, _, _ in rows)),
+            array("q", (offset for _, _, offset, _ in rows)),
+            array("q", (size for _, _, _, size in rows)),
+        )
+
+    def take_hint_chunk(self, chunk: bytes) -> None:
+        """One ioctl of an order hint (``placement.hint_chunks``). UsageError (EINVAL) when
+        the hint is for another table or malformed; the last chunk starts following it."""
+        try:
+            hint_id, total, offset, data = placement.parse_chunk(chunk)
+        except ValueError as exc:
+            raise UsageError(f"order hint refused: {exc}") from None
+        table = self.table()
+        if offset == 0:
+            fingerprint = placement.hint_fingerprint(data)
+            if fingerprint != table.fingerprint:
+                raise UsageError(
+                    f"order hint refused: it is for table {fingerprint}, "
+                    f"this mount's is {table.fingerprint}"
+                )
+        with self._hint_lock:
+            parts = self._hint_parts.get(hint_id)
+            if parts is None:
+                if offset != 0:
+                    raise UsageError("order hint refused: a chunk came before its first one")
+                while len(self._hint_parts) >= _HINT_PARTS:
+                    self._hint_parts.pop(next(iter(self._hint_parts)))
+                parts = self._hint_parts[hint_id] = _HintParts(bytearray(total))
+            if len(parts.buffer) != total:
+                raise UsageError("order hint refused: chunks disagree on its length")
+            if offset not in parts.offsets:
+                parts.offsets.add(offset)
+                parts.received += len(data)
+                parts.buffer[offset : offset + len(data)] = data
+            if parts.received < total:
+                return
+            del self._hint_parts[hint_id]
+        self.take_hint(bytes(parts.buffer))
+
+    def take_hint(self, payload: bytes) -> None:
+        """Follow a whole order hint: UsageError (EINVAL) if it is not one for this table.
+        The block plan is made on a thread of its own (a second for 1.28M rows)."""
+        table = self.table()
+        try:
+            hint = placement.decode_hint(payload)
+        except ValueError as exc:
+            raise UsageError(f"order hint refused: {exc}") from None
+        if hint.fingerprint != table.fingerprint:
+            raise UsageError(
+                f"order hint refused: it is for table {hint.fingerprint}, "
+                f"this mount's is {table.fingerprint}"
+            )
+        if hint.rows and not 0 <= min(hint.rows) <= max(hint.rows) < table.rows:
+            raise UsageError("order hint refused: it names rows the table does not have")
+        self.stats.add(hints_taken=1)
+        threading.Thread(
+            target=self._follow, args=(table, hint), name="shardfs-hint", daemon=True
+        ).start()
+
+    def follow_hint(self, hint: placement.Hint) -> None:
+        """Follow a decoded, checked hint now (on this thread)."""
+        self._follow(self.table(), hint)
+
+    def _follow(self, table: _Table, hint: placement.Hint) -> None:
+        reader = self.reader
+        block_size = reader.block_size if isinstance(reader, CachedReader) else 1 << 20
+        position_of_row = array("i", [-1]) * table.rows
+        blocks: list[tuple[int, int]] = []
+        first_use: list[int] = []
+        seen: set[tuple[int, int]] = set()
+        shards, offsets, sizes = table.shards, table.offsets, table.sizes
+        for position, row in enumerate(hint.rows):
+            if position_of_row[row] >= 0:
+                continue
+            position_of_row[row] = position
+            offset = offsets[row]
+            shard = shards[row]
+            for index in range(
+                offset // block_size, (offset + max(sizes[row], 1) - 1) // block_size + 1
+            ):
+                if (shard, index) not in seen:
+                    seen.add((shard, index))
+                    blocks.append((shard, index))
+                    first_use.append(position)
+        plan = HintedOrder(blocks, first_use)
+        self._hint = _ActiveHint(hint.epoch, position_of_row, plan)
+        log.info(
+            "following an order hint: epoch %d, %d reads over %d blocks",
+            hint.epoch,
+            len(hint.rows),
+            len(blocks),
+        )
+        if isinstance(reader, CachedReader):
+            reader.follow_hint = True
+        self._queue(table, plan.start())
+
+    def _queue(self, table: _Table, blocks: list[tuple[int, int]]) -> None:
+        if blocks and isinstance(self.reader, CachedReader):
+            shards = self.view.shards
+            ids = table.shard_ids
+            self.reader.prefetch_blocks([(shards[ids[shard]], index) for shard, index in blocks])
+
+    def _note_read(self, node: Node) -> None:
+        """A read of ``node``: count it if hinted, and move the hint's window forward."""
+        hint = self._hint
+        table = self._table
+        if hint is None or table is None or node.ino >= len(table.row_of_ino):
+            return
+        row = table.row_of_ino[node.ino]
+        if row < 0:
+            return
+        position = hint.position_of_row[row]
+        if position < 0:
+            return
+        self.stats.add(hinted_reads=1)
+        if position > hint.plan.furthest:
+            self._queue(table, hint.plan.reached(position))
+
+    def _virtual_read(self, node: Node, offset: int, size: int) -> bytes:
+        if node.ino == self.table_ino:
+            return self.table().data[offset : offset + size]
+        return b""
+
+    def lookup(self, path: str) -> Node:
+        """The node at ``path`` (relative to the root), the virtual files included."""
+        name = path.strip("/")
+        if name == placement.TABLE_NAME:
+            return self.node(self.table_ino)
+        if name == placement.HINT_NAME:
+            return self.node(self.hint_ino)
+        return self.view.lookup(path)
 
     def getattr(self, path: str) -> dict[str, int]:
-        return self.attributes(self.view.lookup(path))
+        return self.attributes(self.lookup(path))
 
     def stat_fields(self, node: Node) -> tuple[int, int, int, int, int]:
         """(mode, link count, size, 512-byte blocks, mtime) of a node; with ``uid``,
@@ -137,7 +375,7 @@ class ShardFileSystem:
         }
 
     def readdir(self, path: str) -> list[tuple[str, Node]]:
-        node = self.view.lookup(path)
+        node = self.lookup(path)
         if not node.is_dir:
             raise NotADirectoryError_(path)
         return list(self.view.children(node))
@@ -176,20 +414,26 @@ class ShardFileSystem:
         return entries
 
     def readlink(self, path: str) -> str:
-        node = self.view.lookup(path)
+        node = self.lookup(path)
         if node.kind != MemberKind.SYMLINK:
             raise NotFoundError(f"{path} is not a symlink")
         return node.link
 
     def open(self, path: str) -> int:
-        return self.open_node(self.view.lookup(path))
+        return self.open_node(self.lookup(path))
 
     def node(self, ino: int) -> Node:
+        if ino > self.view.max_ino:
+            virtual = self._virtual(ino)
+            if virtual is not None:
+                return virtual
         return self.view.node(ino)
 
     def child(self, parent: Node, name: str) -> Node:
         if not parent.is_dir:
             raise NotADirectoryError_(name)
+        if parent.ino == ROOT_INO and name in (placement.TABLE_NAME, placement.HINT_NAME):
+            return self.node(self.table_ino if name == placement.TABLE_NAME else self.hint_ino)
         found = self.view.child(parent.ino, name)
         if found is None:
             raise NotFoundError(name)
@@ -198,7 +442,7 @@ class ShardFileSystem:
     def read_path(self, path: str, offset: int, size: int) -> bytes:
         """A read without an open handle: each call goes to the reader (the block cache
         makes that cheap), so the kernel need not send open and release at all."""
-        return self.read_node(self.view.lookup(path), offset, size)
+        return self.read_node(self.lookup(path), offset, size)
 
     def _span(self, node: Node, offset: int, size: int) -> tuple[ShardInfo, int, int] | None:
         """(shard, start, end) of a read in shard offsets, or None when it reads nothing."""
@@ -211,20 +455,26 @@ class ShardFileSystem:
 
     def read_node(self, node: Node, offset: int, size: int) -> bytes:
         """Bytes of a file by node; may wait on the store."""
+        if node.shard < 0:
+            return self._virtual_read(node, offset, size)
         span = self._span(node, offset, size)
         if span is None:
             return b""
+        self._note_read(node)
         data = self.reader.read(*span)
         self.stats.add(bytes_served=len(data))
         return data
 
     def read_node_local(self, node: Node, offset: int, size: int) -> bytes | None:
         """Like ``read_node`` when the bytes are already local, else None (never waits)."""
+        if node.shard < 0:
+            return self._virtual_read(node, offset, size)
         span = self._span(node, offset, size)
         if span is None:
             return b""
         data = self.reader.read_local(*span)
         if data is not None:
+            self._note_read(node)
             self.stats.add(bytes_served=len(data))
         return data
 
@@ -247,7 +497,7 @@ class ShardFileSystem:
 
     def file_bytes_local(self, node: Node) -> bytes | None:
         """A whole file if its bytes are in the block cache (no network, no statistics)."""
-        if not isinstance(self.reader, CachedReader):
+        if not isinstance(self.reader, CachedReader) or node.shard < 0:
             return None
         shard = self.view.shards[node.shard]
         return self.reader.read_local(shard, node.offset, node.offset + node.size, quiet=True)
@@ -274,6 +524,9 @@ class ShardFileSystem:
         end = min(offset + size, node.size)
         if offset >= end:
             return b""
+        if node.shard < 0:
+            return self._virtual_read(node, offset, size)
+        self._note_read(node)
         with opened.lock:
             data = self._read_window(opened, offset, end, size)
         self.stats.add(bytes_served=len(data))
@@ -296,17 +549,17 @@ class ShardFileSystem:
         return data[offset - window_start : end - window_start]
 
     def listxattr(self, path: str) -> list[str]:
-        return self.node_xattrs(self.view.lookup(path))
+        return self.node_xattrs(self.lookup(path))
 
     def getxattr(self, path: str, name: str) -> bytes:
-        return self.node_xattr(self.view.lookup(path), name, path)
+        return self.node_xattr(self.lookup(path), name, path)
 
     @staticmethod
     def node_xattrs(node: Node) -> list[str]:
-        return list(_FILE_XATTRS) if node.kind == MemberKind.FILE else []
+        return list(_FILE_XATTRS) if node.kind == MemberKind.FILE and node.shard >= 0 else []
 
     def node_xattr(self, node: Node, name: str, where: str = "") -> bytes:
-        if node.kind == MemberKind.FILE:
+        if node.kind == MemberKind.FILE and node.shard >= 0:
             if name == XATTR_SHARD:
                 return self.view.shards[node.shard].name.encode()
             if name == XATTR_OFFSET:

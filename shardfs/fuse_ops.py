@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from . import dirents, libfuse
+from . import dirents, libfuse, placement
 from .config import MountConfig
 from .errors import NotFoundError, ShardfsError
 from .filesystem import ShardFileSystem
@@ -108,7 +108,7 @@ class FuseOperations:
         names = [
             "init", "lookup", "forget", "forget_multi", "getattr", "readlink", "open", "read",
             "release", "opendir", "readdir", "readdirplus", "releasedir", "statfs", "getxattr",
-            "listxattr",
+            "listxattr", "ioctl",
         ]  # fmt: skip
         return {name: getattr(self, name) for name in names}
 
@@ -159,7 +159,7 @@ class FuseOperations:
             self.lib.fuse_reply_entry(req, ctypes.byref(entry))
             return
         self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
-        if self.pusher is not None:
+        if self.pusher is not None and not self.core.is_virtual(node):
             self.pusher.inode_known(node.ino, push_waiting=False)
 
     def forget(self, req: int, _ino: int, _nlookup: int) -> None:
@@ -222,7 +222,8 @@ class FuseOperations:
 
     def _delivered(self, node: Node, offset: int, data: bytes) -> None:
         """A READ answered with ``data``: when that is the whole file, nothing to push."""
-        if offset == 0 and len(data) == node.size and self.pusher is not None:
+        whole = offset == 0 and len(data) == node.size
+        if whole and self.pusher is not None and not self.core.is_virtual(node):
             self.pusher.in_kernel[node.ino] = 1
 
     def _later(self, req: int, operation: str, func: Callable[..., bytes], *args: Any) -> None:
@@ -316,6 +317,19 @@ class FuseOperations:
     def listxattr(self, req: int, ino: int, size: int) -> None:
         names = self.core.node_xattrs(self.core.node(ino))
         self._reply_xattr(req, b"".join(os.fsencode(name) + b"\0" for name in names), size)
+
+    @_answers
+    def ioctl(
+        self, req: int, ino: int, cmd: int, _arg: int, _fi: Any, _flags: int,
+        in_buf: int, in_size: int, _out_size: int,
+    ) -> None:  # fmt: skip
+        """The order hint arrives as ioctls on the hint file (a read-only mount passes them
+        on, where it refuses writes); every other ioctl is not ours."""
+        if ino != self.core.hint_ino or cmd != placement.HINT_IOCTL or not in_buf:
+            self.reply_err(req, errno.ENOTTY)
+            return
+        self.core.take_hint_chunk(ctypes.string_at(in_buf, in_size))
+        self.lib.fuse_reply_ioctl(req, 0, None, 0)
 
     def close(self) -> None:
         """Wait for reads still being answered by worker threads."""

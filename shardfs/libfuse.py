@@ -157,6 +157,19 @@ CALLBACK_TYPES: dict[str, Any] = {
     "listxattr": ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t),
     "forget_multi": ctypes.CFUNCTYPE(None, c_req, ctypes.c_size_t, ctypes.c_void_p),
     "readdirplus": ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, _FI),
+    # (req, ino, cmd, arg, fi, flags, in_buf, in_bufsz, out_bufsz)
+    "ioctl": ctypes.CFUNCTYPE(
+        None,
+        c_req,
+        c_ino,
+        ctypes.c_uint,
+        ctypes.c_void_p,
+        _FI,
+        ctypes.c_uint,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+    ),
 }
 
 # Every slot of struct fuse_lowlevel_ops, in order (libfuse 3.x).
@@ -243,6 +256,7 @@ def _load() -> ctypes.CDLL:
         "fuse_reply_readlink": (ctypes.c_int, [c_req, ctypes.c_char_p]),
         "fuse_reply_statfs": (ctypes.c_int, [c_req, ctypes.POINTER(StatVfs)]),
         "fuse_reply_xattr": (ctypes.c_int, [c_req, ctypes.c_size_t]),
+        "fuse_reply_ioctl": (ctypes.c_int, [c_req, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]),
         "fuse_add_direntry": (
             ctypes.c_size_t,
             [

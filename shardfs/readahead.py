@@ -3,12 +3,15 @@
 Two kinds of work share a small pool of threads (``--prefetch-streams``):
 
 - *fills* complete a block after a demand read fetched only the bytes the reader needed;
+- *hinted* readahead fetches the blocks an order hint says readers will need next, in
+  first-use order, a bounded window ahead of the readers (``HintedOrder``);
 - *readahead* fetches every block of a shard once a reader has touched it (or of every
   shard, for ``--prefetch all`` and ``shardfs warm``).
 
-Fills always go first. Demand reads never enter this queue: they are fetched by the reader's
-own thread, so a cold random read never waits behind prefetches. Readahead never evicts:
-``BlockCache.prefetch`` declines a block that would not fit in the cache's free budget.
+Fills always go first, then hinted blocks. Demand reads never enter this queue: they are
+fetched by the reader's own thread, so a cold random read never waits behind prefetches.
+Readahead never evicts: ``BlockCache.prefetch`` declines a block that would not fit in the
+cache's free budget.
 
 While the block cache is paused (a full or read-only cache disk), ``MemoryReadahead`` takes
 over: a read fetches what it asks for plus a window that grows while a shard is read
@@ -17,6 +20,7 @@ forward, kept in a small LRU in memory, so egress stays near the bytes read.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import queue
@@ -27,7 +31,7 @@ from collections.abc import Callable, Iterable
 log = logging.getLogger(__name__)
 
 Task = Callable[[], object]
-_FILL, _READAHEAD, _STOP = 0, 1, 2
+_FILL, _HINTED, _READAHEAD, _STOP = 0, 1, 2, 3
 
 
 class Prefetcher:
@@ -52,17 +56,18 @@ class Prefetcher:
         """Queue a fill ahead of every readahead task."""
         self._put(_FILL, task)
 
-    def schedule(self, tasks: Iterable[Task]) -> int:
-        """Queue readahead tasks behind every fill; returns how many were queued."""
+    def schedule(self, tasks: Iterable[Task], *, hinted: bool = False) -> int:
+        """Queue readahead tasks behind every fill; returns how many were queued. Tasks
+        that follow an order hint go ahead of whole-shard readahead."""
         count = 0
         for task in tasks:
-            self._put(_READAHEAD, task)
+            self._put(_HINTED if hinted else _READAHEAD, task)
             count += 1
         return count
 
     def _put(self, priority: int, task: Task) -> None:
         with self._idle:
-            if self._closed and priority == _READAHEAD:
+            if self._closed and priority in (_HINTED, _READAHEAD):
                 return
             self._pending += 1
         self._queue.put((priority, next(self._order), task))
@@ -73,7 +78,7 @@ class Prefetcher:
             if task is None:
                 return
             try:
-                if not (self._closed and priority == _READAHEAD):
+                if not (self._closed and priority in (_HINTED, _READAHEAD)):
                     task()
             except Exception:
                 log.warning("background fetch failed", exc_info=True)
@@ -185,3 +190,56 @@ class MemoryReadahead:
         while self._bytes > self.memory and self._ranges:
             _, dropped = self._ranges.popitem(last=False)
             self._bytes -= len(dropped)
+
+
+HINT_WINDOW = 64
+"""Blocks queued ahead of the furthest hinted read: with 1 MiB blocks, 64 MiB in flight or
+cached ahead of the readers, enough to cover a few seconds of download per reader."""
+
+
+class HintedOrder:
+    """The read-ahead plan of one order hint: blocks in first-use order, queued a window
+    ahead of how far the readers have got.
+
+    ``blocks[j]`` is first needed by the read at hint position ``first_use[j]`` (rising).
+    Readers report the hint positions they reach (``reached``); the plan hands back the
+    blocks that now fall inside the window, each exactly once."""
+
+    def __init__(
+        self, blocks: list[tuple[int, int]], first_use: list[int], window: int = HINT_WINDOW
+    ) -> None:
+        if len(blocks) != len(first_use):
+            raise ValueError("one first use per block")
+        self.blocks = blocks
+        self.first_use = first_use
+        self.window = window
+        self.furthest = -1
+        self._queued = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> list[tuple[int, int]]:
+        """The first window of blocks, before anything is read."""
+        with self._lock:
+            return self._take(min(len(self.blocks), self.window))
+
+    def reached(self, position: int) -> list[tuple[int, int]]:
+        """A read at hint ``position``: the blocks to queue now (often none)."""
+        if position <= self.furthest:
+            return []
+        with self._lock:
+            if position <= self.furthest:
+                return []
+            self.furthest = position
+            needed = bisect.bisect_right(self.first_use, position)
+            return self._take(min(len(self.blocks), needed + self.window))
+
+    def _take(self, upto: int) -> list[tuple[int, int]]:
+        if upto <= self._queued:
+            return []
+        taken = self.blocks[self._queued : upto]
+        self._queued = upto
+        return taken
+
+    @property
+    def queued(self) -> int:
+        return self._queued

@@ -83,6 +83,12 @@ class CachedReader:
         self._announced: set[tuple[str, int]] = set()
         self._shards_by_key: dict[str, ShardInfo] = {}
         self._memory = MemoryReadahead()
+        # While an order hint is followed, reads no longer queue their whole shard: the
+        # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
+        self.follow_hint = False
+        # Blocks this process prefetched that no read has touched yet (for the
+        # prefetched-but-unread statistic).
+        self._unread_prefetched: set[tuple[str, int]] = set()
         cache.on_stored = self._stored
 
     def _stored(self, key: BlockKey, block: bytes) -> None:
@@ -141,10 +147,15 @@ class CachedReader:
         size = self.block_size
         pieces = []
         first, last = start // size, (end - 1) // size
+        waited = False
         for index in range(first, last + 1):
             block_start = index * size
             block_len = self._block_len(shard, index)
             key = BlockKey(skey, index)
+            if not waited and not self.cache.contains(key):
+                waited = True
+                self.stats.add(reads_waited_on_network=1)
+            self._first_read(skey, index, block_len)
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
             hi -= block_start
             fetch_range = self._fetch_range(shard, index)
@@ -157,9 +168,18 @@ class CachedReader:
                 data = self.cache.get(key, lo, hi, block_len, whole)
             pieces.append(data)
             self._announce_if_local(shard, skey, index)
-        if self.prefetcher is not None and skey not in self._scheduled:
+        if self.prefetcher is not None and skey not in self._scheduled and not self.follow_hint:
             self.read_ahead(shard, after=last)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _first_read(self, skey: str, index: int, block_len: int) -> None:
+        """Count a prefetched block as read the first time a read touches it."""
+        if self._unread_prefetched and (skey, index) in self._unread_prefetched:
+            with self._lock:
+                if (skey, index) not in self._unread_prefetched:
+                    return
+                self._unread_prefetched.discard((skey, index))
+            self.stats.add(prefetched_bytes_read=block_len)
 
     def _read_degraded(self, shard: ShardInfo, skey: str, start: int, end: int) -> bytes:
         """The cache disk is unusable: blocks it holds still serve; anything else comes from
@@ -212,7 +232,9 @@ class CachedReader:
         )
         if data is not None and not quiet:
             self._announce(shard, skey, first)
-            if self.prefetcher is not None and skey not in self._scheduled:
+            self._first_read(skey, first, self._block_len(shard, first))
+            ahead = self.prefetcher is not None and not self.follow_hint
+            if ahead and skey not in self._scheduled:
                 self.read_ahead(shard, after=last)
         return data
 
@@ -229,14 +251,31 @@ class CachedReader:
         order = [(after + 1 + i) % count for i in range(count) if (after + 1 + i) % count != after]
         return self.prefetcher.schedule(self._prefetch_task(shard, skey, i) for i in order)
 
+    def prefetch_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> int:
+        """Queue these blocks, in this order, ahead of whole-shard readahead (an order
+        hint's plan); like all readahead, a block that would not fit is skipped."""
+        if self.prefetcher is None or not blocks:
+            return 0
+        tasks = (self._prefetch_task(shard, self.shard_key(shard), i) for shard, i in blocks)
+        return self.prefetcher.schedule(tasks, hinted=True)
+
     def _prefetch_task(self, shard: ShardInfo, skey: str, index: int) -> Callable[[], bool]:
         def task() -> bool:
             block_len = self._block_len(shard, index)
             fetch_range = self._fetch_range(shard, index)
             key = BlockKey(skey, index)
+            with self._lock:  # before the store: a read may come as soon as it lands
+                self._unread_prefetched.add((skey, index))
             stored = self.cache.prefetch(key, block_len, fetch_range)
-            if not stored:  # cached before (a stored block was announced by the cache)
-                self._announce_if_local(shard, skey, index)
+            if stored:
+                self.stats.add(prefetched_bytes=block_len)
+            else:
+                with self._lock:
+                    read_meanwhile = (skey, index) not in self._unread_prefetched
+                    self._unread_prefetched.discard((skey, index))
+                if read_meanwhile:  # a read counted it, but it was not prefetched
+                    self.stats.add(prefetched_bytes_read=-block_len)
+                self._announce_if_local(shard, skey, index)  # cached before
             return stored
 
         return task

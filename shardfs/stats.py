@@ -23,6 +23,11 @@ class Stats:
     checksum_failures: int = 0
     cache_write_errors: int = 0
     folders_listed: int = 0  # listings the daemon built (the kernel caches them after)
+    hints_taken: int = 0  # order hints accepted (see shardfs.placement)
+    hinted_reads: int = 0  # reads of files in the current order hint
+    reads_waited_on_network: int = 0  # reads that found a block not yet on local disk
+    prefetched_bytes: int = 0  # bytes of blocks readahead stored
+    prefetched_bytes_read: int = 0  # of those, bytes of blocks some read has since touched
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -37,4 +42,8 @@ class Stats:
             }
         lookups = values["cache_hits"] + values["cache_misses"]
         values["hit_ratio"] = values["cache_hits"] / lookups if lookups else 0.0
+        # Prefetched blocks no read has touched (yet): still waiting, or evicted unread.
+        values["prefetched_unread_bytes"] = (
+            values["prefetched_bytes"] - values["prefetched_bytes_read"]
+        )
         return values

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+from array import array
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,18 @@ from shardfs.errors import (
     NoSuchAttributeError,
     NotADirectoryError_,
     NotFoundError,
+    UsageError,
 )
 from shardfs.filesystem import XATTR_OFFSET, XATTR_SHARD, Owner, ShardFileSystem
 from shardfs.index import IndexBuilder
+from shardfs.placement import (
+    HINT_NAME,
+    TABLE_NAME,
+    Hint,
+    decode_table,
+    encode_hint,
+    hint_chunks,
+)
 from shardfs.store import ShardInfo
 from shardfs.views import View, build_view
 
@@ -246,3 +257,64 @@ def test_statfs(view: View) -> None:
     # files: small, big, empty, link, other.txt; folders: root and d
     assert numbers["f_files"] == 7
     assert numbers["f_bfree"] == numbers["f_bavail"] == numbers["f_ffree"] == 0
+
+
+# -- the placement table and the order hint -------------------------------------------------
+
+
+def test_the_table_file_is_found_read_and_never_listed(view: View) -> None:
+    fs, reader = make_fs(view)
+    node = fs.child(fs.node(1), TABLE_NAME)
+    assert fs.lookup(TABLE_NAME) == node == fs.node(node.ino)
+    assert stat.S_ISREG(fs.getattr(TABLE_NAME)["st_mode"])
+    data = fs.read_node(node, 0, node.size)
+    assert len(data) == node.size == fs.getattr(TABLE_NAME)["st_size"]
+    assert fs.read_node_local(node, 5, 10) == data[5:15]
+    assert read_all(fs, TABLE_NAME, 7) == data
+    assert reader.calls == []  # no shard bytes were read for it
+    table = decode_table(data)
+    expected = [(path, n.shard, n.offset, n.size) for path, n in view.files()]
+    shard_ids = sorted(view.shards)
+    assert [
+        (path, shard_ids[table.shards[i]], table.offsets[i], table.sizes[i])
+        for i, path in enumerate(table.paths)
+    ] == expected
+    assert table.paths == ["d/small.bin", "d/big.bin", "empty", "other.txt"]
+    assert table.shard_names == ["a.tar", "b.tar"]
+    assert fs.node_xattrs(node) == []
+    for magic in (TABLE_NAME, HINT_NAME):
+        assert magic not in [name for name, _ in fs.readdir("")]
+        assert magic.encode() not in [entry.name for entry in fs.listing(fs.node(1))]
+    with pytest.raises(NotFoundError):
+        fs.child(fs.lookup("d"), TABLE_NAME)  # only at the root
+
+
+def hint_chunks_for(fs: ShardFileSystem, rows: list[int], *, fingerprint: str = "") -> None:
+    table = decode_table(fs.read_node(fs.lookup(TABLE_NAME), 0, 1 << 30))
+    payload = encode_hint(fingerprint or table.fingerprint, 1, rows)
+    for chunk in hint_chunks(payload):
+        fs.take_hint_chunk(bytes(chunk))
+
+
+def test_a_hint_for_another_table_is_refused(view: View) -> None:
+    fs, _ = make_fs(view)
+    with pytest.raises(UsageError) as info:
+        hint_chunks_for(fs, [0, 1], fingerprint="f" * 24)
+    assert info.value.errno == errno.EINVAL
+    with pytest.raises(UsageError):
+        hint_chunks_for(fs, [0, 9])  # a row the table does not have
+    assert fs.stats.hints_taken == 0
+
+
+def test_hinted_reads_are_counted_once_a_hint_is_followed(view: View) -> None:
+    fs, _ = make_fs(view)
+    fs.read_path("d/small.bin", 0, 100)
+    assert fs.stats.hinted_reads == 0
+    table = decode_table(fs.read_node(fs.lookup(TABLE_NAME), 0, 1 << 30))
+    fs.follow_hint(Hint(table.fingerprint, 0, array("i", table.rows_of(["other.txt"]))))
+    fs.read_path("d/small.bin", 0, 100)
+    assert fs.stats.hinted_reads == 0
+    assert fs.read_path("other.txt", 0, 100) == b"from b"
+    assert fs.stats.hinted_reads == 1
+    hint_chunks_for(fs, [3, 0])  # through the chunks, as the ioctls bring it
+    assert fs.stats.hints_taken == 1
