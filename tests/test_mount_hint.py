@@ -73,7 +73,9 @@ def proxy(s3_server: S3Server) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture
-def mounted(dataset: Dataset, proxy: FaultProxy, mountpoint: Path, tmp_path: Path) -> Iterator[Path]:
+def mounted(
+    dataset: Dataset, proxy: FaultProxy, mountpoint: Path, tmp_path: Path
+) -> Iterator[Path]:
     mount(
         dataset.url,
         mountpoint,
@@ -120,8 +122,9 @@ def test_the_table_agrees_with_the_xattrs_and_is_never_listed(
     assert keys == sorted(keys)  # (shard, offset) order
     for name in sorted(dataset.files)[::7]:
         (row,) = table.rows_of([name])
-        assert os.getxattr(mounted / name, "user.shardfs.shard").decode() == (
-            table.shard_names[table.shards[row]]
+        assert (
+            os.getxattr(mounted / name, "user.shardfs.shard").decode()
+            == (table.shard_names[table.shards[row]])
         )
         assert int(os.getxattr(mounted / name, "user.shardfs.offset")) == table.offsets[row]
     seen = {name for _, dirs, files in os.walk(mounted) for name in dirs + files}
