@@ -156,3 +156,14 @@ def _stop_leftover_processes() -> Iterator[None]:
     yield
     while _spawned:
         stop_process(_spawned.pop())
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[list[Path]]:
+    """Folders a test mounts a tmpfs on (``support.mounts.mount_tmpfs``); unmounted at
+    teardown, lazily, however many times each was mounted."""
+    paths: list[Path] = []
+    yield paths
+    for path in reversed(paths):
+        while os.path.ismount(path):
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)

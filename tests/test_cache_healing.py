@@ -13,14 +13,13 @@ import os
 import random
 import shutil
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import is_mounted, run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
-from support.mounts import mount, new_bucket, umount
+from support.mounts import mount, mount_tmpfs, new_bucket, umount
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.integration
@@ -59,22 +58,6 @@ def dataset(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Da
 @pytest.fixture
 def env(s3_server: S3Server) -> dict[str, str]:
     return s3_server.env()
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[list[Path]]:
-    """Folders a test mounts a tmpfs on; unmounted at teardown."""
-    paths: list[Path] = []
-    yield paths
-    for path in reversed(paths):
-        while os.path.ismount(path):
-            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-def mount_tmpfs(tmpfs: list[Path], path: Path, size: str) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    tmpfs.append(path)
 
 
 def fill_disk(folder: Path) -> None:

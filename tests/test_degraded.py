@@ -11,14 +11,12 @@ import hashlib
 import os
 import random
 import shutil
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
-from support.mounts import mount, new_bucket, umount
+from support.mounts import mount, mount_tmpfs, new_bucket, umount
 from support.s3 import S3Server
 
 from shardfs.readahead import MemoryReadahead
@@ -100,15 +98,6 @@ def test_a_read_ahead_never_passes_the_shard_end() -> None:
 # -- a real mount whose cache disk fills up -----------------------------------------------
 
 
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[list[Path]]:
-    paths: list[Path] = []
-    yield paths
-    for path in reversed(paths):
-        while os.path.ismount(path):
-            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("order", ["sequential", "shuffled"])
 def test_degraded_epoch_egress_is_near_the_bytes_read(
@@ -129,8 +118,7 @@ def test_degraded_epoch_egress_is_near_the_bytes_read(
     env = s3_server.env()
     cache = tmp_path / "cache"
     cache.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M", "tmpfs", str(cache)], check=True)
-    tmpfs.append(cache)
+    mount_tmpfs(tmpfs, cache, "4M")
     mount(f"s3://{bucket}/d/", mountpoint, cache, "--block-size", "1M", env=env)
     with open(cache / "filler", "wb") as f:  # the disk fills up under the mount
         try:

@@ -28,6 +28,7 @@ from conftest import is_mounted, run_shardfs, unmount
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import (
     assert_one_error_line,
+    mount_tmpfs,
     new_bucket,
     process_gone,
     umount,
@@ -154,22 +155,6 @@ def extra_mountpoints(tmp_path: Path) -> Iterator[list[Path]]:
     for path in paths:
         if is_mounted(path):
             unmount(path)
-
-
-@pytest.fixture
-def tmpfs(tmp_path: Path) -> Iterator[list[Path]]:
-    """Append folders that a test mounts a tmpfs on; they are unmounted at teardown."""
-    paths: list[Path] = []
-    yield paths
-    for path in reversed(paths):
-        while os.path.ismount(path):
-            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
-
-
-def mount_tmpfs(tmpfs: list[Path], path: Path, size: str) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    tmpfs.append(path)
 
 
 # -- helpers --------------------------------------------------------------------------------

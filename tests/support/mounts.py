@@ -97,3 +97,10 @@ def shard_keys(counts: dict[str, Any], key_prefix: str) -> dict[str, int]:
         for key in keys
         if key.startswith(key_prefix) and key.endswith(".tar")
     }
+
+
+def mount_tmpfs(tmpfs: list[Path], path: Path, size: str) -> None:
+    """Mount a tmpfs of ``size`` (``4M``) on ``path``, recorded in the ``tmpfs`` fixture."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    tmpfs.append(path)
