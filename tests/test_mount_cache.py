@@ -759,6 +759,9 @@ def test_stats_prints_its_lines_and_fails_on_a_plain_folder(
         "cache hits / misses",
         "cache used / limit",
         "blocks evicted",
+        "hinted reads",
+        "reads waited on net",
+        "prefetched unread",
         "checksum failures",
         "cache write errors",
     ]
@@ -774,6 +777,7 @@ def test_stats_prints_its_lines_and_fails_on_a_plain_folder(
     )
     assert rows["bytes fetched"].endswith(f"in {values['store_requests']} requests")
     assert rows["checksum failures"] == "0"
+    assert rows["hinted reads"] == "0 (0 hints)"  # no sampler told this mount its order
     umount(mountpoint)
 
     plain = tmp_path / "plain"
