@@ -625,7 +625,7 @@ class Bench:
                             continue
                         try:
                             run(mode, workers, repeat)
-                        except RuntimeError as exc:
+                        except (RuntimeError, OSError) as exc:  # e.g. ratarmount missing
                             failed.add(name)
                             self.notes.append(f"{name} failed and was dropped: {exc}")
                             log(f"{name} failed and is dropped from the run: {exc}")
