@@ -123,8 +123,16 @@ class Node:
             )
 
     def reports(self) -> list[dict[str, Any]]:
-        lines = self.log_path.read_text().splitlines()
-        return [json.loads(line.split("EPOCH ", 1)[1]) for line in lines if "EPOCH {" in line]
+        """Every ``EPOCH {json}`` the node's ranks printed (their lines may interleave)."""
+        text = self.log_path.read_text()
+        decoder = json.JSONDecoder()
+        found = []
+        start = text.find("EPOCH {")
+        while start >= 0:
+            report, end = decoder.raw_decode(text, start + len("EPOCH "))
+            found.append(report)
+            start = text.find("EPOCH {", end)
+        return found
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

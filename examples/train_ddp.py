@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": seconds,
             "loss": float(loss),
         }
-        print("EPOCH " + json.dumps(report), flush=True)
+        sys.stdout.write("EPOCH " + json.dumps(report) + "\n")  # one write: ranks share a log
+        sys.stdout.flush()
         if args.sync_dir is not None and rank == 0:
             wait_for_go(args.sync_dir, epoch)
         dist.barrier()
