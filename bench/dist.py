@@ -377,10 +377,11 @@ def markdown(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
         shown = "—" if value is None else (f"{value:,.0f}" if value > 100 else f"{value:.3f}")
         met = {True: "yes", False: "**no**", None: "—"}[check["met"]]
         lines.append(f"| {check['target']} | {shown} | {check['goal']} | {met} |")
+    lines.append("")
     for run in result["runs"]:
         mount = run["mount"]
         lines.append(
-            f"\n- {run['sampler']}: mounting fetched "
+            f"- {run['sampler']}: mounting fetched "
             + ", ".join(f"{b / mb:.2f} MB" for b in mount["per_node_bytes"])
             + f" per node (not in epoch 0); run {run['seconds']:.0f} s"
         )
