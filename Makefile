@@ -52,6 +52,14 @@ bench: bench-deps
 bench-scale: bench-deps
 	$(BIN)/python bench/scale.py --out results/scale.json
 
+.PHONY: bench-dist
+# Two simulated nodes on this machine, each with its own shardfs mount and cache, each running
+# `torchrun --nnodes 2 --nproc-per-node 2` (gloo, CPU) of examples/train_ddp.py for two epochs,
+# with ShardSampler and then DistributedSampler; egress per node and per epoch at the server.
+# Writes results/dist.json and results/dist.md.
+bench-dist: bench-deps
+	$(BIN)/python bench/dist.py $(BENCH_ARGS)
+
 .PHONY: soak
 # Soak under faults: one mount read for SOAK_EPOCHS epochs (default 30) through a fault proxy
 # that injects random transient faults; writes results/soak.json and prints a table. Fails on

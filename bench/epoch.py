@@ -9,6 +9,11 @@ Every contender yields the same item, ``(payload, nbytes, label)``, through the 
 ``read_sample`` and ``collate``: in ``raw`` mode the payload is nothing (the loader only
 reads the file's bytes), in ``decode`` mode it is PIL open + RGB + RandomResizedCrop(224) +
 ToTensor.
+
+An ImageFolder request may name a ``sampler``: ``"random"`` (the default, DataLoader's
+``shuffle=True``) or a ``shardfs.torch.ShardSampler`` mode (``"shard"``, ``"uniform"``) with
+``sampler_epoch`` passed to ``set_epoch``. The sampler is built in this process, where the
+DataLoader iterates it, so its order hint reaches the mount as it would in training.
 """
 
 from __future__ import annotations
@@ -70,10 +75,23 @@ def imagefolder_loader(request: dict[str, Any]) -> tuple[DataLoader[Any], float]
     started = time.perf_counter()
     dataset = datasets.ImageFolder(request["root"], loader=_FileLoader(request["mode"]))
     scan = time.perf_counter() - started
+    kind = request.get("sampler", "random")
+    if kind == "random":
+        return DataLoader(
+            dataset,
+            batch_size=BATCH_SIZE,
+            shuffle=True,
+            num_workers=request["workers"],
+            collate_fn=collate,
+        ), scan
+    from shardfs.torch import ShardSampler
+
+    sampler = ShardSampler(dataset, mode=kind, seed=request.get("seed", 0), num_replicas=1, rank=0)
+    sampler.set_epoch(request.get("sampler_epoch", 0))
     loader = DataLoader(
         dataset,
         batch_size=BATCH_SIZE,
-        shuffle=True,
+        sampler=sampler,
         num_workers=request["workers"],
         collate_fn=collate,
     )

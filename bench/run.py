@@ -6,8 +6,11 @@ on loopback behind the counting middleware (tests/support/s3.py), packs the tree
 measures the server's peak ranged-GET throughput and ``shardfs warm``, then runs epochs of a
 shuffled DataLoader (batch 32, the same collate for all) for every contender, mode
 (raw bytes / decode) and worker count, interleaving contenders and repeating rounds because
-the machine is noisy. Writes results/bench.json, results/bench.md and results/bench.png and
-prints the markdown table. Everything it mounts or starts is stopped on exit, Ctrl-C included.
+the machine is noisy. shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
+``shuffle=True`` (contenders ``shardfs-shard``, cold and warm, and ``shardfs-uniform``, cold),
+with the mount's hint counters sampled through the epoch. Writes results/bench.json,
+results/bench.md and results/bench.png and prints the markdown table. Everything it mounts
+or starts is stopped on exit, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +61,63 @@ def shardfs(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
     return result
+
+
+class HintCounters:
+    """The mount's hint counters sampled every 20 ms through one epoch (control socket).
+
+    Most files never reach the daemon as READs: it pushes each file into the kernel's page
+    cache once its block is local (``bytes_pushed``), and a pushed file cannot wait on the
+    network. So the daemon's ``hinted_reads`` are only the READs the kernel did not have
+    yet. Two shares are kept: waited / images read in the epoch over the whole epoch (an
+    upper bound for the share after the first shard), and waited / hinted READs after the
+    first 1/shards of the hinted READs (the counters' own axis; small denominators)."""
+
+    def __init__(self, mountpoint: Path) -> None:
+        self.mountpoint = mountpoint
+        self.samples: list[tuple[int, int]] = []  # (hinted_reads, reads_waited_on_network)
+        self.hints = [0, 0]  # hints_taken before and after
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="hint-counters", daemon=True)
+
+    def _sample(self) -> None:
+        from shardfs.control import query
+
+        stats = query(self.mountpoint)
+        self.hints = [self.hints[0] if self.samples else stats["hints_taken"], stats["hints_taken"]]
+        self.samples.append((int(stats["hinted_reads"]), int(stats["reads_waited_on_network"])))
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def __enter__(self) -> HintCounters:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def summary(self, shards: int, images: int) -> dict[str, Any]:
+        (hinted0, waited0), (hinted1, waited1) = self.samples[0], self.samples[-1]
+        hinted, waited = hinted1 - hinted0, waited1 - waited0
+        first = hinted0 + hinted / max(shards, 1)
+        after = next(((h, w) for h, w in self.samples if h >= first), self.samples[-1])
+        hinted_after, waited_after = hinted1 - after[0], waited1 - after[1]
+        return {
+            "hints_taken": self.hints[1] - self.hints[0],
+            "waited_share_of_images": waited / images if images else None,
+            "hinted_reads": hinted,
+            "reads_waited_on_network": waited,
+            "hinted_reads_after_first_shard": hinted_after,
+            "reads_waited_after_first_shard": waited_after,
+            "waited_share_after_first_shard": (
+                waited_after / hinted_after if hinted_after else None
+            ),
+        }
 
 
 class Bench:
@@ -390,6 +451,35 @@ class Bench:
             )
         shutil.rmtree(cache, ignore_errors=True)
 
+    def run_shardfs_sampler(self, sampler: str, mode: str, workers: int, repeat: int) -> None:
+        """shardfs read through ``ShardSampler(mode=sampler)``: a cold epoch on an empty
+        cache, and (shard mode) a warm one on the same mount, the next epoch of the order."""
+        contender = f"shardfs-{sampler}"
+        cache = self.run_dir / f"cache-{contender}"
+        shutil.rmtree(cache, ignore_errors=True)
+        request = {
+            "kind": "imagefolder",
+            "root": str(self.run_dir / "mnt-shardfs"),
+            "mode": mode,
+            "workers": workers,
+            "seed": repeat,
+            "sampler": sampler,
+        }
+        epochs = ("cold", "warm") if sampler == "shard" else ("cold",)
+        self.server.reset_counts()
+        with self.shardfs_mount(cache) as (pid, seconds):
+            mount_bytes = self.server.counts()["get_object_bytes"]
+            for number, epoch in enumerate(epochs):
+                extra: dict[str, Any] = {"repeat": repeat}
+                if epoch == "cold":
+                    extra.update(mount_s=seconds, mount_egress_bytes=mount_bytes)
+                with HintCounters(self.run_dir / "mnt-shardfs") as counters:
+                    record = self.epoch(
+                        contender, epoch, {**request, "sampler_epoch": number}, pid, extra
+                    )
+                record.update(counters.summary(self.meta["shards"], record["images"]))
+        shutil.rmtree(cache, ignore_errors=True)
+
     def presigned_urls(self) -> list[str]:
         import boto3
 
@@ -510,6 +600,8 @@ class Bench:
             "local": self.run_local,
             "local+dl": self.run_local_download,
             "shardfs": self.run_shardfs,
+            "shardfs-shard": lambda *a: self.run_shardfs_sampler("shard", *a),
+            "shardfs-uniform": lambda *a: self.run_shardfs_sampler("uniform", *a),
             "webdataset": self.run_webdataset,
             "ratarmount": self.run_ratarmount,
         }
@@ -542,7 +634,7 @@ class Bench:
                             continue
                         try:
                             run(mode, workers, repeat)
-                        except RuntimeError as exc:
+                        except (RuntimeError, OSError) as exc:  # e.g. ratarmount missing
                             failed.add(name)
                             self.notes.append(f"{name} failed and was dropped: {exc}")
                             log(f"{name} failed and is dropped from the run: {exc}")
@@ -595,7 +687,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--contenders",
         nargs="+",
-        default=["local", "local+dl", "shardfs", "webdataset", "ratarmount"],
+        default=[
+            "local",
+            "local+dl",
+            "shardfs",
+            "shardfs-shard",
+            "shardfs-uniform",
+            "webdataset",
+            "ratarmount",
+        ],
     )
     parser.add_argument(
         "--peak-mb",
