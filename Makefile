@@ -27,8 +27,8 @@ test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration"
 
 lint: setup
-	$(BIN)/ruff check shardfs tests scripts bench
-	$(BIN)/ruff format --check shardfs tests scripts bench
+	$(BIN)/ruff check shardfs tests scripts bench examples
+	$(BIN)/ruff format --check shardfs tests scripts bench examples
 	$(BIN)/mypy
 
 format: setup

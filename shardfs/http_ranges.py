@@ -79,12 +79,8 @@ async def _head_once(fs: Any, session: Any, url: str, timeout: float) -> HttpObj
     async with session.head(fs.encode_url(url), **options) as response:
         status = response.status
         headers = response.headers
-        if status in (404, 410):
+        if _absent(url, status):
             return None
-        if status in (401, 403):
-            raise PermissionError(f"{url}: HTTP {status}")
-        if status == 429 or status >= 500:
-            raise TransientError(f"{url}: HTTP {status}")
         length = headers.get("Content-Length")
         encoded = headers.get("Content-Encoding", "identity") not in ("", "identity")
         if status == 200 and length is not None and not encoded:
@@ -94,16 +90,22 @@ async def _head_once(fs: Any, session: Any, url: str, timeout: float) -> HttpObj
     options = _request_options(fs, {"Range": "bytes=0-0"}, timeout)
     async with session.get(fs.encode_url(url), **options) as response:
         status = response.status
-        if status in (404, 410):
+        if _absent(url, status):
             return None
-        if status in (401, 403):
-            raise PermissionError(f"{url}: HTTP {status}")
-        if status == 429 or status >= 500:
-            raise TransientError(f"{url}: HTTP {status}")
         got = parse_content_range(response.headers.get("Content-Range"))
         if status == 206 and got is not None:
             return HttpObject(got[2], version_of(response.headers.get("ETag"), _lm(response)))
         raise OSError(f"{url}: HTTP {status} gives no size (no Content-Length or Content-Range)")
+
+
+def _absent(url: str, status: int) -> bool:
+    """Whether a HEAD-like answer says the file is not there; raises for refusals and for
+    answers worth retrying."""
+    if status in (401, 403):
+        raise PermissionError(f"{url}: HTTP {status}")
+    if status == 429 or status >= 500:
+        raise TransientError(f"{url}: HTTP {status}")
+    return status in (404, 410)
 
 
 def _lm(response_or_headers: Any) -> str | None:
