@@ -698,6 +698,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     check_cache_dir(index_config.cache_dir)
     store = Store(source)
     shards = store.list_shards()
+    if store.version_warning:
+        print(f"shardfs: warning: {store.version_warning}", file=sys.stderr)
     builder = IndexBuilder(store, index_config, progress=_progress_printer())  # type: ignore[arg-type]
     path = builder.build(shards)
     for bad in builder.bad_shards():

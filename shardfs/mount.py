@@ -323,6 +323,8 @@ def open_source(
     the files afterwards downloads nothing again."""
     store = Store(source)
     shards = store.list_shards()
+    if store.version_warning:
+        warn(store.version_warning)
     sink = None
     if cache is not None:
         block_cache = cache

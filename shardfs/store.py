@@ -316,6 +316,8 @@ class Store:
         self.root: str = root.rstrip("/")
         self._presigned: PresignedRanges | None = None
         self._unversioned: list[str] | None = None  # shards with no version, once listed
+        # Set by list_shards where reads cannot be checked against the indexed version.
+        self.version_warning: str | None = None
         self._listed = 0  # paths the last folder listing gave
         self._fast_failures = 0
         self._fast_paused_until = 0.0
@@ -414,7 +416,7 @@ class Store:
             shards = self._listed_shards(selection.globs)
         if not shards:
             self._raise_nothing_found()
-        self._warn_if_unchecked(shards)
+        self._note_unchecked(shards)
         return sorted(shards, key=lambda s: s.name)
 
     def _named_shards(self, names: list[str]) -> list[ShardInfo]:
@@ -524,26 +526,22 @@ class Store:
             raise SourceNotFoundError(f"{url}: no such folder or prefix")
         raise SourceNotFoundError(f"{url}: no *{SHARD_SUFFIX} shards {what}")
 
-    def _warn_if_unchecked(self, shards: list[ShardInfo]) -> None:
-        """Say once, when listing, that reads cannot tell a replaced shard from the indexed
-        one where the store gives nothing to check."""
+    def _note_unchecked(self, shards: list[ShardInfo]) -> None:
+        """Word, once, that reads cannot tell a replaced shard from the indexed one where the
+        store gives nothing to check (``version_warning``; callers show it to the user)."""
         if self._unversioned is not None:
             return
         self._unversioned = [s.name for s in shards if not s.etag] if self.is_http else []
         if self._unversioned:
-            log.warning(
-                "%s: the server gives no ETag or Last-Modified for %d shard(s) (first: %s), so "
-                "no version check: a shard changed in place may be served mixed",
-                self.config.url,
-                len(self._unversioned),
-                self._unversioned[0],
+            self.version_warning = (
+                f"{self.config.url}: the server gives no ETag or Last-Modified for "
+                f"{len(self._unversioned)} shard(s) (first: {self._unversioned[0]}), so no "
+                "version check: a shard changed in place may be served mixed"
             )
         elif not self.checks_identity:
-            log.warning(
-                "%s: this store (%s) offers no version check on reads, only a length check: "
-                "a shard changed in place may be served mixed",
-                self.config.url,
-                self.protocol,
+            self.version_warning = (
+                f"{self.config.url}: this store ({self.protocol}) offers no version check on "
+                "reads, only a length check: a shard changed in place may be served mixed"
             )
 
     def _current(self, shard: ShardInfo) -> ShardInfo | None:

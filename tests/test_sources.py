@@ -262,6 +262,21 @@ def test_server_without_validators_is_warned_about_once(site: Site, tmp_path: Pa
     assert "may be served mixed" in warnings[0]
 
 
+@pytest.mark.integration
+def test_mount_of_a_server_without_validators_says_so(
+    site: Site, mountpoint: Path, tmp_path: Path
+) -> None:
+    """The warning reaches the terminal of a backgrounded mount, not only the daemon's log."""
+    with FileServer(site.root, etag=False, last_modified=False) as bare:
+        result = mount(f"{bare.url}/data/", mountpoint, tmp_path / "cache", env={})
+        try:
+            warnings = [line for line in result.stderr.splitlines() if "no version check" in line]
+            assert len(warnings) == 1, result.stderr
+            assert warnings[0].startswith("shardfs: warning: ")
+        finally:
+            umount(mountpoint)
+
+
 # -- a shard replaced on the server after the mount -----------------------------------------
 
 
