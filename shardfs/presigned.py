@@ -21,7 +21,9 @@ from .responses import TransientError, checked_body, checks_etag
 
 _URL_LIFETIME_S = 3600
 _RENEW_BEFORE_S = 300
-_BODY_CHUNK = 1 << 20
+# Bodies are read in pieces this large: each read loops in C until the piece is whole (a
+# stalled socket still times out per receive), and the deadline is checked between pieces.
+_BODY_CHUNK = 4 << 20
 
 
 class PresignedRanges:
@@ -104,7 +106,7 @@ def _read_body(response: Any, deadline: float) -> bytes:
     parts = []
     try:
         while True:
-            piece = response.read1(_BODY_CHUNK)
+            piece = response.read(_BODY_CHUNK)
             if not piece:
                 break
             parts.append(piece)
@@ -112,4 +114,4 @@ def _read_body(response: Any, deadline: float) -> bytes:
                 raise TransientError("the read deadline passed while the body arrived")
     except urllib3.exceptions.HTTPError as exc:  # reset, truncated body, stall
         raise TransientError(str(exc)) from exc
-    return b"".join(parts)
+    return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -334,7 +334,7 @@ class _FakeResponse:
         self._data = data
         self.headers = headers
 
-    def read1(self, n: int) -> bytes:
+    def read(self, n: int) -> bytes:
         data, self._data = self._data[:n], self._data[n:]
         return data
 
