@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
-from procs import force_unmount, wait_until  # noqa: E402
+from procs import force_unmount, run_to_the_end, wait_until  # noqa: E402
 from support.fault_proxy import FaultProxy  # noqa: E402
 from support.s3 import S3Server, free_port  # noqa: E402
 
@@ -408,20 +407,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    bench = DistBench(args)
-    try:
-        result = bench.run()
-    except KeyboardInterrupt:
-        log("interrupted; cleaning up")
+    result = run_to_the_end(DistBench(args), log)
+    if result is None:
         return 130
-    finally:
-        bench.cleanup()
     checks = targets(result)
     result["targets"] = checks
     args.out.mkdir(parents=True, exist_ok=True)

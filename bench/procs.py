@@ -6,11 +6,13 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +112,27 @@ class EpochRunner:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+
+class Runnable(Protocol):
+    def run(self) -> dict[str, Any]: ...
+
+    def cleanup(self) -> None: ...
+
+
+def run_to_the_end(bench: Runnable, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """``bench.run()``, cleaned up whatever happens; None if SIGINT or SIGTERM stopped it."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still clean up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return bench.run()
+    except KeyboardInterrupt:
+        log("interrupted; cleaning up")
+        return None
+    finally:
+        bench.cleanup()

@@ -19,7 +19,6 @@ import argparse
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
-from procs import DaemonProbe, EpochRunner, force_unmount, wait_until  # noqa: E402
+from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end, wait_until  # noqa: E402
 from report import write_reports  # noqa: E402
 from support.s3 import REGION, S3Server  # noqa: E402
 
@@ -725,21 +724,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
-    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still clean up.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    bench = Bench(args)
-    try:
-        result = bench.run()
-    except KeyboardInterrupt:
-        log("interrupted; cleaning up")
+    result = run_to_the_end(Bench(args), log)
+    if result is None:
         return 130
-    finally:
-        bench.cleanup()
     table = write_reports(result, args.out)
     print(table)
     return 0
