@@ -220,7 +220,7 @@ def _write_all(fd: int, *pieces: bytes) -> None:
             views[0] = views[0][written:]
 
 
-def _remove_any(path: Path) -> None:
+def remove_any(path: Path) -> None:
     """Remove whatever sits at ``path``: a file, a link or a whole folder."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -270,7 +270,7 @@ def open_lock_file(root: Path) -> int:
         os.close(fd)
         problem = "not a regular file"
     log.warning("cache lock file %s was unusable (%s); recreated it", path, problem)
-    _remove_any(path)
+    remove_any(path)
     return os.open(path, flags, 0o644)
 
 
@@ -373,7 +373,7 @@ def rebuild_ledger(root: Path, reason: str) -> int:
     Call with the setup lock held."""
     db_path = root / _LEDGER
     for suffix in ("", "-wal", "-shm", "-journal"):
-        _remove_any(Path(f"{db_path}{suffix}"))
+        remove_any(Path(f"{db_path}{suffix}"))
     rows = list(_scan_block_files(root / "blocks"))
     conn = _connect_ledger(db_path)
     try:
@@ -1232,11 +1232,11 @@ def clear_cache(cache_dir: Path, *, everything: bool = False) -> int:
             log.warning("cache ledger not writable (%s); removed it", exc)
             _move_blocks(blocks_dir, trash)
             for suffix in ("", "-wal", "-shm"):
-                _remove_any(Path(f"{db_path}{suffix}"))
+                remove_any(Path(f"{db_path}{suffix}"))
         shutil.rmtree(trash, ignore_errors=True)
     elif blocks_dir.exists():
         shutil.rmtree(blocks_dir, ignore_errors=True)
     if everything:
         for name in ("index", "views"):
-            _remove_any(cache_dir / name)
+            remove_any(cache_dir / name)
     return used

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .cache import BlockCache, BlockKey, shard_key
+from .cache import BlockCache, BlockKey, remove_any, shard_key
 from .config import (
     CacheConfig,
     IndexConfig,
@@ -118,15 +118,7 @@ def _discard_damaged(path: Path, what: str, warn: Callable[[str], None]) -> None
     reason = sqlite_file_damage(path)
     if reason is not None:
         warn(f"{what} {path} was damaged ({reason}); rebuilding it")
-        _remove_path(path)
-
-
-def _remove_path(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        remove_any(path)
 
 
 class _Scratch:
@@ -259,7 +251,7 @@ def _open_view(
         if not _damaged(exc):
             raise
         warn(f"view {view_path} was damaged ({exc}); rebuilding it")
-        _remove_path(view_path)
+        remove_any(view_path)
         build(view_path)
         return View(view_path)
 
@@ -409,7 +401,7 @@ def _open_index_and_view(
             raise
         # The index passed its cheap check but is damaged inside: rebuild it, then the view.
         warn(f"index {builder.path} was damaged ({exc}); rebuilding it")
-        _remove_path(builder.path)
+        remove_any(builder.path)
         builder = index()
         view = _open_view(builder.path, view_path, view_config, classes_for, scratch, warn, notice)
     return view, builder.path, builder.scanned_shards
