@@ -81,7 +81,9 @@ def opened_notices(url: str, cache: Path, layout: str = "auto") -> list[str]:
         warn=lambda text: said.append(f"warning: {text}"),
     )
     opened.close()
-    return said
+    # A memory store has no version to check reads against, and open_source says so; these
+    # tests are about what it says of the layout.
+    return [text for text in said if "offers no version check" not in text]
 
 
 def test_open_source_says_why_auto_chose_raw_at_every_mount(tmp_path: Path) -> None:
