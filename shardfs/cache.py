@@ -33,6 +33,7 @@ import functools
 import hashlib
 import itertools
 import logging
+import math
 import mmap
 import os
 import shutil
@@ -68,6 +69,11 @@ _DEGRADED_RETRY_S = 30.0
 _FAILURE_HOLD_S = 1.0
 _ATIME_FLUSH_S = 5.0
 _EVICT_LOW_WATER = 0.9
+
+EVICT_ANY = math.inf
+"""``evict_before`` that lets a store evict any block (least recently used first)."""
+EVICT_NONE = -math.inf
+"""``evict_before`` that lets nothing be evicted: a block is kept only if it fits."""
 
 # Errors that say the cache disk as a whole is unusable: caching pauses for a while. Any
 # other OSError concerns one path (EISDIR, ENOTDIR, EEXIST, ENAMETOOLONG, ELOOP, ...) and
@@ -119,6 +125,12 @@ def block_header(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
         MAGIC, header_len, chunk_size, len(data), key.index, bytes.fromhex(key.shard), count, 0
     ) + struct.pack(f"<{count}Q", *sums)
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+def encoded_size(block_len: int, chunk_size: int) -> int:
+    """Bytes a block of ``block_len`` takes in the cache: its header, then its data."""
+    count = (block_len + chunk_size - 1) // chunk_size
+    return _FIXED.size + 8 * count + 8 + block_len
 
 
 def encode_block(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
@@ -479,6 +491,8 @@ class BlockCache:
         self._pins: Counter[str] = Counter()
         self._pins_lock = threading.Lock()
         self._touched: dict[str, float] = {}
+        # Blocks this process fetched ahead of need that no read has used yet (path: size).
+        self._unread: dict[str, int] = {}
         self._touched_lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._tmp_names = itertools.count()
@@ -495,8 +509,13 @@ class BlockCache:
         end: int,
         block_len: int,
         fetch: Callable[[], bytes],
+        *,
+        evict_before: float = EVICT_ANY,
     ) -> bytes:
-        """Bytes ``[start, end)`` of a block of ``block_len`` bytes; fetched once on a miss."""
+        """Bytes ``[start, end)`` of a block of ``block_len`` bytes; fetched once on a miss.
+
+        Storing it may evict only blocks last used before ``evict_before`` (a wall time);
+        when those do not make room, the bytes are served and not kept."""
         while True:
             data = self._load(key, start, end, block_len)
             if data is not None:
@@ -515,7 +534,9 @@ class BlockCache:
                 continue  # stored (by that thread or another mount): read it from disk
             try:
                 self._raise_recent_failure(key)
-                data, flight.block = self._fetch_and_store(key, start, end, block_len, fetch)
+                data, flight.block = self._fetch_and_store(
+                    key, start, end, block_len, fetch, evict_before
+                )
                 return data
             except Exception as exc:
                 flight.error = exc  # waiters fail with it too, instead of refetching in turn
@@ -558,7 +579,7 @@ class BlockCache:
 
         ``count=False`` leaves the hit out of the statistics (reads nobody asked for).
         ``nowait``: None also when the bytes are on disk but not in the page cache."""
-        data = self._load(key, start, end, block_len, nowait=nowait)
+        data = self._load(key, start, end, block_len, nowait=nowait, used=count)
         if data is not None and count:
             self.stats.add(cache_hits=1)
         return data
@@ -571,6 +592,8 @@ class BlockCache:
         block_len: int,
         fetch_range: Callable[[int, int], bytes],
         run_later: Callable[[Callable[[], None]], None],
+        *,
+        evict_before: float = EVICT_ANY,
     ) -> bytes:
         """Like ``get``, but a miss fetches only ``[start, end)`` for the reader and hands the
         rest of the block to ``run_later``, so a cold read never waits for a whole block."""
@@ -602,7 +625,7 @@ class BlockCache:
                 self._unlock_and_release(key, slot)
                 raise
             fill = functools.partial(
-                self._complete, key, slot, start, end, block_len, needed, fetch_range
+                self._complete, key, slot, start, end, block_len, needed, fetch_range, evict_before
             )
             try:
                 run_later(fill)
@@ -619,26 +642,33 @@ class BlockCache:
         block_len: int,
         needed: bytes,
         fetch_range: Callable[[int, int], bytes],
+        evict_before: float,
     ) -> None:
         """Fetch the rest of a block around ``needed`` and store it; then let others in."""
         try:
             before = fetch_range(0, start) if start else b""
             after = fetch_range(end, block_len) if end < block_len else b""
-            self._store(key, before + needed + after, expected=block_len)
+            self._store(key, before + needed + after, expected=block_len, evict_before=evict_before)
         except Exception as exc:
             log.warning("could not complete block %s/%d: %s", key.shard, key.index, exc)
         finally:
             self._unlock_and_release(key, slot)
 
     def prefetch(
-        self, key: BlockKey, block_len: int, fetch_range: Callable[[int, int], bytes]
+        self,
+        key: BlockKey,
+        block_len: int,
+        fetch_range: Callable[[int, int], bytes],
+        *,
+        evict_before: float = EVICT_NONE,
     ) -> bool:
         """Fetch a whole block ahead of need. Returns False, fetching nothing, when the block
-        is cached or in flight, when it would not fit without evicting anything, or while
-        caching is paused (a block that cannot be kept is not worth fetching ahead)."""
+        is cached or in flight, when it would not fit without evicting a block used since
+        ``evict_before`` (by default: without evicting anything), or while caching is paused
+        (a block that cannot be kept is not worth fetching ahead)."""
         if self.degraded or self._unusable(key):
             return False
-        if self.usage() + block_len > self.limit():
+        if not self.room_for(block_len, evict_before):
             return False
         if not self._claim(key, wait=False):
             return False
@@ -650,8 +680,10 @@ class BlockCache:
                     return False
                 block = fetch_range(0, block_len)
                 self.stats.add(prefetched_blocks=1)
-                self._store(key, block, expected=block_len)
-                return True
+                stored = self._store(
+                    key, block, expected=block_len, evict_before=evict_before, unread=True
+                )
+                return stored
             finally:
                 self._unlock_slot(slot)
         finally:
@@ -661,6 +693,10 @@ class BlockCache:
         """Cached already, or a path that cannot hold a block."""
         path = self._block_path(key)
         return path in self._bad_paths or os.path.lexists(path)
+
+    def in_flight(self, key: BlockKey) -> bool:
+        """Whether a thread of this process is fetching the block now."""
+        return key in self._inflight
 
     def contains(self, key: BlockKey) -> bool:
         """Whether the block's file is on disk (not verified)."""
@@ -679,8 +715,7 @@ class BlockCache:
             with self._cross_process_lock(key):
                 if os.path.exists(self._block_path(key)):
                     return False
-                self._store(key, block)
-                return True
+                return self._store(key, block, evict_before=EVICT_NONE)
         finally:
             self._release(key)
 
@@ -778,7 +813,14 @@ class BlockCache:
     # -- reading -----------------------------------------------------------------------
 
     def _load(
-        self, key: BlockKey, start: int, end: int, block_len: int, *, nowait: bool = False
+        self,
+        key: BlockKey,
+        start: int,
+        end: int,
+        block_len: int,
+        *,
+        nowait: bool = False,
+        used: bool = True,
     ) -> bytes | None:
         path = self._block_path(key)
         if path in self._bad_paths:
@@ -818,6 +860,8 @@ class BlockCache:
                     del self._pins[path]
         with self._touched_lock:
             self._touched[path] = time.time()
+            if used and self._unread:
+                self._unread.pop(path, None)
         self._flush_access_times()
         return data
 
@@ -929,7 +973,13 @@ class BlockCache:
         return _holding(self._lock_fd, offset)
 
     def _fetch_and_store(
-        self, key: BlockKey, start: int, end: int, block_len: int, fetch: Callable[[], bytes]
+        self,
+        key: BlockKey,
+        start: int,
+        end: int,
+        block_len: int,
+        fetch: Callable[[], bytes],
+        evict_before: float,
     ) -> tuple[bytes, bytes | None]:
         """Bytes ``[start, end)``, and the fetched block when it could not be stored (for the
         threads waiting on it); else None."""
@@ -942,11 +992,21 @@ class BlockCache:
             self.stats.add(cache_misses=1)
             if len(block) != block_len:
                 raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
-            stored = self._store(key, block)
+            stored = self._store(key, block, evict_before=evict_before)
         return block[start:end], None if stored else block
 
-    def _store(self, key: BlockKey, block: bytes, *, expected: int | None = None) -> bool:
-        """Write a block into the cache; returns whether it is there now."""
+    def _store(
+        self,
+        key: BlockKey,
+        block: bytes,
+        *,
+        expected: int | None = None,
+        evict_before: float = EVICT_ANY,
+        unread: bool = False,
+    ) -> bool:
+        """Write a block into the cache, evicting only blocks last used before
+        ``evict_before``; returns whether it is there now. ``unread``: fetched ahead of any
+        read (counted if it is evicted before a read uses it)."""
         if expected is not None and len(block) != expected:
             raise ValueError(f"assembled {len(block)} bytes for a block of {expected}")
         if time.monotonic() < self._degraded_until:
@@ -961,7 +1021,9 @@ class BlockCache:
         tmp = self.tmp_dir / f"{os.getpid()}-{next(self._tmp_names)}-{uuid.uuid4().hex[:8]}.tmp"
         inserted = 0
         try:
-            self._make_room(size)
+            if not self._make_room(size, evict_before):
+                self.stats.add(blocks_not_admitted=1)
+                return False
             self._write_new_file(tmp, header, block)
             with self._db() as db:
                 db.execute("BEGIN IMMEDIATE")
@@ -976,6 +1038,9 @@ class BlockCache:
             os.replace(tmp, final)
             self._close_open(str(final))
             self.stats.add(blocks_written=1)
+            if unread:
+                with self._touched_lock:
+                    self._unread[str(final)] = size
             announce = self.on_stored
             if announce is not None:
                 announce(key, block)
@@ -1084,20 +1149,61 @@ class BlockCache:
             log.warning("cache disk unusable (%s); reading from the store without caching", reason)
         log.debug("cache write failed", exc_info=exc)
 
-    def _make_room(self, incoming: int) -> None:
-        """Evict least recently used blocks so that ``incoming`` bytes fit under the bound."""
+    def room_for(self, block_len: int, evict_before: float = EVICT_NONE) -> bool:
+        """Whether a block of ``block_len`` bytes fits under the bound now, counting as free
+        the blocks last used before ``evict_before`` (a wall time) that no read holds."""
+        incoming = encoded_size(block_len, self.config.chunk_size)
+        limit = self.limit()
+        used = self.usage()
+        if used + incoming <= limit:
+            return True
+        if incoming > limit or evict_before == EVICT_NONE:
+            return False
+        need = used + incoming - limit
+        if self._evictable(need, evict_before) < need:
+            return False
+        self._flush_access_times(force=True)  # uses not yet written may warm a victim
+        return self._evictable(need, evict_before) >= need
+
+    def _evictable(self, need: int, evict_before: float) -> int:
+        """Bytes of the oldest blocks used before ``evict_before``, counted up to ``need``."""
+        with self._pins_lock:
+            pinned = set(self._pins)
+        found = 0
+        try:
+            with self._db() as db:
+                rows = db.execute(
+                    "SELECT path, size FROM blocks WHERE atime < ? ORDER BY atime",
+                    (evict_before,),
+                )
+                for path, size in rows:
+                    if path not in pinned:
+                        found += size
+                        if found >= need:
+                            break
+        except sqlite3.Error:
+            return 0
+        return found
+
+    def _make_room(self, incoming: int, evict_before: float = EVICT_ANY) -> bool:
+        """Evict least recently used blocks, among those last used before ``evict_before``,
+        so that ``incoming`` bytes fit under the bound; False when they cannot."""
         limit = self.limit()
         if incoming > limit:
             raise OSError(errno.ENOSPC, "cache bound smaller than one block")
         if self.usage() + incoming <= limit:
-            return
+            return True
+        if evict_before == EVICT_NONE:
+            return False
         with self._evicting:
             self._flush_access_times(force=True)
             target = int(limit * _EVICT_LOW_WATER) - incoming
-            self.evict_to(max(0, target))
+            self.evict_to(max(0, target), evict_before)
+            return self.usage() + incoming <= limit
 
-    def evict_to(self, target: int) -> int:
-        """Remove least recently used blocks until usage is at most ``target``; returns count."""
+    def evict_to(self, target: int, evict_before: float = EVICT_ANY) -> int:
+        """Remove least recently used blocks (of those last used before ``evict_before``)
+        until usage is at most ``target``; returns how many."""
         removed = 0
         with self._db() as db:
             while True:
@@ -1110,7 +1216,8 @@ class BlockCache:
                     pinned = set(self._pins)
                 # Blocks being read here are never evicted; look past them, however many.
                 rows = db.execute(
-                    "SELECT path, size FROM blocks ORDER BY atime LIMIT ?", (64 + len(pinned),)
+                    "SELECT path, size FROM blocks WHERE atime < ? ORDER BY atime LIMIT ?",
+                    (evict_before, 64 + len(pinned)),
                 ).fetchall()
                 victims = [(p, s) for p, s in rows if p not in pinned]
                 freed, chosen = 0, []
@@ -1130,7 +1237,9 @@ class BlockCache:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
                 removed += len(chosen)
-                self.stats.add(blocks_evicted=len(chosen))
+                with self._touched_lock:
+                    unread = sum(self._unread.pop(path, 0) for path in chosen)
+                self.stats.add(blocks_evicted=len(chosen), evicted_unread_bytes=unread)
 
 
 def heal_cache_folder(cache_dir: Path) -> None:

@@ -811,7 +811,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
             f"{format_bytes(values['cache_bytes_used'])} / "
             f"{format_bytes(values['cache_bytes_limit'])}",
         ),
-        ("blocks evicted", str(values["blocks_evicted"])),
+        (
+            "blocks evicted",
+            f"{values['blocks_evicted']} "
+            f"({format_bytes(values.get('evicted_unread_bytes', 0))} fetched ahead, never read)",
+        ),
+        (
+            "egress amplification",
+            f"{values.get('egress_amplification', 0.0):.2f}x "
+            f"(fetched / {format_bytes(values.get('delivered_bytes', 0))} of files delivered)",
+        ),
+        (
+            "small-cache misses",
+            f"{values.get('range_reads', 0)} reads fetched as ranges, "
+            f"{values.get('blocks_not_admitted', 0)} blocks not kept",
+        ),
         ("hinted reads", f"{values.get('hinted_reads', 0)} ({values.get('hints_taken', 0)} hints)"),
         ("reads waited on net", str(values.get("reads_waited_on_network", 0))),
         ("prefetched unread", format_bytes(values.get("prefetched_unread_bytes", 0))),

@@ -162,6 +162,8 @@ class ShardFileSystem:
         self._hint: _ActiveHint | None = None
         self._hint_parts: dict[bytes, _HintParts] = {}
         self._hint_lock = threading.Lock()
+        # One bit per inode: files already served or pushed (for egress amplification).
+        self._delivered = bytearray(view.max_ino // 8 + 1)
 
     # -- the placement table and the order hint -------------------------------------------
 
@@ -461,8 +463,8 @@ class ShardFileSystem:
         if span is None:
             return b""
         self._note_read(node)
-        data = self.reader.read(*span)
-        self.stats.add(bytes_served=len(data))
+        data = self.reader.read(*span, node.offset + node.size)
+        self._served(node, len(data))
         return data
 
     def read_node_local(self, node: Node, offset: int, size: int) -> bytes | None:
@@ -475,8 +477,19 @@ class ShardFileSystem:
         data = self.reader.read_local(*span)
         if data is not None:
             self._note_read(node)
-            self.stats.add(bytes_served=len(data))
+            self._served(node, len(data))
         return data
+
+    def _served(self, node: Node, length: int) -> None:
+        self.stats.add(bytes_served=length)
+        self._deliver(node)
+
+    def _deliver(self, node: Node) -> None:
+        """Count a file's bytes the first time it reaches a reader or the kernel's cache."""
+        byte, bit = divmod(node.ino, 8)
+        if byte < len(self._delivered) and not self._delivered[byte] & (1 << bit):
+            self._delivered[byte] |= 1 << bit  # a race may count a file twice: harmless
+            self.stats.add(delivered_bytes=node.size)
 
     @property
     def uses_block_cache(self) -> bool:
@@ -500,7 +513,10 @@ class ShardFileSystem:
         if not isinstance(self.reader, CachedReader) or node.shard < 0:
             return None
         shard = self.view.shards[node.shard]
-        return self.reader.read_local(shard, node.offset, node.offset + node.size, quiet=True)
+        data = self.reader.read_local(shard, node.offset, node.offset + node.size, quiet=True)
+        if data is not None:
+            self._deliver(node)
+        return data
 
     def open_node(self, node: Node) -> int:
         """A handle whose reads keep a window of the file (for reads without the cache)."""
@@ -529,7 +545,7 @@ class ShardFileSystem:
         self._note_read(node)
         with opened.lock:
             data = self._read_window(opened, offset, end, size)
-        self.stats.add(bytes_served=len(data))
+        self._served(node, len(data))
         return data
 
     def _read_window(self, opened: _OpenFile, offset: int, end: int, size: int) -> bytes:
@@ -544,7 +560,9 @@ class ShardFileSystem:
             window_start = offset
             window_end = min(node.size, offset + max(size, self.config.window))
         shard = self.view.shards[node.shard]
-        data = self.reader.read(shard, node.offset + window_start, node.offset + window_end)
+        data = self.reader.read(
+            shard, node.offset + window_start, node.offset + window_end, node.offset + node.size
+        )
         opened.window_start, opened.window = window_start, data
         return data[offset - window_start : end - window_start]
 

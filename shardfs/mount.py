@@ -656,6 +656,7 @@ def run_foreground(
             retries=read_config.retries,
             prefetcher=prefetcher,
             split_misses=readahead_config.miss_fetch == "range",
+            dataset_bytes=sum(shard.size for shard in opened.view.shards.values()),
         )
     else:
         reader = DirectReader(opened.store, stats, retries=read_config.retries)

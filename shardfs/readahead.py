@@ -111,6 +111,7 @@ class Prefetcher:
 _FIRST_WINDOW = 64 << 10
 _MAX_WINDOW = 512 << 10
 _MEMORY = 16 << 20
+_GAP = 4096  # tar headers between two files read one after the other (pax ones included)
 _STREAMS = 4096
 
 
@@ -135,7 +136,8 @@ class MemoryReadahead:
         self.memory = memory
         self._ranges: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._bytes = 0
-        self._streams: OrderedDict[str, tuple[int, int]] = OrderedDict()  # next, window
+        # next expected offset, window, reads in a row that continued the one before
+        self._streams: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def read(
@@ -160,15 +162,18 @@ class MemoryReadahead:
         return head + data[:wanted] if head else data[:wanted]
 
     def _advance(self, shard: str, start: int, end: int) -> int:
-        """The window for this read: grown when it continues the shard's last read (a tar
-        header or two of gap allowed), else none."""
+        """The window for this read: none until it is the second read in a row to continue
+        the shard's last one (a few tar headers of gap allowed), then doubling. One random
+        read may land just after the last by chance; a window for it would be wasted."""
         last = self._streams.pop(shard, None)
-        window = 0
+        window, run = 0, 0
         if last is not None:
-            expected, previous = last
-            if expected <= start <= expected + max(previous, self.first_window):
-                window = min(max(previous * 2, self.first_window), self.max_window)
-        self._streams[shard] = (end, window)
+            expected, previous, previous_run = last
+            if expected <= start <= expected + _GAP:
+                run = previous_run + 1
+                if run >= 2:
+                    window = min(max(previous * 2, self.first_window), self.max_window)
+        self._streams[shard] = (end, window, run)
         while len(self._streams) > _STREAMS:
             self._streams.popitem(last=False)
         return window

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from .cache import BlockCache, BlockKey, shard_key
+from .cache import EVICT_ANY, EVICT_NONE, BlockCache, BlockKey, shard_key
 from .readahead import MemoryReadahead, Prefetcher
 from .stats import Stats
 from .store import ShardInfo, Store
 
 
 class RangeReader(Protocol):
-    def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of ``shard``; raises ShardfsError on failure."""
+    def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of ``shard``; raises ShardfsError on failure.
+        ``extent_end``: where the file being read ends (reads ahead stop there)."""
         ...
 
     def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
@@ -35,7 +38,7 @@ class DirectReader:
         self.stats = stats if stats is not None else Stats()
         self.retries = retries
 
-    def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
+    def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
         if start >= end:
             return b""
         data = self.store.read_range(shard, start, end, retries=self.retries)
@@ -54,6 +57,13 @@ class CachedReader:
     ``Prefetcher``, the first read inside a shard also schedules the rest of that shard.
     While the cache is paused (full or read-only disk), blocks already cached are still
     served, and misses fetch only what is read plus a little readahead kept in memory.
+
+    A cache smaller than the data (``dataset_bytes``): a miss fetches its whole block only
+    when the block fits, or when room can be made from *cold* blocks, those no read has
+    used while this reader served ``dataset_bytes`` (an epoch's worth of reads). Otherwise
+    it fetches the bytes read, as above, and keeps nothing: under a shuffled order every
+    cached block is as likely to be read next as the missing one, so trading one for the
+    other only adds egress. Once full, the cache's contents change only as blocks go cold.
     """
 
     def __init__(
@@ -65,8 +75,14 @@ class CachedReader:
         retries: int = 4,
         prefetcher: Prefetcher | None = None,
         split_misses: bool = False,
+        dataset_bytes: int | None = None,
     ) -> None:
         self.split_misses = split_misses
+        # None: plain LRU, any block may be evicted for a miss (readers outside a mount).
+        self.dataset_bytes = dataset_bytes
+        self._served = 0
+        self._clock: deque[tuple[float, int]] = deque([(time.time(), 0)])
+        self._clock_lock = threading.Lock()
         self.store = store
         self.cache = cache
         self.stats = stats
@@ -138,15 +154,19 @@ class CachedReader:
     def _block_len(self, shard: ShardInfo, index: int) -> int:
         return min(self.block_size, shard.size - index * self.block_size)
 
-    def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
+    def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
         if start >= end:
             return b""
         skey = self.shard_key(shard)
         if self.cache.degraded:
-            return self._read_degraded(shard, skey, start, end)
+            return self._read_uncached(shard, skey, start, end, extent_end)
         size = self.block_size
-        pieces = []
+        evict_before = self._tick(end - start)
         first, last = start // size, (end - 1) // size
+        if self._over_budget(shard, skey, first, last, evict_before):
+            self.stats.add(range_reads=1, reads_waited_on_network=1)
+            return self._read_uncached(shard, skey, start, end, extent_end)
+        pieces = []
         waited = False
         for index in range(first, last + 1):
             block_start = index * size
@@ -161,11 +181,17 @@ class CachedReader:
             fetch_range = self._fetch_range(shard, index)
             if self.prefetcher is not None and self.split_misses:
                 data = self.cache.get_split(
-                    key, lo, hi, block_len, fetch_range, self.prefetcher.run_soon
+                    key,
+                    lo,
+                    hi,
+                    block_len,
+                    fetch_range,
+                    self.prefetcher.run_soon,
+                    evict_before=evict_before,
                 )
             else:
                 whole = functools.partial(fetch_range, 0, block_len)
-                data = self.cache.get(key, lo, hi, block_len, whole)
+                data = self.cache.get(key, lo, hi, block_len, whole, evict_before=evict_before)
             pieces.append(data)
             self._announce_if_local(shard, skey, index)
         if self.prefetcher is not None and skey not in self._scheduled and not self.follow_hint:
@@ -181,11 +207,55 @@ class CachedReader:
                 self._unread_prefetched.discard((skey, index))
             self.stats.add(prefetched_bytes_read=block_len)
 
-    def _read_degraded(self, shard: ShardInfo, skey: str, start: int, end: int) -> bytes:
-        """The cache disk is unusable: blocks it holds still serve; anything else comes from
-        the store, range by range, never a whole block per read."""
+    def _tick(self, length: int) -> float:
+        """Count ``length`` bytes read; the wall time before which a block unused is cold."""
+        horizon = self.dataset_bytes
+        if horizon is None:
+            return EVICT_ANY
+        now = time.time()
+        with self._clock_lock:
+            self._served += length
+            served = self._served
+            clock = self._clock
+            if served - clock[-1][1] >= max(1, horizon // 64):
+                clock.append((now, served))
+            # Keep one reading at or before ``served - horizon``: the cold cutoff.
+            while len(clock) > 1 and clock[1][1] <= served - horizon:
+                clock.popleft()
+            when, at = clock[0]
+        return when if at <= served - horizon else EVICT_NONE
+
+    def _over_budget(
+        self, shard: ShardInfo, skey: str, first: int, last: int, evict_before: float
+    ) -> bool:
+        """Whether a block of this read is missing and could be kept only by evicting
+        blocks that are not cold (then the read is fetched as a range)."""
+        if evict_before == EVICT_ANY:
+            return False
+        for index in range(first, last + 1):
+            key = BlockKey(skey, index)
+            if self.cache.contains(key) or self.cache.in_flight(key):
+                continue
+            if not self.cache.room_for(self._block_len(shard, index), evict_before):
+                return True
+        return False
+
+    def _read_uncached(
+        self, shard: ShardInfo, skey: str, start: int, end: int, extent_end: int | None
+    ) -> bytes:
+        """Blocks the cache holds still serve; anything else comes from the store, range
+        by range, never a whole block per read (a paused cache, or one that is full of
+        blocks as likely to be read as the missing one)."""
+
+        def fetch(lo: int, hi: int) -> bytes:
+            data = self.store.read_range(shard, lo, hi, retries=self.retries)
+            self.stats.add(store_requests=1, bytes_fetched=len(data))
+            return data
+
+        limit = shard.size if extent_end is None else min(shard.size, max(end, extent_end))
         size = self.block_size
         pieces = []
+        missing_from: int | None = None  # start of the run of bytes no cached block holds
         for index in range(start // size, (end - 1) // size + 1):
             block_start = index * size
             lo, hi = max(start, block_start), min(end, block_start + size)
@@ -194,17 +264,15 @@ class CachedReader:
                 key, lo - block_start, hi - block_start, self._block_len(shard, index)
             )
             if data is None:
-                break
+                missing_from = lo if missing_from is None else missing_from
+                continue
+            if missing_from is not None:
+                pieces.append(self._memory.read(skey, missing_from, lo, limit, fetch))
+                missing_from = None
             pieces.append(data)
-        else:
-            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-        def fetch(lo: int, hi: int) -> bytes:
-            data = self.store.read_range(shard, lo, hi, retries=self.retries)
-            self.stats.add(store_requests=1, bytes_fetched=len(data))
-            return data
-
-        return self._memory.read(skey, start, end, shard.size, fetch)
+        if missing_from is not None:
+            pieces.append(self._memory.read(skey, missing_from, end, limit, fetch))
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def read_local(
         self, shard: ShardInfo, start: int, end: int, *, quiet: bool = False
@@ -230,6 +298,8 @@ class CachedReader:
             count=not quiet,
             nowait=not quiet,
         )
+        if data is not None:
+            self._tick(end - start)  # pushed files count: the kernel serves them later
         if data is not None and not quiet:
             self._announce(shard, skey, first)
             self._first_read(skey, first, self._block_len(shard, first))

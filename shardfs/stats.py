@@ -28,6 +28,10 @@ class Stats:
     reads_waited_on_network: int = 0  # reads that found a block not yet on local disk
     prefetched_bytes: int = 0  # bytes of blocks readahead stored
     prefetched_bytes_read: int = 0  # of those, bytes of blocks some read has since touched
+    evicted_unread_bytes: int = 0  # bytes of blocks fetched ahead, evicted before any read
+    blocks_not_admitted: int = 0  # fetched blocks not kept: room only by evicting warm ones
+    range_reads: int = 0  # reads fetched as ranges: their block would evict warm blocks
+    delivered_bytes: int = 0  # bytes of distinct files served or pushed to the kernel
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: int) -> None:
@@ -46,4 +50,8 @@ class Stats:
         values["prefetched_unread_bytes"] = (
             values["prefetched_bytes"] - values["prefetched_bytes_read"]
         )
+        # What the store sent over what readers got, each file counted once: 1.0 when each
+        # byte read was downloaded once; more when blocks were fetched again or not used.
+        delivered = values["delivered_bytes"]
+        values["egress_amplification"] = values["bytes_fetched"] / delivered if delivered else 0.0
         return values

@@ -43,7 +43,8 @@ class RecordingReader:
         self.shards = shards
         self.calls: list[tuple[str, int, int]] = []
 
-    def read(self, shard: ShardInfo, start: int, end: int) -> bytes:
+    def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
+        assert extent_end is None or end <= extent_end <= shard.size
         self.calls.append((shard.name, start, end))
         return self.shards[shard.name][start:end]
 

@@ -1,0 +1,212 @@
+"""A block cache smaller than the data (issue 12), at the reader: a shuffled epoch fetches at
+most the data once, whatever the cache's size, while plain LRU fetches a block per file.
+Bytes are counted where they leave the store (the reader's statistics, checked against a
+store that counts its own ranged reads)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shardfs.cache import BlockCache, BlockKey
+from shardfs.config import CacheConfig, SourceConfig
+from shardfs.reader import CachedReader
+from shardfs.stats import Stats
+from shardfs.store import ShardInfo, Store
+
+BLOCK = 4096
+FILE = 300  # about 13 files per block: a whole block per miss costs about 13x
+BLOCKS_PER_SHARD = 48
+SHARDS = 4
+
+
+class CountingStore(Store):
+    """A local-folder store that counts the bytes its ranged reads return."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(SourceConfig(url))
+        self.fetched = 0
+
+    def read_range(self, shard: ShardInfo, start: int, end: int, **kwargs: object) -> bytes:
+        data = super().read_range(shard, start, end, **kwargs)  # type: ignore[arg-type]
+        self.fetched += len(data)
+        return data
+
+
+def make_shards(folder: Path, prefix: str = "s", seed: int = 0) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    shards = {f"{prefix}{i}.tar": rng.randbytes(BLOCK * BLOCKS_PER_SHARD) for i in range(SHARDS)}
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in shards.items():
+        (folder / name).write_bytes(data)
+    return shards
+
+
+def files_of(store: Store) -> list[tuple[ShardInfo, int, int]]:
+    """Every 'file' of the data: consecutive extents of ``FILE`` bytes in each shard."""
+    return [
+        (shard, start, min(start + FILE, shard.size))
+        for shard in store.list_shards()
+        for start in range(0, shard.size, FILE)
+    ]
+
+
+def data_bytes(store: Store) -> int:
+    return sum(shard.size for shard in store.list_shards())
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+def open_cache(tmp_path: Path, fraction: float, stats: Stats) -> BlockCache:
+    """A cache holding ``fraction`` of the shards' blocks (headers included)."""
+    header = 64 + 8 * (BLOCK // 512)  # generous: the bound counts header bytes too
+    blocks = int(fraction * SHARDS * BLOCKS_PER_SHARD)
+    config = CacheConfig(
+        cache_dir=tmp_path / "cache",
+        size=str(blocks * (BLOCK + header)),
+        min_free=0,
+        block_size=BLOCK,
+        chunk_size=512,
+    )
+    return BlockCache(config, stats)
+
+
+def epoch(reader: CachedReader, store: CountingStore, shards: dict[str, bytes], seed: int) -> float:
+    """Read every file once in a shuffled order; the bytes fetched over the data's size."""
+    files = files_of(store)
+    random.Random(seed).shuffle(files)
+    before = store.fetched
+    for shard, start, end in files:
+        assert reader.read(shard, start, end, end) == shards[shard.name][start:end]
+    return (store.fetched - before) / data_bytes(store)
+
+
+@pytest.fixture
+def cached(tmp_path: Path) -> Iterator[tuple[BlockCache, Stats]]:
+    stats = Stats()
+    cache = open_cache(tmp_path, 0.5, stats)
+    yield cache, stats
+    cache.close()
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.25])
+def test_shuffled_epochs_fetch_the_data_at_most_once(
+    tmp_path: Path, folder: Path, fraction: float
+) -> None:
+    shards = make_shards(folder)
+    store = CountingStore(str(folder))
+    stats = Stats()
+    cache = open_cache(tmp_path, fraction, stats)
+    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    try:
+        first = epoch(reader, store, shards, seed=1)
+        second = epoch(reader, store, shards, seed=2)
+    finally:
+        cache.close()
+    print(f"\ncache {fraction}: epoch 0 {first:.2f}x, epoch 1 {second:.2f}x")
+    assert first <= 1.0
+    # What the full cache holds is not fetched again: at most the rest of the data is.
+    assert second <= 1.0 - fraction * 0.8
+    assert stats.snapshot()["bytes_fetched"] == store.fetched
+    assert stats.blocks_evicted == 0
+    assert stats.range_reads > 0
+
+
+def test_plain_lru_fetches_a_block_per_file(tmp_path: Path, folder: Path) -> None:
+    """The contrast that shows the epochs above can fail: without the rule (a reader that
+    does not know the data's size evicts least recently used blocks), a shuffled epoch
+    fetches several times the data."""
+    shards = make_shards(folder)
+    store = CountingStore(str(folder))
+    stats = Stats()
+    cache = open_cache(tmp_path, 0.5, stats)
+    reader = CachedReader(store, cache, stats, retries=1)
+    try:
+        first = epoch(reader, store, shards, seed=1)
+    finally:
+        cache.close()
+    print(f"\nplain LRU, cache 0.5: epoch 0 {first:.2f}x")
+    assert first > 3.0
+    assert stats.blocks_evicted > 0
+
+
+def test_a_cache_that_holds_the_data_still_fetches_whole_blocks(
+    tmp_path: Path, folder: Path
+) -> None:
+    shards = make_shards(folder)
+    store = CountingStore(str(folder))
+    stats = Stats()
+    cache = open_cache(tmp_path, 1.5, stats)
+    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    try:
+        first = epoch(reader, store, shards, seed=1)
+        second = epoch(reader, store, shards, seed=2)
+    finally:
+        cache.close()
+    assert first == 1.0  # every block once, as whole blocks
+    assert second == 0.0
+    assert stats.range_reads == 0
+    assert stats.store_requests == SHARDS * BLOCKS_PER_SHARD
+
+
+def test_blocks_no_read_uses_for_an_epoch_give_way(tmp_path: Path) -> None:
+    """A cache full of another dataset's blocks: once this reader has read as much as its
+    data without touching them, they are cold and its own blocks replace them, so its
+    later epochs cost less than the first."""
+    old_shards = make_shards(tmp_path / "old", prefix="old", seed=5)
+    new_shards = make_shards(tmp_path / "new", prefix="new", seed=6)
+    stats = Stats()
+    cache = open_cache(tmp_path, 0.5, stats)
+    try:
+        old_store = CountingStore(str(tmp_path / "old"))
+        old = CachedReader(old_store, cache, stats, retries=1, dataset_bytes=data_bytes(old_store))
+        epoch(old, old_store, old_shards, seed=1)
+        assert stats.range_reads > 0  # the cache is full of the old data
+        store = CountingStore(str(tmp_path / "new"))
+        reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+        costs = [epoch(reader, store, new_shards, seed=s) for s in range(3)]
+    finally:
+        cache.close()
+    print(f"\nepochs over a cache full of other data: {[f'{c:.2f}' for c in costs]}")
+    # The old blocks go cold only once an epoch's worth was read: blocks taken in after
+    # that had some of their files read already, a little over the data's size at most.
+    assert costs[0] <= 1.02
+    assert costs[1] <= 1.02
+    assert stats.blocks_evicted > 0
+    assert costs[2] <= 0.5 + 0.1  # half the data is cached now; the rest by range
+    assert costs[2] < costs[0]
+
+
+def test_prefetched_blocks_evicted_unread_are_counted(tmp_path: Path, folder: Path) -> None:
+    shards = make_shards(folder)
+    store = CountingStore(str(folder))
+    stats = Stats()
+    cache = open_cache(tmp_path, 0.25, stats)
+    try:
+        first = CachedReader(store, cache, stats, retries=1)
+        # Blocks fetched ahead of need (no read touches them) until the cache is full.
+        for shard in store.list_shards():
+            for index in range(BLOCKS_PER_SHARD):
+                key = BlockKey(first.shard_key(shard), index)
+                fetch = first._fetch_range(shard, index)
+                cache.prefetch(key, BLOCK, fetch)
+        assert stats.evicted_unread_bytes == 0
+        held = stats.prefetched_blocks
+        assert held > 0
+        # A plain-LRU reader now evicts them for its own misses, none of them read.
+        reader = CachedReader(store, cache, stats, retries=1)
+        shard = store.list_shards()[-1]
+        for index in range(BLOCKS_PER_SHARD):
+            start = index * BLOCK
+            assert reader.read(shard, start, start + FILE) == shards[shard.name][start:][:FILE]
+    finally:
+        cache.close()
+    assert stats.blocks_evicted > 0
+    assert stats.evicted_unread_bytes > 0
+    assert stats.evicted_unread_bytes >= BLOCK  # at least one whole block, header included
