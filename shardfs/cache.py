@@ -109,6 +109,11 @@ class BlockKey:
     index: int
 
 
+class NoRoom(Exception):
+    """The block would fit only by evicting blocks that are not cold: it is not fetched
+    (``BlockCache.get``); the caller fetches the bytes it needs without caching them."""
+
+
 class CorruptBlockError(Exception):
     """A block file failed a check; internal to the cache, never reaches a reader."""
 
@@ -474,6 +479,8 @@ class BlockCache:
         self._ledger_ready = False
         self._prepare()
         self._inflight: dict[BlockKey, _Flight] = {}
+        self._reserved = 0  # bytes of blocks being fetched to be stored (``_reserving``)
+        self._room_lock = threading.Lock()
         self._failed: dict[BlockKey, tuple[Exception, float]] = {}
         # Block paths that failed on their own (a folder squatting one, say): served from
         # the store without touching the disk again; every other block is cached as usual.
@@ -515,7 +522,7 @@ class BlockCache:
         """Bytes ``[start, end)`` of a block of ``block_len`` bytes; fetched once on a miss.
 
         Storing it may evict only blocks last used before ``evict_before`` (a wall time);
-        when those do not make room, the bytes are served and not kept."""
+        when those would not make room, nothing is fetched and ``NoRoom`` is raised."""
         while True:
             data = self._load(key, start, end, block_len)
             if data is not None:
@@ -538,6 +545,9 @@ class BlockCache:
                     key, start, end, block_len, fetch, evict_before
                 )
                 return data
+            except NoRoom as exc:
+                flight.error = exc  # waiters fetch their bytes as ranges too
+                raise
             except Exception as exc:
                 flight.error = exc  # waiters fail with it too, instead of refetching in turn
                 self._remember_failure(key, exc)
@@ -668,8 +678,16 @@ class BlockCache:
         (a block that cannot be kept is not worth fetching ahead)."""
         if self.degraded or self._unusable(key):
             return False
-        if not self.room_for(block_len, evict_before):
-            return False
+        with self._reserving(block_len, evict_before) as reserved:
+            return reserved and self._prefetch_claimed(key, block_len, fetch_range, evict_before)
+
+    def _prefetch_claimed(
+        self,
+        key: BlockKey,
+        block_len: int,
+        fetch_range: Callable[[int, int], bytes],
+        evict_before: float,
+    ) -> bool:
         if not self._claim(key, wait=False):
             return False
         slot = self._slot(key)
@@ -707,17 +725,16 @@ class BlockCache:
         in flight, or would need evicting; returns True if stored."""
         if self.degraded or self._unusable(key):
             return False
-        if self.usage() + len(block) > self.limit():
-            return False
-        if not self._claim(key, wait=False):
-            return False
-        try:
-            with self._cross_process_lock(key):
-                if os.path.exists(self._block_path(key)):
-                    return False
-                return self._store(key, block, evict_before=EVICT_NONE)
-        finally:
-            self._release(key)
+        with self._reserving(len(block), EVICT_NONE) as reserved:
+            if not reserved or not self._claim(key, wait=False):
+                return False
+            try:
+                with self._cross_process_lock(key):
+                    if os.path.exists(self._block_path(key)):
+                        return False
+                    return self._store(key, block, evict_before=EVICT_NONE)
+            finally:
+                self._release(key)
 
     def _claim(self, key: BlockKey, *, wait: bool = True) -> bool:
         """Become the one thread fetching ``key``; else (if ``wait``) wait for the owner,
@@ -988,11 +1005,14 @@ class BlockCache:
             if data is not None:
                 self.stats.add(cache_hits=1)
                 return data, None
-            block = fetch()
-            self.stats.add(cache_misses=1)
-            if len(block) != block_len:
-                raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
-            stored = self._store(key, block, evict_before=evict_before)
+            with self._reserving(block_len, evict_before) as reserved:
+                if not reserved:
+                    raise NoRoom(key)
+                block = fetch()
+                self.stats.add(cache_misses=1)
+                if len(block) != block_len:
+                    raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
+                stored = self._store(key, block, evict_before=evict_before)
         return block[start:end], None if stored else block
 
     def _store(
@@ -1153,6 +1173,31 @@ class BlockCache:
         """Whether a block of ``block_len`` bytes fits under the bound now, counting as free
         the blocks last used before ``evict_before`` (a wall time) that no read holds."""
         incoming = encoded_size(block_len, self.config.chunk_size)
+        return self._room(incoming + self._reserved, evict_before)
+
+    @contextlib.contextmanager
+    def _reserving(self, block_len: int, evict_before: float) -> Iterator[bool]:
+        """Hold room for a block while it is fetched and stored, so that concurrent fetches
+        in this process never count the same free bytes (one of them would be fetched and
+        then not kept). Yields whether room was found; ``EVICT_ANY`` always finds it."""
+        if evict_before == EVICT_ANY:
+            yield True
+            return
+        incoming = encoded_size(block_len, self.config.chunk_size)
+        with self._room_lock:
+            if not self._room(incoming + self._reserved, evict_before):
+                reserved = 0
+            else:
+                reserved = incoming
+                self._reserved += incoming
+        try:
+            yield reserved > 0
+        finally:
+            if reserved:
+                with self._room_lock:
+                    self._reserved -= reserved
+
+    def _room(self, incoming: int, evict_before: float) -> bool:
         limit = self.limit()
         used = self.usage()
         if used + incoming <= limit:

@@ -12,7 +12,7 @@ import stat
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -104,6 +104,11 @@ class _Table:
     sizes: array[int]
 
 
+FILES_AHEAD = 128
+"""Hint positions whose files are queued ahead of the furthest read: while the cache is
+full they are fetched as ranges (at most ``files_ahead.DEFAULT_BUDGET`` bytes held)."""
+
+
 @dataclass
 class _ActiveHint:
     """An order hint being followed: each row's position in it, and the block plan."""
@@ -111,6 +116,9 @@ class _ActiveHint:
     epoch: int
     position_of_row: array[int]  # 'i': first position of each row in the hint, -1 if absent
     plan: HintedOrder
+    rows: Sequence[int]  # the hint's rows, in reading order
+    files_queued: int = 0  # hint positions below this had their files queued
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -298,7 +306,7 @@ class ShardFileSystem:
                     blocks.append((shard, index))
                     first_use.append(position)
         plan = HintedOrder(blocks, first_use)
-        self._hint = _ActiveHint(hint.epoch, position_of_row, plan)
+        active = self._hint = _ActiveHint(hint.epoch, position_of_row, plan, hint.rows)
         log.info(
             "following an order hint: epoch %d, %d reads over %d blocks",
             hint.epoch,
@@ -308,6 +316,7 @@ class ShardFileSystem:
         if isinstance(reader, CachedReader):
             reader.follow_hint = True
         self._queue(table, plan.start())
+        self._queue_files(table, active, 0)
 
     def _queue(self, table: _Table, blocks: list[tuple[int, int]]) -> None:
         if blocks and isinstance(self.reader, CachedReader):
@@ -330,6 +339,28 @@ class ShardFileSystem:
         self.stats.add(hinted_reads=1)
         if position > hint.plan.furthest:
             self._queue(table, hint.plan.reached(position))
+        if position + FILES_AHEAD > hint.files_queued:
+            self._queue_files(table, hint, position)
+
+    def _queue_files(self, table: _Table, hint: _ActiveHint, position: int) -> None:
+        """Queue the files the readers will ask for next, ``FILES_AHEAD`` hint positions
+        past ``position``: while the cache is full, the reader fetches them as ranges."""
+        reader = self.reader
+        if not isinstance(reader, CachedReader):
+            return
+        with hint.lock:
+            first = max(hint.files_queued, position + 1 if position else 0)
+            upto = min(len(hint.rows), position + FILES_AHEAD)
+            if upto <= first:
+                return
+            hint.files_queued = upto
+        shards, ids = self.view.shards, table.shard_ids
+        extents = []
+        for row in hint.rows[first:upto]:
+            start = table.offsets[row]
+            shard = shards[ids[table.shards[row]]]
+            extents.append((shard, start, start + table.sizes[row]))
+        reader.prefetch_files(extents)
 
     def _virtual_read(self, node: Node, offset: int, size: int) -> bytes:
         if node.ino == self.table_ino:

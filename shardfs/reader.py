@@ -13,7 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from .cache import EVICT_ANY, EVICT_NONE, BlockCache, BlockKey, shard_key
+from .cache import EVICT_ANY, EVICT_NONE, BlockCache, BlockKey, NoRoom, shard_key
+from .files_ahead import FilesAhead
 from .readahead import MemoryReadahead, Prefetcher
 from .stats import Stats
 from .store import ShardInfo, Store
@@ -99,6 +100,7 @@ class CachedReader:
         self._announced: set[tuple[str, int]] = set()
         self._shards_by_key: dict[str, ShardInfo] = {}
         self._memory = MemoryReadahead()
+        self._ahead = FilesAhead()
         # While an order hint is followed, reads no longer queue their whole shard: the
         # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
         self.follow_hint = False
@@ -191,7 +193,13 @@ class CachedReader:
                 )
             else:
                 whole = functools.partial(fetch_range, 0, block_len)
-                data = self.cache.get(key, lo, hi, block_len, whole, evict_before=evict_before)
+                try:
+                    data = self.cache.get(key, lo, hi, block_len, whole, evict_before=evict_before)
+                except NoRoom:  # the room went to another fetch meanwhile
+                    self.stats.add(range_reads=1)
+                    data = self._read_uncached(
+                        shard, skey, block_start + lo, block_start + hi, extent_end
+                    )
             pieces.append(data)
             self._announce_if_local(shard, skey, index)
         if self.prefetcher is not None and skey not in self._scheduled and not self.follow_hint:
@@ -216,13 +224,18 @@ class CachedReader:
         with self._clock_lock:
             self._served += length
             served = self._served
+            if length == 0:
+                return self._cutoff(served, horizon)
             clock = self._clock
             if served - clock[-1][1] >= max(1, horizon // 64):
                 clock.append((now, served))
             # Keep one reading at or before ``served - horizon``: the cold cutoff.
             while len(clock) > 1 and clock[1][1] <= served - horizon:
                 clock.popleft()
-            when, at = clock[0]
+            return self._cutoff(served, horizon)
+
+    def _cutoff(self, served: int, horizon: int) -> float:
+        when, at = self._clock[0]
         return when if at <= served - horizon else EVICT_NONE
 
     def _over_budget(
@@ -267,12 +280,49 @@ class CachedReader:
                 missing_from = lo if missing_from is None else missing_from
                 continue
             if missing_from is not None:
-                pieces.append(self._memory.read(skey, missing_from, lo, limit, fetch))
+                pieces.append(self._fetch_missing(skey, missing_from, lo, limit, fetch))
                 missing_from = None
             pieces.append(data)
         if missing_from is not None:
-            pieces.append(self._memory.read(skey, missing_from, end, limit, fetch))
+            pieces.append(self._fetch_missing(skey, missing_from, end, limit, fetch))
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _fetch_missing(
+        self, skey: str, start: int, end: int, limit: int, fetch: Callable[[int, int], bytes]
+    ) -> bytes:
+        ahead = self._ahead.take(skey, start, end)
+        if ahead is not None:
+            self.stats.add(files_ahead_read=1)
+            return ahead
+        return self._memory.read(skey, start, end, limit, fetch)
+
+    def prefetch_files(self, extents: list[tuple[ShardInfo, int, int]]) -> int:
+        """Queue these files (shard, start, end), in this order, to be fetched as ranges
+        ahead of their reads (an order hint's next files) when their blocks cannot be
+        cached without evicting blocks still in use; files the cache holds or will take
+        are left to it."""
+        if self.prefetcher is None or self.dataset_bytes is None or not extents:
+            return 0
+        tasks = []
+        for shard, start, end in extents:
+            skey = self.shard_key(shard)
+            if start < end and self._ahead.claim(skey, start, end):
+                tasks.append(functools.partial(self._fetch_file_ahead, shard, skey, start, end))
+        return self.prefetcher.schedule(tasks, hinted=True)
+
+    def _fetch_file_ahead(self, shard: ShardInfo, skey: str, start: int, end: int) -> None:
+        size = self.block_size
+        first, last = start // size, (end - 1) // size
+        if not self._over_budget(shard, skey, first, last, self._tick(0)):
+            self._ahead.take(skey, start, end)  # not started: dropped, the cache serves it
+            return
+
+        def fetch() -> bytes:
+            data = self.store.read_range(shard, start, end, retries=self.retries)
+            self.stats.add(store_requests=1, bytes_fetched=len(data), files_fetched_ahead=1)
+            return data
+
+        self._ahead.fill(skey, start, fetch)
 
     def read_local(
         self, shard: ShardInfo, start: int, end: int, *, quiet: bool = False
@@ -298,9 +348,8 @@ class CachedReader:
             count=not quiet,
             nowait=not quiet,
         )
-        if data is not None:
-            self._tick(end - start)  # pushed files count: the kernel serves them later
         if data is not None and not quiet:
+            self._tick(end - start)
             self._announce(shard, skey, first)
             self._first_read(skey, first, self._block_len(shard, first))
             ahead = self.prefetcher is not None and not self.follow_hint

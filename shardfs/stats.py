@@ -31,6 +31,8 @@ class Stats:
     evicted_unread_bytes: int = 0  # bytes of blocks fetched ahead, evicted before any read
     blocks_not_admitted: int = 0  # fetched blocks not kept: room only by evicting warm ones
     range_reads: int = 0  # reads fetched as ranges: their block would evict warm blocks
+    files_fetched_ahead: int = 0  # files an order hint had fetched as ranges, cache full
+    files_ahead_read: int = 0  # reads served by those
     delivered_bytes: int = 0  # bytes of distinct files served or pushed to the kernel
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 

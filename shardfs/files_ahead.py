@@ -1,0 +1,116 @@
+"""Files fetched ahead of an order hint while the block cache is full.
+
+With an order hint the mount knows which files the readers ask for next. When the blocks
+holding them could be cached only by evicting blocks that will be read again, fetching
+whole blocks would multiply egress; instead each upcoming file is fetched as one ranged
+GET, a bounded distance ahead, and held in memory until its read takes it. Every byte is
+fetched once, and the readers find their files already local.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+DEFAULT_BUDGET = 64 << 20
+"""Bytes held at most: enough for a few hundred typical images ahead of the readers."""
+
+
+@dataclass
+class _Entry:
+    end: int
+    started: bool = False  # its fetch began: a read waits for it rather than fetch again
+    data: bytes | None = None
+    failed: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class FilesAhead:
+    """Extents of shards fetched ahead, each taken by the reads that cover it.
+
+    An extent is claimed before its fetch (so a read arriving meanwhile waits for that
+    fetch rather than fetching again), filled or failed, and dropped once reads have
+    taken its last byte."""
+
+    def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
+        self.budget = budget
+        self._held = 0
+        self._extents: dict[str, dict[int, _Entry]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def claim(self, shard: str, start: int, end: int) -> bool:
+        """Reserve ``[start, end)`` of ``shard`` for a fetch; False if it is held already
+        or would pass the budget."""
+        with self._lock:
+            extents = self._extents.setdefault(shard, {})
+            if start in extents or self._held + (end - start) > self.budget:
+                return False
+            extents[start] = _Entry(end)
+            self._held += end - start
+            return True
+
+    def fill(self, shard: str, start: int, fetch: Callable[[], bytes]) -> bool:
+        """Run the fetch for a claimed extent, unless a read took the claim over first;
+        a failure drops it (the read fetches it). Returns whether it fetched."""
+        with self._lock:
+            entry = self._extents.get(shard, {}).get(start)
+            if entry is None:
+                return False
+            entry.started = True
+        try:
+            entry.data = fetch()
+        except BaseException:
+            entry.failed = True
+            self._drop(shard, start, entry)
+            raise
+        finally:
+            entry.done.set()
+        return True
+
+    def take(self, shard: str, start: int, end: int, *, wait: float = 60.0) -> bytes | None:
+        """Bytes ``[start, end)`` if a held extent covers them (waiting for its fetch if it
+        is running), else None. The extent goes once its last byte was taken; one whose
+        fetch has not started goes at once (the read fetches it itself, not twice)."""
+        with self._lock:
+            extents = self._extents.get(shard)
+            if not extents:
+                return None
+            found = None
+            for offset, entry in extents.items():
+                if offset <= start and end <= entry.end:
+                    found = offset, entry
+                    break
+            if found is None:
+                return None
+            offset, entry = found
+            if not entry.started:
+                del extents[offset]
+                self._held -= entry.end - offset
+                if not extents:
+                    del self._extents[shard]
+                return None
+        if not entry.done.wait(wait) or entry.failed or entry.data is None:
+            return None
+        if end == entry.end:
+            self._drop(shard, offset, entry)
+        return entry.data[start - offset : end - offset]
+
+    def _drop(self, shard: str, start: int, entry: _Entry) -> None:
+        with self._lock:
+            extents = self._extents.get(shard)
+            if extents is not None and extents.get(start) is entry:
+                del extents[start]
+                self._held -= entry.end - start
+                if not extents:
+                    del self._extents[shard]
+
+    def clear(self) -> None:
+        """Forget every extent (a new hint replaced the order they were fetched for)."""
+        with self._lock:
+            self._extents.clear()
+            self._held = 0
