@@ -1,6 +1,6 @@
 """A block cache smaller than the dataset over a real mount and moto S3 (issue 12's targets).
 
-The dataset (~12 MB in 5 GNU tar shards, files of 20-60 KB) is read twice through the mount
+The dataset (~19 MB in 6 GNU tar shards, files of 20-60 KB) is read twice through the mount
 with ``--block-size 1M`` and ``--cache-size`` at a fraction of it, and the page cache is
 dropped every 10 files (``echo 1 > /proc/sys/vm/drop_caches``) to stand in for a dataset
 larger than RAM. Egress is counted at the server, per epoch, after background fetches stop.
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.integration
 
 BLOCK = 1 << 20
 DROP_EVERY = 10  # files read between two drops of the page cache
-FILES = 300
-SHARDS = 5
+FILES = 480
+SHARDS = 6
 
 
 @dataclass(frozen=True)
