@@ -12,7 +12,6 @@ the order hint <= 1.1 x (1 - cache / dataset) once the cache holds the previous 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 from collections.abc import Iterable, Iterator
@@ -25,6 +24,8 @@ from conftest import run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import drop_page_cache, mount, new_bucket, settled_counts, umount
 from support.s3 import S3Server
+
+from shardfs.control import query
 
 pytestmark = pytest.mark.integration
 
@@ -74,42 +75,46 @@ def dataset(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Da
     return Dataset(digests, sizes, url, f"{bucket}/data/", shard_bytes)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Epoch:
     egress: int  # GetObject body bytes of the shards at the server
     ratio: float  # egress / shard bytes
-    through_daemon: int  # bytes the daemon served or pushed into the page cache
 
 
-def daemon_stats(mountpoint: Path) -> dict[str, Any]:
-    result = run_shardfs("stats", mountpoint, "--json")
-    assert result.returncode == 0, result.stderr
-    values: dict[str, Any] = json.loads(result.stdout)
-    return values
+def through_daemon(mountpoint: Path) -> int:
+    """Bytes the daemon has served to readers or pushed into the page cache so far."""
+    stats = query(mountpoint)
+    return int(stats["bytes_served"]) + int(stats["bytes_pushed"])
 
 
-def read_epoch(
-    server: S3Server, data: Dataset, mountpoint: Path, order: Iterable[str]
-) -> Epoch:
+def read_epoch(server: S3Server, data: Dataset, mountpoint: Path, order: Iterable[str]) -> Epoch:
     """Read every file of ``order`` once, dropping the page cache every DROP_EVERY files;
-    check each file's bytes; return the epoch's egress once background fetches stopped."""
+    check each file's bytes; return the epoch's egress once background fetches stopped.
+
+    The first file read after each drop must reach the daemon (served, or pushed again):
+    that proves the drop worked, so the page cache hid nothing from the mount."""
     server.reset_counts()
-    before = daemon_stats(mountpoint)
     read = 0
     for number, name in enumerate(order):
-        if number % DROP_EVERY == 0:
+        dropped = number % DROP_EVERY == 0
+        if dropped:
             drop_page_cache()
+            before = through_daemon(mountpoint)
         digest = hashlib.sha256((mountpoint / name).read_bytes()).hexdigest()
         assert digest == data.digests[name], f"wrong bytes in {name}"
+        if dropped:
+            grew = through_daemon(mountpoint) - before
+            assert grew >= data.sizes[name], (
+                f"{name}, read right after a drop of the page cache, reached the daemon "
+                f"for {grew} of its {data.sizes[name]} bytes"
+            )
         read += 1
     assert read == len(data.digests)
     counts = settled_counts(server)
-    after = daemon_stats(mountpoint)
     egress = sum(
         n for key, n in counts["get_object_bytes_by_key"].items() if key.startswith(data.key_prefix)
     )
-    through = sum(after[k] - before[k] for k in ("bytes_served", "bytes_pushed"))
-    return Epoch(egress, egress / data.shard_bytes, through)
+    return Epoch(egress, egress / data.shard_bytes)
 
 
 def shuffled(names: Iterable[str], seed: int) -> list[str]:
@@ -130,16 +135,6 @@ def mounted(
     umount(mountpoint)
 
 
-def check_drops_reach_the_daemon(data: Dataset, epochs: list[Epoch]) -> None:
-    """The page cache hid nothing: every file's bytes came through the daemon each epoch.
-    Without the drops, epoch 1 would be read from the page cache epoch 0 left behind."""
-    for number, epoch in enumerate(epochs):
-        assert epoch.through_daemon >= data.file_bytes, (
-            f"epoch {number}: the daemon served or pushed {epoch.through_daemon} bytes of "
-            f"{data.file_bytes}; the page cache answered the rest"
-        )
-
-
 def ratios(epochs: list[Epoch]) -> str:
     return ", ".join(f"epoch {n}: {e.ratio:.2f}x" for n, e in enumerate(epochs))
 
@@ -153,7 +148,6 @@ def test_a_random_order_pays_at_most_the_dataset_per_epoch(
         read_epoch(s3_server, dataset, mountpoint, shuffled(dataset.digests, seed))
         for seed in (0, 1)
     ]
-    check_drops_reach_the_daemon(dataset, epochs)
     for number, epoch in enumerate(epochs):
         assert epoch.ratio <= 1.0, (
             f"random order, epoch {number}: egress {epoch.egress} bytes is "
@@ -171,7 +165,6 @@ def test_a_cache_that_holds_the_dataset_pays_nothing_in_epoch_1(
         read_epoch(s3_server, dataset, mountpoint, shuffled(dataset.digests, seed))
         for seed in (0, 1)
     ]
-    check_drops_reach_the_daemon(dataset, epochs)
     assert epochs[0].ratio <= 1.0, ratios(epochs)
     assert epochs[1].egress == 0, ratios(epochs)
 
@@ -209,7 +202,6 @@ def test_shard_mode_streams_each_shard_once_per_epoch(
     mountpoint, _ = mounted
     epochs, on_mount = sampler_epochs(s3_server, dataset, mountpoint, "shard")
     assert on_mount, "the sampler did not find the mount's placement table"
-    check_drops_reach_the_daemon(dataset, epochs)
     for number, epoch in enumerate(epochs):
         assert epoch.ratio <= 1.05, (
             f"shard mode, epoch {number}: {epoch.ratio:.2f}x the dataset (target <= 1.05x; "
@@ -227,7 +219,6 @@ def test_uniform_mode_with_the_hint_keeps_what_is_needed_soonest(
     mountpoint, cache_size = mounted
     epochs, on_mount = sampler_epochs(s3_server, dataset, mountpoint, "uniform")
     assert on_mount, "the sampler did not find the mount's placement table"
-    check_drops_reach_the_daemon(dataset, epochs)
     assert epochs[0].ratio <= 1.0, f"uniform mode, cold epoch 0 (target <= 1.0x; {ratios(epochs)})"
     bound = 1.1 * (1 - cache_size / dataset.shard_bytes)
     assert epochs[1].ratio <= bound, (
