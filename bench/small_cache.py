@@ -410,14 +410,13 @@ def markdown(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_reports(result: dict[str, Any], out: Path) -> str:
-    """results/small_cache.json and .md; returns the markdown."""
-    checks = targets(result)
+def write_reports(result: dict[str, Any], out: Path) -> dict[str, Any]:
+    """results/small_cache.json and .md; returns the result with its ``targets``."""
+    result = {**result, "targets": targets(result)}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "small_cache.json").write_text(json.dumps({**result, "targets": checks}, indent=2))
-    table = markdown(result, checks)
-    (out / "small_cache.md").write_text(table)
-    return table
+    (out / "small_cache.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "small_cache.md").write_text(markdown(result, result["targets"]))
+    return result
 
 
 def _env(name: str, default: str) -> str:
@@ -466,8 +465,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_section(args: argparse.Namespace) -> str | None:
-    """Run the section and write its reports; None if interrupted."""
+def run_section(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Run the section and write its reports; the result with its targets, None if
+    interrupted. ``make bench`` calls this after its main run (bench/run.py)."""
     result = run_to_the_end(SmallCacheBench(args), log)
     if result is None:
         return None
@@ -478,10 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.epoch_server:
         return serve_epochs()
-    table = run_section(args)
-    if table is None:
+    result = run_section(args)
+    if result is None:
         return 130
-    print(table)
+    print(markdown(result, result["targets"]))
     return 0
 
 
