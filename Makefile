@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test test-unit lint format clean bench bench-scale bench-deps
+.PHONY: setup system-deps demo test test-unit lint format clean bench bench-scale bench-deps bench-small
 
 setup: system-deps $(STAMP)
 
@@ -44,10 +44,18 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 bench-deps: setup $(BENCH_STAMP)
 
 # The benchmark: local ImageFolder vs shardfs vs webdataset vs ratarmount over a local S3
-# server. Writes results/bench.json, results/bench.md and results/bench.png.
-# BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS=--quick`.
+# server, then the small-cache section (below). Writes results/bench.json, results/bench.md
+# and results/bench.png. BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS=--quick`.
 bench: bench-deps
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# The small-cache section alone (issue 12): --cache-size 0.5x, 0.25x (and 2x, control) of
+# the dataset, page cache dropped every 20 files, two epochs of shuffle=True, ShardSampler
+# shard and uniform; egress per epoch at the server. Writes results/small_cache.json and
+# .md. Size knobs: SMALL_CACHE_IMAGES (1400), SMALL_CACHE_BLOCK_SIZE (8M), SMALL_CACHE_SHARDS
+# (5); SMALL_ARGS passes options, e.g. `make bench-small SMALL_ARGS="--fractions 0.5"`.
+bench-small: bench-deps
+	$(BIN)/python bench/small_cache.py $(SMALL_ARGS)
 
 bench-scale: bench-deps
 	$(BIN)/python bench/scale.py --out results/scale.json

@@ -334,6 +334,11 @@ def markdown(
         met = {True: "yes", False: "**no**", None: "—"}[check["met"]]
         lines.append(f"| {check['target']} | {shown} | {check['goal']} | {met} |")
     lines += ["", SHUFFLE_BOUND]
+    if "small_cache" in result:
+        from small_cache import markdown as small_cache_markdown
+
+        small = result["small_cache"]
+        lines += ["", small_cache_markdown(small, small["targets"]).rstrip("\n")]
     if result["notes"]:
         lines += ["", "Notes:", ""] + [f"- {note}" for note in result["notes"]]
     lines += ["", f"Command: `{result['command']}` ({result['total_s'] / 60:.1f} min)."]

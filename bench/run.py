@@ -37,6 +37,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from data import ensure_tree  # noqa: E402
 from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end, wait_until  # noqa: E402
 from report import write_reports  # noqa: E402
+from small_cache import parse_args as small_cache_args  # noqa: E402
+from small_cache import run_section as run_small_cache  # noqa: E402
 from support.s3 import REGION, S3Server  # noqa: E402
 
 BUCKET = "bench"
@@ -708,6 +710,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="extra argument for shardfs mount (repeatable)",
     )
+    parser.add_argument(
+        "--no-small-cache",
+        action="store_true",
+        help="skip the small-cache section (bench/small_cache.py, `make bench-small`)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 600 images, 1 round")
     parser.add_argument(
         "--work",
@@ -727,6 +734,16 @@ def main(argv: list[str] | None = None) -> int:
     result = run_to_the_end(Bench(args), log)
     if result is None:
         return 130
+    if not args.no_small_cache:
+        # Its own server, dataset and mounts; quick: 600 images in blocks of 2 MiB.
+        extra = ["--images", "600", "--block-size", "2M"] if args.quick else []
+        extra += [f"--shardfs-arg={arg}" for arg in args.shardfs_arg]
+        small = run_small_cache(
+            small_cache_args([*extra, "--work", str(args.work), "--out", str(args.out)])
+        )
+        if small is None:
+            return 130
+        result["small_cache"] = small
     table = write_reports(result, args.out)
     print(table)
     return 0

@@ -1,0 +1,227 @@
+"""A block cache smaller than the dataset over a real mount and moto S3 (issue 12's targets).
+
+The dataset (~19 MB in 6 GNU tar shards, files of 20-60 KB) is read twice through the mount
+with ``--block-size 1M`` and ``--cache-size`` at a fraction of it, and the page cache is
+dropped every 10 files (``echo 1 > /proc/sys/vm/drop_caches``) to stand in for a dataset
+larger than RAM. Egress is counted at the server, per epoch, after background fetches stop.
+Every byte read is checked against the source's SHA-256. The bounds are the issue's targets:
+random order <= 1.0x the dataset, ``ShardSampler`` shard mode <= 1.05x, uniform mode with
+the order hint <= 1.1 x (1 - cache / dataset) once the cache holds the previous epoch's tail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_shardfs
+from support.datagen import FIXED_MTIME, pack_with_gnu_tar
+from support.mounts import drop_page_cache, mount, new_bucket, settled_counts, umount
+from support.s3 import S3Server
+
+from shardfs.control import query
+
+pytestmark = pytest.mark.integration
+
+BLOCK = 1 << 20
+DROP_EVERY = 10  # files read between two drops of the page cache
+FILES = 480
+SHARDS = 6
+
+
+@dataclass(frozen=True)
+class Dataset:
+    digests: dict[str, str]  # relative path -> SHA-256 of the source file
+    sizes: dict[str, int]  # relative path -> bytes
+    url: str
+    key_prefix: str  # "bucket/prefix/" of the shards at the server
+    shard_bytes: int  # what a reader that streams every shard once pays
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(self.sizes.values())
+
+
+@pytest.fixture(scope="module")
+def dataset(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Dataset:
+    base = tmp_path_factory.mktemp("small-cache")
+    src = base / "src"
+    rng = random.Random(12)
+    digests, sizes = {}, {}
+    for number in range(FILES):
+        name = f"class_{number % 4}/img_{number:04d}.jpg"
+        data = rng.randbytes(rng.randrange(20_000, 60_000))
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(data)
+        os.utime(src / name, (FIXED_MTIME, FIXED_MTIME))
+        digests[name] = hashlib.sha256(data).hexdigest()
+        sizes[name] = len(data)
+    shards = pack_with_gnu_tar(src, base / "shards", files_per_shard=FILES // SHARDS)
+    bucket = new_bucket(s3_server, "small-cache")
+    s3_server.upload_dir(base / "shards", f"{bucket}/data")
+    url = f"s3://{bucket}/data/"
+    # The sidecar lets every mount start without reading the shards.
+    result = run_shardfs(
+        "index", url, "--write-sidecar", "--cache-dir", base / "index", env=s3_server.env()
+    )
+    assert result.returncode == 0, result.stderr
+    shard_bytes = sum(p.stat().st_size for p in shards)
+    return Dataset(digests, sizes, url, f"{bucket}/data/", shard_bytes)
+
+
+@dataclass(frozen=True)
+class Epoch:
+    egress: int  # GetObject body bytes of the shards at the server
+    ratio: float  # egress / shard bytes
+
+
+def through_daemon(mountpoint: Path) -> int:
+    """Bytes the daemon has served to readers or pushed into the page cache so far."""
+    stats = query(mountpoint)
+    return int(stats["bytes_served"]) + int(stats["bytes_pushed"])
+
+
+def read_epoch(server: S3Server, data: Dataset, mountpoint: Path, order: Iterable[str]) -> Epoch:
+    """Read every file of ``order`` once, dropping the page cache every DROP_EVERY files;
+    check each file's bytes; return the epoch's egress once background fetches stopped.
+
+    The first file read after each drop must reach the daemon (served, or pushed again):
+    that proves the drop worked, so the page cache hid nothing from the mount."""
+    server.reset_counts()
+    read = 0
+    for number, name in enumerate(order):
+        dropped = number % DROP_EVERY == 0
+        if dropped:
+            drop_page_cache()
+            before = through_daemon(mountpoint)
+        digest = hashlib.sha256((mountpoint / name).read_bytes()).hexdigest()
+        assert digest == data.digests[name], f"wrong bytes in {name}"
+        if dropped:
+            grew = through_daemon(mountpoint) - before
+            assert grew >= data.sizes[name], (
+                f"{name}, read right after a drop of the page cache, reached the daemon "
+                f"for {grew} of its {data.sizes[name]} bytes"
+            )
+        read += 1
+    assert read == len(data.digests)
+    counts = settled_counts(server)
+    egress = sum(
+        n for key, n in counts["get_object_bytes_by_key"].items() if key.startswith(data.key_prefix)
+    )
+    return Epoch(egress, egress / data.shard_bytes)
+
+
+def shuffled(names: Iterable[str], seed: int) -> list[str]:
+    order = sorted(names)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+@pytest.fixture
+def mounted(
+    s3_server: S3Server, dataset: Dataset, mountpoint: Path, tmp_path: Path, request: Any
+) -> Iterator[tuple[Path, int]]:
+    """The dataset mounted on an empty cache of ``request.param`` x its shard bytes."""
+    cache_size = int(dataset.shard_bytes * request.param)
+    mount(dataset.url, mountpoint, tmp_path / "cache", "--block-size", str(BLOCK),
+          "--cache-size", str(cache_size), env=s3_server.env())  # fmt: skip
+    yield mountpoint, cache_size
+    umount(mountpoint)
+
+
+def ratios(epochs: list[Epoch]) -> str:
+    return ", ".join(f"epoch {n}: {e.ratio:.2f}x" for n, e in enumerate(epochs))
+
+
+@pytest.mark.parametrize("mounted", [0.5, 0.25], indirect=True, ids=["cache-0.5x", "cache-0.25x"])
+def test_a_random_order_pays_at_most_the_dataset_per_epoch(
+    s3_server: S3Server, dataset: Dataset, mounted: tuple[Path, int]
+) -> None:
+    mountpoint, _ = mounted
+    epochs = [
+        read_epoch(s3_server, dataset, mountpoint, shuffled(dataset.digests, seed))
+        for seed in (0, 1)
+    ]
+    for number, epoch in enumerate(epochs):
+        assert epoch.ratio <= 1.0, (
+            f"random order, epoch {number}: egress {epoch.egress} bytes is "
+            f"{epoch.ratio:.2f}x the dataset's {dataset.shard_bytes} (target <= 1.0x; "
+            f"{ratios(epochs)})"
+        )
+
+
+@pytest.mark.parametrize("mounted", [2.0], indirect=True, ids=["cache-2x"])
+def test_a_cache_that_holds_the_dataset_pays_nothing_in_epoch_1(
+    s3_server: S3Server, dataset: Dataset, mounted: tuple[Path, int]
+) -> None:
+    mountpoint, _ = mounted
+    epochs = [
+        read_epoch(s3_server, dataset, mountpoint, shuffled(dataset.digests, seed))
+        for seed in (0, 1)
+    ]
+    assert epochs[0].ratio <= 1.0, ratios(epochs)
+    assert epochs[1].egress == 0, ratios(epochs)
+
+
+class _Folder:
+    """What ShardSampler needs of a dataset: ``samples`` of (path, target)."""
+
+    def __init__(self, root: Path, names: list[str]) -> None:
+        self.samples = [(str(root / name), 0) for name in names]
+
+
+def sampler_epochs(
+    server: S3Server, data: Dataset, mountpoint: Path, mode: str
+) -> tuple[list[Epoch], bool]:
+    """Two epochs in ``ShardSampler(mode=mode)`` order (hint on, the default)."""
+    from shardfs.torch import ShardSampler
+
+    names = sorted(data.digests)
+    folder = _Folder(mountpoint, names)
+    sampler = ShardSampler(folder, mode=mode, seed=0, num_replicas=1, rank=0)  # type: ignore[arg-type]
+    epochs = []
+    for number in (0, 1):
+        sampler.set_epoch(number)
+        order = [names[index] for index in sampler]
+        assert sorted(order) == names
+        epochs.append(read_epoch(server, data, mountpoint, order))
+    return epochs, sampler.on_mount
+
+
+@pytest.mark.parametrize("mounted", [0.5, 0.25], indirect=True, ids=["cache-0.5x", "cache-0.25x"])
+def test_shard_mode_streams_each_shard_once_per_epoch(
+    s3_server: S3Server, dataset: Dataset, mounted: tuple[Path, int]
+) -> None:
+    pytest.importorskip("torch")
+    mountpoint, _ = mounted
+    epochs, on_mount = sampler_epochs(s3_server, dataset, mountpoint, "shard")
+    assert on_mount, "the sampler did not find the mount's placement table"
+    for number, epoch in enumerate(epochs):
+        assert epoch.ratio <= 1.05, (
+            f"shard mode, epoch {number}: {epoch.ratio:.2f}x the dataset (target <= 1.05x; "
+            f"{ratios(epochs)})"
+        )
+
+
+@pytest.mark.parametrize("mounted", [0.5, 0.25], indirect=True, ids=["cache-0.5x", "cache-0.25x"])
+def test_uniform_mode_with_the_hint_keeps_what_is_needed_soonest(
+    s3_server: S3Server, dataset: Dataset, mounted: tuple[Path, int]
+) -> None:
+    """Epoch 0 starts on an empty cache, so it pays every byte once (<= 1.0x); from epoch 1
+    the cache's share of the dataset is the part that need not be fetched again."""
+    pytest.importorskip("torch")
+    mountpoint, cache_size = mounted
+    epochs, on_mount = sampler_epochs(s3_server, dataset, mountpoint, "uniform")
+    assert on_mount, "the sampler did not find the mount's placement table"
+    assert epochs[0].ratio <= 1.0, f"uniform mode, cold epoch 0 (target <= 1.0x; {ratios(epochs)})"
+    bound = 1.1 * (1 - cache_size / dataset.shard_bytes)
+    assert epochs[1].ratio <= bound, (
+        f"uniform mode, epoch 1: {epochs[1].ratio:.2f}x the dataset (target <= {bound:.3f}x "
+        f"= 1.1 x (1 - cache / dataset); {ratios(epochs)})"
+    )
