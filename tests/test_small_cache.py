@@ -225,3 +225,8 @@ def test_uniform_mode_with_the_hint_keeps_what_is_needed_soonest(
         f"uniform mode, epoch 1: {epochs[1].ratio:.2f}x the dataset (target <= {bound:.3f}x "
         f"= 1.1 x (1 - cache / dataset); {ratios(epochs)})"
     )
+    # Once the cache was full, the hint had the next files fetched ahead as ranges, and
+    # the reads found them there (a read that waits for its own GET is not counted).
+    stats = query(mountpoint)
+    assert stats["files_fetched_ahead"] > 0
+    assert stats["files_ahead_read"] >= 0.9 * stats["range_reads"], stats
