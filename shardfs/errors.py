@@ -11,13 +11,13 @@ FUSE adapter answers with and the exit code the CLI returns.
      ├── ShardChangedError        a shard no longer matches the index (ESTALE)
      ├── CorruptShardError        a tar shard is truncated or malformed
      │    └── UnsafeMemberError      a member path would escape the mount or is no Linux path
-     ├── IndexError_              the persisted index is unreadable
+     ├── IndexFileError           the persisted index is unreadable
      ├── MountError               the mountpoint cannot be used
      │    └── FuseUnavailableError   this user may not mount FUSE here
      └── FileSystemError          a path lookup failed inside the mounted tree
           ├── NotFoundError          ENOENT
-          ├── NotADirectoryError_    ENOTDIR
-          ├── IsADirectoryError_     EISDIR
+          ├── NotADirError           ENOTDIR
+          ├── IsADirError            EISDIR
           ├── NoSuchAttributeError   ENODATA
           └── ReadOnlyError          EROFS
 """
@@ -81,7 +81,7 @@ class UnsafeMemberError(CorruptShardError):
     a NUL, a name over 255 bytes, a path over 4,095 bytes or 256 levels)."""
 
 
-class IndexError_(ShardfsError):
+class IndexFileError(ShardfsError):
     """The persisted index is unreadable or from an incompatible version."""
 
     exit_code = 4
@@ -109,13 +109,13 @@ class NotFoundError(FileSystemError):
     errno = errno.ENOENT
 
 
-class NotADirectoryError_(FileSystemError):
+class NotADirError(FileSystemError):
     """A directory operation on a file."""
 
     errno = errno.ENOTDIR
 
 
-class IsADirectoryError_(FileSystemError):
+class IsADirError(FileSystemError):
     """A file operation on a directory."""
 
     errno = errno.EISDIR

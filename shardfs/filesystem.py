@@ -20,9 +20,9 @@ from . import placement
 from .config import MountConfig, ReadConfig
 from .dirents import Entry
 from .errors import (
-    IsADirectoryError_,
+    IsADirError,
     NoSuchAttributeError,
-    NotADirectoryError_,
+    NotADirError,
     NotFoundError,
     UsageError,
 )
@@ -410,7 +410,7 @@ class ShardFileSystem:
     def readdir(self, path: str) -> list[tuple[str, Node]]:
         node = self.lookup(path)
         if not node.is_dir:
-            raise NotADirectoryError_(path)
+            raise NotADirError(path)
         return list(self.view.children(node))
 
     def listing(self, folder: Node, full_from: int = 0) -> list[Entry]:
@@ -418,7 +418,7 @@ class ShardFileSystem:
         listing order. Folders and files of at least ``full_from`` bytes are marked full (a
         listing may hand the kernel their attributes); "." and ".." never are."""
         if not folder.is_dir:
-            raise NotADirectoryError_(f"inode {folder.ino}")
+            raise NotADirError(f"inode {folder.ino}")
         mount_time = self._mount_time
         directory = int(MemberKind.DIRECTORY)
         mode_of = self._mode
@@ -464,7 +464,7 @@ class ShardFileSystem:
 
     def child(self, parent: Node, name: str) -> Node:
         if not parent.is_dir:
-            raise NotADirectoryError_(name)
+            raise NotADirError(name)
         if parent.ino == ROOT_INO and name in (placement.TABLE_NAME, placement.HINT_NAME):
             return self.node(self.table_ino if name == placement.TABLE_NAME else self.hint_ino)
         found = self.view.child(parent.ino, name)
@@ -480,7 +480,7 @@ class ShardFileSystem:
     def _span(self, node: Node, offset: int, size: int) -> tuple[ShardInfo, int, int] | None:
         """(shard, start, end) of a read in shard offsets, or None when it reads nothing."""
         if node.is_dir:
-            raise IsADirectoryError_(str(node.ino))
+            raise IsADirError(str(node.ino))
         end = min(offset + size, node.size)
         if offset >= end:
             return None
@@ -552,7 +552,7 @@ class ShardFileSystem:
     def open_node(self, node: Node) -> int:
         """A handle whose reads keep a window of the file (for reads without the cache)."""
         if node.is_dir:
-            raise IsADirectoryError_(str(node.ino))
+            raise IsADirError(str(node.ino))
         handle = next(self._next_handle)
         with self._handles_lock:
             self._handles[handle] = _OpenFile(node)

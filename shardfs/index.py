@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import IndexConfig
-from .errors import CorruptShardError, IndexError_, UnsafeMemberError
+from .errors import CorruptShardError, IndexFileError, UnsafeMemberError
 from .store import ShardInfo, Store
 from .tar import MemberKind, Readable, TarMember, iter_members
 
@@ -387,7 +387,7 @@ class IndexBuilder:
         try:
             self.index_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise IndexError_(f"cannot create index folder {self.index_dir}: {exc}") from exc
+            raise IndexFileError(f"cannot create index folder {self.index_dir}: {exc}") from exc
         wanted = {s.identity for s in shards}
         local = _read_shard_table(self.path) or {}
         if set(local) != wanted:

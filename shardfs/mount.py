@@ -43,7 +43,7 @@ from .config import (
     ViewConfig,
 )
 from .control import ControlServer, lock_mountpoint, pid_file, process_running, socket_path
-from .errors import FuseUnavailableError, IndexError_, MountError, UsageError
+from .errors import FuseUnavailableError, IndexFileError, MountError, UsageError
 from .index import BlockSink, IndexBuilder, Progress, connect, fingerprint
 from .mounttable import find_mount, is_disconnected
 from .readahead import Prefetcher
@@ -167,7 +167,7 @@ def _build_index(
 
     try:
         return build(config)
-    except (OSError, sqlite3.Error, IndexError_) as exc:
+    except (OSError, sqlite3.Error, IndexFileError) as exc:
         if not _disk_unwritable(exc):
             raise
         folder = scratch.get(exc)

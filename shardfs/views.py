@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .config import ViewConfig
-from .errors import NotADirectoryError_, NotFoundError, UsageError
+from .errors import NotADirError, NotFoundError, UsageError
 from .index import connect, iter_member_rows, split_key
 from .store import ShardInfo
 from .tar import MemberKind
@@ -698,7 +698,7 @@ class View:
             if not part:
                 continue
             if not node.is_dir:
-                raise NotADirectoryError_(path)
+                raise NotADirError(path)
             child = self._child(node.ino, part)
             if child is None:
                 raise NotFoundError(path)

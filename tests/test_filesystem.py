@@ -13,9 +13,9 @@ from tarbuild import MTIME, directory, make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
 from shardfs.errors import (
-    IsADirectoryError_,
+    IsADirError,
     NoSuchAttributeError,
-    NotADirectoryError_,
+    NotADirError,
     NotFoundError,
     UsageError,
 )
@@ -144,13 +144,13 @@ def test_handles_are_independent(view: View) -> None:
 
 def test_open_errors(view: View) -> None:
     fs, _ = make_fs(view)
-    with pytest.raises(IsADirectoryError_):
+    with pytest.raises(IsADirError):
         fs.open("d")
-    with pytest.raises(IsADirectoryError_):
+    with pytest.raises(IsADirError):
         fs.open("/")
     with pytest.raises(NotFoundError):
         fs.open("d/missing")
-    with pytest.raises(NotADirectoryError_):
+    with pytest.raises(NotADirError):
         fs.open("d/small.bin/x")
 
 
@@ -205,7 +205,7 @@ def test_readdir(view: View) -> None:
     listing = dict(fs.readdir("/d"))
     assert sorted(listing) == ["big.bin", "link", "small.bin"]
     assert listing["big.bin"].ino == fs.getattr("/d/big.bin")["st_ino"]
-    with pytest.raises(NotADirectoryError_):
+    with pytest.raises(NotADirError):
         fs.readdir("/d/small.bin")
     with pytest.raises(NotFoundError):
         fs.readdir("/missing")
@@ -227,7 +227,7 @@ def test_listing_shows_what_stat_shows(view: View) -> None:
     root = fs.listing(fs.node(fs.getattr("/")["st_ino"]))
     assert root[0].ino == root[1].ino == fs.getattr("/")["st_ino"]  # the root holds itself
     assert [e.full for e in root] == [False, False, True, True, True]  # full_from 0: all
-    with pytest.raises(NotADirectoryError_):
+    with pytest.raises(NotADirError):
         fs.listing(fs.node(fs.getattr("/other.txt")["st_ino"]))
 
 

@@ -12,7 +12,7 @@ import pytest
 from tarbuild import directory, hardlink, make_tar, memory_url, put, remove, store_with, symlink
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
-from shardfs.errors import CorruptShardError, IndexError_, UnsafeMemberError
+from shardfs.errors import CorruptShardError, IndexFileError, UnsafeMemberError
 from shardfs.index import (
     SIDECAR_NAME,
     IndexBuilder,
@@ -381,7 +381,7 @@ def test_unwritable_cache_dir_is_index_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     store = store_with({"a.tar": shard_bytes("a")})
-    with pytest.raises(IndexError_, match="cannot create index folder"):
+    with pytest.raises(IndexFileError, match="cannot create index folder"):
         build(store, blocker / "cache")
 
 

@@ -11,7 +11,7 @@ import pytest
 from tarbuild import MTIME, directory, hardlink, make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, Layout, ViewConfig
-from shardfs.errors import NotADirectoryError_, NotFoundError, UsageError
+from shardfs.errors import NotADirError, NotFoundError, UsageError
 from shardfs.index import IndexBuilder
 from shardfs.store import Store
 from shardfs.tar import MemberKind
@@ -127,7 +127,7 @@ def test_file_versus_directory_conflict_directory_wins(tmp_path: Path) -> None:
     assert content(view, shards, "thing/inside.txt") == b"in"
     assert report.files == 1
     assert report.duplicates == 2  # each file that lost to a directory is reported
-    with pytest.raises(NotADirectoryError_):
+    with pytest.raises(NotADirError):
         view.lookup("thing/inside.txt/x")
 
 
@@ -380,7 +380,7 @@ def test_lookup_errors(tmp_path: Path) -> None:
     assert not_found.value.errno == 2
     with pytest.raises(NotFoundError):
         view.lookup("nope/f.txt")
-    with pytest.raises(NotADirectoryError_) as not_dir:
+    with pytest.raises(NotADirError) as not_dir:
         view.lookup("d/f.txt/below")
     assert not_dir.value.errno == 20
 
