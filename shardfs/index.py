@@ -208,6 +208,7 @@ class _BlockTee:
         self._sink = sink
         self._buffer = bytearray()
         self._index = 0
+        self._sink_failed = False
 
     def read(self, n: int = -1, /) -> bytes:
         data = self._stream.read(n)
@@ -226,10 +227,16 @@ class _BlockTee:
         self._buffer.clear()
 
     def _emit(self, block: bytes) -> None:
+        if self._sink_failed:
+            return
         try:
             self._sink(self._shard, self._index, block)
-        except Exception as exc:  # the cache is an optimisation here, never a failure
-            log.debug("block sink failed: %s", exc)
+        except (OSError, sqlite3.Error) as exc:
+            # The cache disk failed: the scan goes on (the blocks are an optimisation
+            # here), says so once, and stops handing this shard's blocks over. Any other
+            # error is a bug and is raised.
+            log.warning("not caching the blocks of %s while indexing: %s", self._shard.name, exc)
+            self._sink_failed = True
         self._index += 1
 
 

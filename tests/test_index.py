@@ -170,6 +170,42 @@ def test_split_key() -> None:
 # --- scanning one shard -----------------------------------------------------------------------
 
 
+def _many_files_tar() -> bytes:
+    return make_tar([(f"f{i}.bin", bytes([i]) * 3000) for i in range(8)])
+
+
+def test_a_failing_cache_disk_leaves_the_scan_whole_and_stops_the_blocks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The blocks a scan hands to the cache are an optimisation: a disk error there costs
+    the blocks (one warning, no more calls for that shard), never the index."""
+    archive = _many_files_tar()
+    store = store_with({"s.tar": archive})
+    (shard,) = store.list_shards()
+    calls: list[int] = []
+
+    def failing_disk(_shard: object, index: int, block: bytes) -> None:
+        calls.append(index)
+        raise OSError(28, "No space left on device")
+
+    with caplog.at_level("WARNING", logger="shardfs.index"):
+        rows = scan_shard(store, shard, failing_disk, 4096)
+    assert sorted(row[0] for row in rows) == sorted(f"f{i}.bin" for i in range(8))
+    assert calls == [0]
+    assert [r.message for r in caplog.records if "not caching" in r.message]
+
+
+def test_a_bug_in_the_block_sink_is_raised_not_swallowed() -> None:
+    store = store_with({"s.tar": _many_files_tar()})
+    (shard,) = store.list_shards()
+
+    def buggy(_shard: object, index: int, block: bytes) -> None:
+        raise TypeError("a programming error")
+
+    with pytest.raises(TypeError, match="programming error"):
+        scan_shard(store, shard, buggy, 4096)
+
+
 @pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 def test_scan_shard_rows(fmt: int) -> None:
     long_name = "d/" + "n" * 150 + ".jpg"
