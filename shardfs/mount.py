@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .cache import BlockCache, BlockKey, remove_any, shard_key
+from .cache import BlockCache, BlockKey, remove_any
 from .config import (
     CacheConfig,
     IndexConfig,
@@ -47,7 +47,7 @@ from .errors import FuseUnavailableError, IndexFileError, MountError, UsageError
 from .index import BlockSink, IndexBuilder, Progress, connect, fingerprint
 from .mounttable import find_mount, is_disconnected
 from .readahead import Prefetcher
-from .reader import CachedReader, DirectReader, RangeReader
+from .reader import CachedReader, DirectReader, RangeReader, shard_key_of
 from .stats import Stats
 from .store import ShardInfo, Store
 from .views import CLASSES_FILE, View, ViewReport, build_view, parse_classes, view_key
@@ -322,9 +322,7 @@ def open_source(
         block_cache = cache
 
         def sink(shard: ShardInfo, index: int, block: bytes) -> None:
-            key = shard_key(
-                store.location(shard), shard.size, shard.etag, block_cache.config.block_size
-            )
+            key = shard_key_of(store, shard, block_cache.config.block_size)
             block_cache.put(BlockKey(key, index), block)
 
     scratch = _Scratch(index_config.cache_dir, warn)

@@ -20,6 +20,12 @@ from .stats import Stats
 from .store import ShardInfo, Store
 
 
+def shard_key_of(store: Store, shard: ShardInfo, block_size: int) -> str:
+    """The cache key of ``shard`` as ``store`` reaches it: the one place for the recipe
+    (its location, size, ETag and the block size)."""
+    return shard_key(store.location(shard), shard.size, shard.etag, block_size)
+
+
 class RangeReader(Protocol):
     def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``shard``; raises ShardfsError on failure.
@@ -135,7 +141,7 @@ class CachedReader:
     def shard_key(self, shard: ShardInfo) -> str:
         key = self._keys.get(shard)
         if key is None:
-            key = shard_key(self.store.location(shard), shard.size, shard.etag, self.block_size)
+            key = shard_key_of(self.store, shard, self.block_size)
             self._keys[shard] = key
             self._shards_by_key[key] = shard
         return key

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from .config import ViewConfig
 from .errors import NotADirError, NotFoundError, UsageError
-from .index import connect, iter_member_rows, split_key
+from .index import LABEL_EXTENSIONS, connect, iter_member_rows, split_key
 from .store import ShardInfo
 from .tar import MemberKind
 
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 VIEW_VERSION = 3
 ROOT_INO = 1
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
-LABEL_EXTENSIONS = frozenset({"cls", "json"})
 CLASSES_FILE = "classes.txt"
 
 _VIEW_SCHEMA = """
