@@ -367,18 +367,6 @@ class ShardFileSystem:
             return self.table().data[offset : offset + size]
         return b""
 
-    def lookup(self, path: str) -> Node:
-        """The node at ``path`` (relative to the root), the virtual files included."""
-        name = path.strip("/")
-        if name == placement.TABLE_NAME:
-            return self.node(self.table_ino)
-        if name == placement.HINT_NAME:
-            return self.node(self.hint_ino)
-        return self.view.lookup(path)
-
-    def getattr(self, path: str) -> dict[str, int]:
-        return self.attributes(self.lookup(path))
-
     def stat_fields(self, node: Node) -> tuple[int, int, int, int, int]:
         """(mode, link count, size, 512-byte blocks, mtime) of a node; with ``uid``,
         ``gid`` and ``BLOCK_SIZE`` that is everything ``stat`` shows."""
@@ -390,28 +378,6 @@ class ShardFileSystem:
             (size + 511) // 512,
             node.mtime or self._mount_time,
         )
-
-    def attributes(self, node: Node) -> dict[str, int]:
-        mode, nlink, size, blocks, mtime = self.stat_fields(node)
-        return {
-            "st_ino": node.ino,
-            "st_mode": mode,
-            "st_nlink": nlink,
-            "st_size": size,
-            "st_blocks": blocks,
-            "st_blksize": self.BLOCK_SIZE,
-            "st_uid": self.uid,
-            "st_gid": self.gid,
-            "st_mtime": mtime,
-            "st_ctime": mtime,
-            "st_atime": mtime,
-        }
-
-    def readdir(self, path: str) -> list[tuple[str, Node]]:
-        node = self.lookup(path)
-        if not node.is_dir:
-            raise NotADirError(path)
-        return list(self.view.children(node))
 
     def listing(self, folder: Node, full_from: int = 0) -> list[Entry]:
         """Every name of ``folder`` with what ``stat`` shows of it, "." and ".." first, in
@@ -446,15 +412,6 @@ class ShardFileSystem:
             )
         return entries
 
-    def readlink(self, path: str) -> str:
-        node = self.lookup(path)
-        if node.kind != MemberKind.SYMLINK:
-            raise NotFoundError(f"{path} is not a symlink")
-        return node.link
-
-    def open(self, path: str) -> int:
-        return self.open_node(self.lookup(path))
-
     def node(self, ino: int) -> Node:
         if ino > self.view.max_ino:
             virtual = self._virtual(ino)
@@ -471,11 +428,6 @@ class ShardFileSystem:
         if found is None:
             raise NotFoundError(name)
         return found
-
-    def read_path(self, path: str, offset: int, size: int) -> bytes:
-        """A read without an open handle: each call goes to the reader (the block cache
-        makes that cheap), so the kernel need not send open and release at all."""
-        return self.read_node(self.lookup(path), offset, size)
 
     def _span(self, node: Node, offset: int, size: int) -> tuple[ShardInfo, int, int] | None:
         """(shard, start, end) of a read in shard offsets, or None when it reads nothing."""
@@ -596,12 +548,6 @@ class ShardFileSystem:
         )
         opened.window_start, opened.window = window_start, data
         return data[offset - window_start : end - window_start]
-
-    def listxattr(self, path: str) -> list[str]:
-        return self.node_xattrs(self.lookup(path))
-
-    def getxattr(self, path: str, name: str) -> bytes:
-        return self.node_xattr(self.lookup(path), name, path)
 
     @staticmethod
     def node_xattrs(node: Node) -> list[str]:

@@ -9,6 +9,7 @@ from array import array
 from pathlib import Path
 
 import pytest
+from support.inodes import names_in, open_path, resolve, stat_of
 from tarbuild import MTIME, directory, make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
@@ -78,7 +79,7 @@ def make_fs(view: View, **limits: int) -> tuple[ShardFileSystem, RecordingReader
 
 
 def read_all(fs: ShardFileSystem, path: str, chunk: int) -> bytes:
-    handle = fs.open(path)
+    handle = open_path(fs, path)
     parts = []
     offset = 0
     while data := fs.read(handle, offset, chunk):
@@ -110,7 +111,7 @@ def test_windowed_reads_return_exact_bytes(view: View, chunk: int) -> None:
 
 def test_random_access_reads(view: View) -> None:
     fs, reader = make_fs(view, whole_file_limit=512, window=1000)
-    handle = fs.open("d/big.bin")
+    handle = open_path(fs, "d/big.bin")
     for offset, size in [(9000, 500), (5, 10), (9990, 100), (4321, 3000), (4400, 50), (0, 1)]:
         assert fs.read(handle, offset, size) == BIG[offset : offset + size]
     assert len(reader.calls) == 5  # (4400, 50) is inside the window fetched for (4321, 3000)
@@ -119,20 +120,20 @@ def test_random_access_reads(view: View) -> None:
 def test_reads_past_eof(view: View) -> None:
     fs, reader = make_fs(view, whole_file_limit=512, window=1000)
     for path, data in [("d/small.bin", SMALL), ("d/big.bin", BIG)]:
-        handle = fs.open(path)
+        handle = open_path(fs, path)
         assert fs.read(handle, len(data) - 10, 100) == data[-10:]
         assert fs.read(handle, len(data), 100) == b""
         assert fs.read(handle, len(data) + 5000, 1) == b""
     calls = len(reader.calls)
-    handle = fs.open("empty")
+    handle = open_path(fs, "empty")
     assert fs.read(handle, 0, 4096) == b""
     assert len(reader.calls) == calls  # nothing fetched for an empty file
 
 
 def test_handles_are_independent(view: View) -> None:
     fs, _ = make_fs(view)
-    first = fs.open("d/small.bin")
-    second = fs.open("other.txt")
+    first = open_path(fs, "d/small.bin")
+    second = open_path(fs, "other.txt")
     assert first != second
     assert fs.read(second, 0, 100) == b"from b"
     assert fs.read(first, 1020, 100) == SMALL[1020:]
@@ -145,38 +146,36 @@ def test_handles_are_independent(view: View) -> None:
 def test_open_errors(view: View) -> None:
     fs, _ = make_fs(view)
     with pytest.raises(IsADirError):
-        fs.open("d")
+        open_path(fs, "d")
     with pytest.raises(IsADirError):
-        fs.open("/")
+        open_path(fs, "/")
     with pytest.raises(NotFoundError):
-        fs.open("d/missing")
+        open_path(fs, "d/missing")
     with pytest.raises(NotADirError):
-        fs.open("d/small.bin/x")
+        open_path(fs, "d/small.bin/x")
 
 
 def test_getattr_fields(view: View) -> None:
     fs, _ = make_fs(view)
-    attrs = fs.getattr("/d/big.bin")
+    attrs = stat_of(fs, "/d/big.bin")
     node = view.lookup("d/big.bin")
     assert attrs["st_ino"] == node.ino
     assert attrs["st_mode"] == stat.S_IFREG | 0o444
     assert attrs["st_nlink"] == 1
     assert attrs["st_size"] == len(BIG)
     assert attrs["st_blocks"] == (len(BIG) + 511) // 512
-    assert attrs["st_mtime"] == attrs["st_ctime"] == attrs["st_atime"] == MTIME
+    assert attrs["st_mtime"] == MTIME
     assert (attrs["st_uid"], attrs["st_gid"]) == (os.getuid(), os.getgid())
 
-    root = fs.getattr("/")
+    root = stat_of(fs, "/")
     assert root["st_ino"] == 1
     assert stat.S_ISDIR(root["st_mode"]) and root["st_nlink"] == 2
-    assert fs.getattr("/d")["st_mode"] == stat.S_IFDIR | 0o555
-    link = fs.getattr("/d/link")
+    assert stat_of(fs, "/d")["st_mode"] == stat.S_IFDIR | 0o555
+    link = stat_of(fs, "/d/link")
     assert stat.S_ISLNK(link["st_mode"]) and link["st_size"] == len("small.bin")
-    assert fs.readlink("/d/link") == "small.bin"
+    assert resolve(fs, "/d/link").link == "small.bin"
     with pytest.raises(NotFoundError):
-        fs.readlink("/d/small.bin")
-    with pytest.raises(NotFoundError):
-        fs.getattr("/nope")
+        stat_of(fs, "/nope")
 
 
 def test_owner_and_mode_overrides_reach_stat_and_listings(view: View) -> None:
@@ -186,67 +185,63 @@ def test_owner_and_mode_overrides_reach_stat_and_listings(view: View) -> None:
     for path, mode in [("/", stat.S_IFDIR | 0o550), ("/d", stat.S_IFDIR | 0o550),
                        ("/d/big.bin", stat.S_IFREG | 0o440), ("/empty", stat.S_IFREG | 0o440),
                        ("/d/link", stat.S_IFLNK | 0o777)]:  # fmt: skip
-        attrs = fs.getattr(path)
+        attrs = stat_of(fs, path)
         assert attrs["st_mode"] == mode, path
         assert (attrs["st_uid"], attrs["st_gid"]) == (1234, 5678)
-    entries = fs.listing(fs.node(fs.getattr("/d")["st_ino"]))
+    entries = fs.listing(fs.node(stat_of(fs, "/d")["st_ino"]))
     assert [e.mode for e in entries] == [
         stat.S_IFDIR | 0o550, stat.S_IFDIR | 0o550,
         stat.S_IFREG | 0o440, stat.S_IFLNK | 0o777, stat.S_IFREG | 0o440,
     ]  # fmt: skip
     only_files = ShardFileSystem(view, RecordingReader(SHARDS), owner=Owner(file_mode=0o400))
-    assert only_files.getattr("/d")["st_mode"] == stat.S_IFDIR | 0o555  # the default rule
-    assert only_files.getattr("/d/small.bin")["st_mode"] == stat.S_IFREG | 0o400
+    assert stat_of(only_files, "/d")["st_mode"] == stat.S_IFDIR | 0o555  # the default rule
+    assert stat_of(only_files, "/d/small.bin")["st_mode"] == stat.S_IFREG | 0o400
 
 
 def test_readdir(view: View) -> None:
     fs, _ = make_fs(view)
-    assert [name for name, _ in fs.readdir("/")] == ["d", "empty", "other.txt"]
-    listing = dict(fs.readdir("/d"))
-    assert sorted(listing) == ["big.bin", "link", "small.bin"]
-    assert listing["big.bin"].ino == fs.getattr("/d/big.bin")["st_ino"]
+    assert names_in(fs, "/") == ["d", "empty", "other.txt"]
+    assert sorted(names_in(fs, "/d")) == ["big.bin", "link", "small.bin"]
     with pytest.raises(NotADirError):
-        fs.readdir("/d/small.bin")
+        names_in(fs, "/d/small.bin")
     with pytest.raises(NotFoundError):
-        fs.readdir("/missing")
+        names_in(fs, "/missing")
 
 
 def test_listing_shows_what_stat_shows(view: View) -> None:
     fs, _ = make_fs(view)
-    folder = fs.node(fs.getattr("/d")["st_ino"])
+    folder = fs.node(stat_of(fs, "/d")["st_ino"])
     entries = fs.listing(folder, full_from=4096)
     assert [e.name for e in entries] == [b".", b"..", b"big.bin", b"link", b"small.bin"]
-    assert entries[0].ino == folder.ino and entries[1].ino == fs.getattr("/")["st_ino"]
+    assert entries[0].ino == folder.ino and entries[1].ino == stat_of(fs, "/")["st_ino"]
     assert [e.full for e in entries] == [False, False, True, False, False]  # 10 KB, link, 1 KB
     for entry in entries[2:]:
-        shown = fs.getattr("/d/" + entry.name.decode())
+        shown = stat_of(fs, "/d/" + entry.name.decode())
         assert (entry.ino, entry.mode, entry.nlink, entry.size, entry.blocks, entry.mtime) == (
             shown["st_ino"], shown["st_mode"], shown["st_nlink"], shown["st_size"],
             shown["st_blocks"], shown["st_mtime"],
         )  # fmt: skip
-    root = fs.listing(fs.node(fs.getattr("/")["st_ino"]))
-    assert root[0].ino == root[1].ino == fs.getattr("/")["st_ino"]  # the root holds itself
+    root = fs.listing(fs.node(stat_of(fs, "/")["st_ino"]))
+    assert root[0].ino == root[1].ino == stat_of(fs, "/")["st_ino"]  # the root holds itself
     assert [e.full for e in root] == [False, False, True, True, True]  # full_from 0: all
     with pytest.raises(NotADirError):
-        fs.listing(fs.node(fs.getattr("/other.txt")["st_ino"]))
+        fs.listing(fs.node(stat_of(fs, "/other.txt")["st_ino"]))
 
 
 def test_xattrs(view: View) -> None:
     fs, _ = make_fs(view)
-    assert fs.listxattr("/other.txt") == [XATTR_SHARD, XATTR_OFFSET]
-    assert fs.getxattr("/other.txt", XATTR_SHARD) == b"b.tar"
-    offset = int(fs.getxattr("/d/big.bin", XATTR_OFFSET))
+    assert fs.node_xattrs(resolve(fs, "/other.txt")) == [XATTR_SHARD, XATTR_OFFSET]
+    assert fs.node_xattr(resolve(fs, "/other.txt"), XATTR_SHARD) == b"b.tar"
+    offset = int(fs.node_xattr(resolve(fs, "/d/big.bin"), XATTR_OFFSET))
     assert SHARDS["a.tar"][offset : offset + len(BIG)] == BIG
     with pytest.raises(NoSuchAttributeError) as info:
-        fs.getxattr("/other.txt", "user.nothing")
+        fs.node_xattr(resolve(fs, "/other.txt"), "user.nothing")
     assert info.value.errno == 61  # ENODATA
-    assert fs.listxattr("/d") == []
-    assert fs.listxattr("/d/link") == []
+    assert fs.node_xattrs(resolve(fs, "/d")) == []
+    assert fs.node_xattrs(resolve(fs, "/d/link")) == []
     for name in (XATTR_SHARD, XATTR_OFFSET):
         with pytest.raises(NoSuchAttributeError):
-            fs.getxattr("/d", name)
-    with pytest.raises(NotFoundError):
-        fs.getxattr("/missing", XATTR_SHARD)
+            fs.node_xattr(resolve(fs, "/d"), name)
 
 
 def test_statfs(view: View) -> None:
@@ -266,10 +261,10 @@ def test_statfs(view: View) -> None:
 def test_the_table_file_is_found_read_and_never_listed(view: View) -> None:
     fs, reader = make_fs(view)
     node = fs.child(fs.node(1), TABLE_NAME)
-    assert fs.lookup(TABLE_NAME) == node == fs.node(node.ino)
-    assert stat.S_ISREG(fs.getattr(TABLE_NAME)["st_mode"])
+    assert resolve(fs, TABLE_NAME) == node == fs.node(node.ino)
+    assert stat.S_ISREG(stat_of(fs, TABLE_NAME)["st_mode"])
     data = fs.read_node(node, 0, node.size)
-    assert len(data) == node.size == fs.getattr(TABLE_NAME)["st_size"]
+    assert len(data) == node.size == stat_of(fs, TABLE_NAME)["st_size"]
     assert fs.read_node_local(node, 5, 10) == data[5:15]
     assert read_all(fs, TABLE_NAME, 7) == data
     assert reader.calls == []  # no shard bytes were read for it
@@ -284,14 +279,14 @@ def test_the_table_file_is_found_read_and_never_listed(view: View) -> None:
     assert table.shard_names == ["a.tar", "b.tar"]
     assert fs.node_xattrs(node) == []
     for magic in (TABLE_NAME, HINT_NAME):
-        assert magic not in [name for name, _ in fs.readdir("")]
+        assert magic not in names_in(fs, "")
         assert magic.encode() not in [entry.name for entry in fs.listing(fs.node(1))]
     with pytest.raises(NotFoundError):
-        fs.child(fs.lookup("d"), TABLE_NAME)  # only at the root
+        fs.child(resolve(fs, "d"), TABLE_NAME)  # only at the root
 
 
 def hint_chunks_for(fs: ShardFileSystem, rows: list[int], *, fingerprint: str = "") -> None:
-    table = decode_table(fs.read_node(fs.lookup(TABLE_NAME), 0, 1 << 30))
+    table = decode_table(fs.read_node(resolve(fs, TABLE_NAME), 0, 1 << 30))
     payload = encode_hint(fingerprint or table.fingerprint, 1, rows)
     for chunk in hint_chunks(payload):
         fs.take_hint_chunk(bytes(chunk))
@@ -309,13 +304,13 @@ def test_a_hint_for_another_table_is_refused(view: View) -> None:
 
 def test_hinted_reads_are_counted_once_a_hint_is_followed(view: View) -> None:
     fs, _ = make_fs(view)
-    fs.read_path("d/small.bin", 0, 100)
+    fs.read_node(resolve(fs, "d/small.bin"), 0, 100)
     assert fs.stats.hinted_reads == 0
-    table = decode_table(fs.read_node(fs.lookup(TABLE_NAME), 0, 1 << 30))
+    table = decode_table(fs.read_node(resolve(fs, TABLE_NAME), 0, 1 << 30))
     fs.follow_hint(Hint(table.fingerprint, 0, array("i", table.rows_of(["other.txt"]))))
-    fs.read_path("d/small.bin", 0, 100)
+    fs.read_node(resolve(fs, "d/small.bin"), 0, 100)
     assert fs.stats.hinted_reads == 0
-    assert fs.read_path("other.txt", 0, 100) == b"from b"
+    assert fs.read_node(resolve(fs, "other.txt"), 0, 100) == b"from b"
     assert fs.stats.hinted_reads == 1
     hint_chunks_for(fs, [3, 0])  # through the chunks, as the ioctls bring it
     assert fs.stats.hints_taken == 1

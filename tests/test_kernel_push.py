@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.inodes import resolve
 from tarbuild import make_tar, store_with
 
 from shardfs.config import IndexConfig, ViewConfig
@@ -70,7 +71,7 @@ def _pusher(core: ShardFileSystem, session: FakeSession) -> KernelPusher:
 
 
 def _inodes(core: ShardFileSystem) -> dict[str, int]:
-    return {name: core.getattr("/" + name)["st_ino"] for name in FILES}
+    return {name: resolve(core, name).ino for name in FILES}
 
 
 def test_a_push_the_kernel_refuses_at_first_is_retried_then_stops_retrying(
