@@ -8,7 +8,11 @@ shuffled DataLoader (batch 32, the same collate for all) for every contender, mo
 (raw bytes / decode) and worker count, interleaving contenders and repeating rounds because
 the machine is noisy. shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
 ``shuffle=True`` (contenders ``shardfs-shard``, cold and warm, and ``shardfs-uniform``, cold),
-with the mount's hint counters sampled through the epoch. Writes results/bench.json,
+with the mount's hint counters sampled through the epoch. Each epoch record carries
+``cpu_s``: CPU seconds of the S3 server, the daemon, the epoch's main process, its workers
+(and curl, for ``local+dl``) with the wall time, so a gap to local disk can be split by
+process; and ``page_cache_drops``, since a drop by another process on the machine makes
+warm epochs and kernel pushes pay twice. Writes results/bench.json,
 results/bench.md and results/bench.png and prints the markdown table. Everything it mounts
 or starts is stopped on exit, Ctrl-C included.
 """
@@ -16,6 +20,7 @@ or starts is stopped on exit, Ctrl-C included.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shutil
@@ -134,6 +139,17 @@ def cpu_with_children(pid: int) -> tuple[float, float]:
     own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     children = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
     return own, children
+
+
+def page_cache_drops() -> int:
+    """Writes to /proc/sys/vm/drop_caches so far, by anyone on this machine: a drop during a
+    warm epoch or during kernel pushes makes the daemon serve the bytes again, so the bench
+    records how many fell inside each epoch."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("drop_pagecache "):
+                return int(line.split()[1])
+    return 0
 
 
 class CpuAccount:
@@ -372,9 +388,11 @@ class Bench:
         cpu = CpuAccount(self.server_pid, self.runner.proc.pid, pid)
         self.server.reset_counts()
         probe.start()
+        drops = page_cache_drops()
         cpu.start()
         result = self.runner.run(request)
         cpu_s = cpu.stop()
+        drops = page_cache_drops() - drops
         counts = self.settle()
         record = {
             "contender": contender,
@@ -388,8 +406,14 @@ class Bench:
             "egress_requests": counts["get_object_requests"],
             **probe.stop(),
             "cpu_s": cpu_s,
+            "page_cache_drops": drops,
             **(extra or {}),
         }
+        if drops:
+            self.notes.append(
+                f"{contender} {request['mode']} w{request['workers']} {epoch}: the page cache "
+                f"was dropped {drops} times during the epoch (another process on the machine)"
+            )
         if result["images"] != self.tree.images:
             self.notes.append(
                 f"{contender} {request['mode']} w{request['workers']} {epoch}: read "
