@@ -8,7 +8,11 @@ shuffled DataLoader (batch 32, the same collate for all) for every contender, mo
 (raw bytes / decode) and worker count, interleaving contenders and repeating rounds because
 the machine is noisy. shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
 ``shuffle=True`` (contenders ``shardfs-shard``, cold and warm, and ``shardfs-uniform``, cold),
-with the mount's hint counters sampled through the epoch. Writes results/bench.json,
+with the mount's hint counters sampled through the epoch. Each epoch record carries
+``cpu_s``: CPU seconds of the S3 server, the daemon, the epoch's main process, its workers
+(and curl, for ``local+dl``) with the wall time, so a gap to local disk can be split by
+process; and ``page_cache_drops``, since a drop by another process on the machine makes
+warm epochs and kernel pushes pay twice. Writes results/bench.json,
 results/bench.md and results/bench.png and prints the markdown table. Everything it mounts
 or starts is stopped on exit, Ctrl-C included.
 """
@@ -16,6 +20,7 @@ or starts is stopped on exit, Ctrl-C included.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shutil
@@ -35,7 +40,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
-from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end, wait_until  # noqa: E402
+from procs import (  # noqa: E402
+    CLOCK_TICKS,
+    DaemonProbe,
+    EpochRunner,
+    cpu_seconds,
+    force_unmount,
+    run_to_the_end,
+    wait_until,
+)
 from report import write_reports  # noqa: E402
 from small_cache import parse_args as small_cache_args  # noqa: E402
 from small_cache import run_section as run_small_cache  # noqa: E402
@@ -121,6 +134,56 @@ class HintCounters:
         }
 
 
+def cpu_with_children(pid: int) -> tuple[float, float]:
+    """(own, reaped children's) user + system CPU seconds of ``pid``: for the epoch runner,
+    the main process and its DataLoader workers (reaped when the epoch's iterator ends)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    children = (int(fields[13]) + int(fields[14])) / CLOCK_TICKS
+    return own, children
+
+
+def page_cache_drops() -> int:
+    """Writes to /proc/sys/vm/drop_caches so far, by anyone on this machine: a drop during a
+    warm epoch or during kernel pushes makes the daemon serve the bytes again, so the bench
+    records how many fell inside each epoch."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("drop_pagecache "):
+                return int(line.split()[1])
+    return 0
+
+
+class CpuAccount:
+    """CPU seconds per process over one epoch: the S3 server, the shardfs daemon, the
+    epoch's main process, its workers, and this process's reaped children (curl)."""
+
+    def __init__(self, server_pid: int, runner_pid: int, daemon_pid: int | None) -> None:
+        self.server_pid, self.runner_pid, self.daemon_pid = server_pid, runner_pid, daemon_pid
+
+    def _sample(self) -> dict[str, float]:
+        main, workers = cpu_with_children(self.runner_pid)
+        own = os.times()
+        sample = {
+            "server": cpu_seconds(self.server_pid),
+            "main": main,
+            "workers": workers,
+            "bench_children": own.children_user + own.children_system,
+            "bench": own.user + own.system,
+            "wall": time.perf_counter(),
+        }
+        if self.daemon_pid is not None:
+            sample["daemon"] = cpu_seconds(self.daemon_pid)
+        return sample
+
+    def start(self) -> None:
+        self._before = self._sample()
+
+    def stop(self) -> dict[str, float]:
+        after = self._sample()
+        return {key: after[key] - self._before[key] for key in after}
+
+
 class Bench:
     """Holds the server, the runner and whatever is mounted, so cleanup can find them all."""
 
@@ -190,6 +253,7 @@ class Bench:
             f"{len(self.tree_shards)} tree shards"
         )
         self.runner = EpochRunner()
+        self.server_pid = self.server._proc.pid  # type: ignore[union-attr]  # bench-only peek
 
     # -- cleanup -----------------------------------------------------------
 
@@ -323,9 +387,14 @@ class Bench:
     ) -> dict[str, Any]:
         assert self.runner is not None
         probe = DaemonProbe(pid)
+        cpu = CpuAccount(self.server_pid, self.runner.proc.pid, pid)
         self.server.reset_counts()
         probe.start()
+        drops = page_cache_drops()
+        cpu.start()
         result = self.runner.run(request)
+        cpu_s = cpu.stop()
+        drops = page_cache_drops() - drops
         counts = self.settle()
         record = {
             "contender": contender,
@@ -338,8 +407,15 @@ class Bench:
             "egress_bytes": counts["get_object_bytes"],
             "egress_requests": counts["get_object_requests"],
             **probe.stop(),
+            "cpu_s": cpu_s,
+            "page_cache_drops": drops,
             **(extra or {}),
         }
+        if drops:
+            self.notes.append(
+                f"{contender} {request['mode']} w{request['workers']} {epoch}: the page cache "
+                f"was dropped {drops} times during the epoch (another process on the machine)"
+            )
         if result["images"] != self.tree.images:
             self.notes.append(
                 f"{contender} {request['mode']} w{request['workers']} {epoch}: read "
@@ -351,6 +427,8 @@ class Bench:
             f"{record['images_per_s']:7.0f} img/s {record['mb_per_s']:6.1f} MB/s "
             f"egress {record['egress_bytes'] / 1e6:6.1f} MB"
             + (f" daemon {record['daemon_cpu_s']:.1f} s CPU" if pid else "")
+            + " cpu "
+            + " ".join(f"{key}={value:.2f}" for key, value in cpu_s.items())
         )
         return record
 
@@ -378,6 +456,7 @@ class Bench:
         for url in self.presigned_urls():
             command += ["--output", os.devnull, url]
         started = time.perf_counter()
+        children_before = os.times()
         download = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
         try:
             record = self.epoch("local+dl", "-", request, None, {"repeat": repeat})
@@ -389,6 +468,11 @@ class Bench:
         if download.returncode != 0:
             raise RuntimeError(f"curl download failed: {error.strip()}")
         record["download_s"] = time.perf_counter() - started
+        children_after = os.times()
+        record["cpu_s"]["curl"] = sum(
+            after - before
+            for after, before in zip(children_after[2:4], children_before[2:4], strict=True)
+        )
         if record["egress_bytes"] != self.shard_bytes:
             self.notes.append(
                 f"local+dl {mode} w{workers}: downloaded {record['egress_bytes']} bytes, "

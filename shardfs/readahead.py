@@ -10,12 +10,10 @@ Two kinds of work share a small pool of threads (``--prefetch-streams``):
 
 Fills always go first, then hinted blocks. Demand reads never enter this queue: they are
 fetched by the reader's own thread, so a cold random read never waits behind prefetches.
-Readahead never evicts: ``BlockCache.prefetch`` declines a block that would not fit in the
-cache's free budget.
-
-While the block cache is paused (a full or read-only cache disk), ``MemoryReadahead`` takes
-over: a read fetches what it asks for plus a window that grows while a shard is read
-forward, kept in a small LRU in memory, so egress stays near the bytes read.
+Hinted blocks start slowly: at first two run at a time, one more for each that finishes, up
+to every stream. Eight at once split the server between eight blocks, so the block the
+readers need first came no sooner than the eighth (a cold shard-mode epoch's first batch on
+moto: median 0.69 s against 0.85 s, 5 interleaved runs each; whole epochs within noise).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
@@ -34,10 +32,14 @@ Task = Callable[[], object]
 _FILL, _HINTED, _READAHEAD, _STOP = 0, 1, 2, 3
 
 
+HINTED_FIRST_STREAMS = 2
+"""Hinted fetches allowed to run at once at first; each one that finishes allows one more."""
+
+
 class Prefetcher:
     """A priority queue of block fetches served by ``streams`` threads."""
 
-    def __init__(self, streams: int) -> None:
+    def __init__(self, streams: int, *, hinted_first: int = HINTED_FIRST_STREAMS) -> None:
         if streams < 1:
             raise ValueError("streams must be at least 1")
         self._queue: queue.PriorityQueue[tuple[int, int, Task | None]] = queue.PriorityQueue()
@@ -45,6 +47,11 @@ class Prefetcher:
         self._idle = threading.Condition()
         self._pending = 0
         self._closed = False
+        # Hinted tasks wait here until a slot is free: the slow start described above.
+        self._hinted: deque[Task] = deque()
+        self._hinted_running = 0
+        self._hinted_limit = max(1, min(hinted_first, streams))
+        self._streams = streams
         self._threads = [
             threading.Thread(target=self._work, name=f"prefetch-{i}", daemon=True)
             for i in range(streams)
@@ -59,11 +66,34 @@ class Prefetcher:
     def schedule(self, tasks: Iterable[Task], *, hinted: bool = False) -> int:
         """Queue readahead tasks behind every fill; returns how many were queued. Tasks
         that follow an order hint go ahead of whole-shard readahead."""
+        if hinted:
+            return self._schedule_hinted(tasks)
         count = 0
         for task in tasks:
-            self._put(_HINTED if hinted else _READAHEAD, task)
+            self._put(_READAHEAD, task)
             count += 1
         return count
+
+    def _schedule_hinted(self, tasks: Iterable[Task]) -> int:
+        with self._idle:
+            if self._closed:
+                return 0
+            before = len(self._hinted)
+            self._hinted.extend(tasks)
+            count = len(self._hinted) - before
+            self._pending += count
+            ready = self._release_hinted()
+        for task in ready:
+            self._queue.put((_HINTED, next(self._order), task))
+        return count
+
+    def _release_hinted(self) -> list[Task]:
+        """Hinted tasks that may start now (call with ``_idle`` held)."""
+        ready = []
+        while self._hinted and self._hinted_running < self._hinted_limit:
+            ready.append(self._hinted.popleft())
+            self._hinted_running += 1
+        return ready
 
     def _put(self, priority: int, task: Task) -> None:
         with self._idle:
@@ -77,6 +107,7 @@ class Prefetcher:
             priority, _, task = self._queue.get()
             if task is None:
                 return
+            ready: list[Task] = []
             try:
                 if not (self._closed and priority in (_HINTED, _READAHEAD)):
                     task()
@@ -85,8 +116,15 @@ class Prefetcher:
             finally:
                 with self._idle:
                     self._pending -= 1
+                    if priority == _HINTED:
+                        self._hinted_running -= 1
+                        self._hinted_limit = min(self._hinted_limit + 1, self._streams)
+                        if not self._closed:
+                            ready = self._release_hinted()
                     if self._pending == 0:
                         self._idle.notify_all()
+            for waiting in ready:
+                self._queue.put((_HINTED, next(self._order), waiting))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until every queued task ran; False on timeout."""
@@ -102,6 +140,10 @@ class Prefetcher:
         """Drop queued readahead, finish fills (they hold block claims), stop the threads."""
         with self._idle:
             self._closed = True
+            self._pending -= len(self._hinted)
+            self._hinted.clear()
+            if self._pending == 0:
+                self._idle.notify_all()
         for _ in self._threads:
             self._queue.put((_STOP, next(self._order), None))
         for thread in self._threads:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.mounts import wait_for
 from tarbuild import memory_url, put
 
 from shardfs.cache import BlockCache, BlockKey
@@ -95,6 +96,59 @@ def test_a_failing_task_does_not_stop_the_workers() -> None:
     finally:
         prefetcher.close()
     assert sorted(ran) == [1, 2]
+
+
+def test_hinted_fetches_start_two_at_a_time_then_one_more_per_finished_one() -> None:
+    """The slow start: the block readers need first is not split eight ways."""
+    gates = [threading.Event() for _ in range(7)]
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def task(number: int) -> None:
+        with lock:
+            started.append(number)
+        assert gates[number].wait(5)
+
+    def started_count(expected: int) -> bool:
+        with lock:
+            return len(started) >= expected
+
+    prefetcher = Prefetcher(8)
+    try:
+        assert prefetcher.schedule([lambda n=n: task(n) for n in range(7)], hinted=True) == 7
+        wait_for(lambda: started_count(2), "two hinted fetches", 5)
+        time.sleep(0.1)  # six idle threads had time to take more, and must not have
+        assert sorted(started) == [0, 1]
+        gates[0].set()  # finished: the limit grows to 3, with 1 still running
+        wait_for(lambda: started_count(4), "four hinted fetches", 5)
+        time.sleep(0.1)
+        assert sorted(started) == [0, 1, 2, 3]
+        gates[1].set()  # limit 4, 2 running: two more start
+        wait_for(lambda: started_count(6), "six hinted fetches", 5)
+        for gate in gates:
+            gate.set()
+        assert prefetcher.wait_idle(5)
+        assert sorted(started) == list(range(7))
+    finally:
+        for gate in gates:
+            gate.set()
+        prefetcher.close()
+
+
+def test_close_drops_hinted_fetches_still_waiting_for_a_slot() -> None:
+    gate = threading.Event()
+    ran: list[int] = []
+    prefetcher = Prefetcher(4, hinted_first=1)
+    prefetcher.schedule([gate.wait] + [lambda n=n: ran.append(n) for n in range(5)], hinted=True)
+    assert prefetcher.pending == 6
+    closer = threading.Thread(target=prefetcher.close)
+    closer.start()
+    wait_for(lambda: prefetcher.pending == 1, "the waiting fetches dropped", 5)
+    gate.set()
+    closer.join(5)
+    assert not closer.is_alive()
+    assert ran == []
+    assert prefetcher.pending == 0
 
 
 def test_streams_must_be_positive() -> None:
