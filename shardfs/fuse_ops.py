@@ -145,7 +145,7 @@ class FuseOperations:
             conn.contents.want &= ~libfuse.FUSE_CAP_READDIRPLUS_AUTO
             if self.on_ready is not None:
                 self.on_ready()
-        except BaseException:
+        except Exception:  # raised from a C callback it would be lost: ``serve`` stops
             log.exception("FUSE init failed")
 
     @_answers
@@ -382,17 +382,28 @@ def serve(
 ) -> None:
     """Mount and serve until unmounted or signalled (SIGINT/SIGTERM/SIGHUP unmount cleanly).
 
-    Raises RuntimeError when the mount itself fails. Call from the main thread: the session
-    runs on its own thread while this one waits for signals.
+    Raises RuntimeError when the mount itself fails, and what ``on_ready`` raised when it
+    fails (after unmounting). Call from the main thread: the session runs on its own thread
+    while this one waits for signals.
     """
     options = ["ro", "fsname=shardfs", "subtype=shardfs", "default_permissions"]
     if config.allow_other:
         options.append("allow_other")
     if config.allow_root:  # libfuse lets the owner and root in and denies the others
         options.append("allow_root")
-    operations = FuseOperations(core, config, on_ready, keep_handles=keep_handles)
-    pusher = KernelPusher(core) if config.kernel_push and core.uses_block_cache else None
     stop = threading.Event()
+    failed: list[Exception] = []
+
+    def ready() -> None:
+        try:
+            on_ready()
+        except Exception as exc:  # the mount cannot go on: stop, and raise it from here
+            failed.append(exc)
+            stop.set()
+            raise
+
+    operations = FuseOperations(core, config, ready, keep_handles=keep_handles)
+    pusher = KernelPusher(core) if config.kernel_push and core.uses_block_cache else None
 
     def on_signal(_signum: int, _frame: object) -> None:
         stop.set()
@@ -422,3 +433,5 @@ def serve(
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+    if failed:
+        raise failed[0]

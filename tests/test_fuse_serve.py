@@ -1,0 +1,71 @@
+"""``fuse_ops.serve`` on a real mount: a failure in ``on_ready`` (which runs inside FUSE's
+init callback, where an exception would be lost in C) stops the mount and is raised to the
+caller, instead of leaving a mount that serves while ``shardfs mount`` waits forever."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from shardfs.mounttable import parse_mountinfo
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, "tests")
+    from tarbuild import make_tar, store_with
+    from shardfs import fuse_ops
+    from shardfs.config import IndexConfig, MountConfig, ViewConfig
+    from shardfs.filesystem import ShardFileSystem
+    from shardfs.index import IndexBuilder
+    from shardfs.reader import DirectReader
+    from shardfs.views import View, build_view
+
+    work, mountpoint = Path(sys.argv[1]), Path(sys.argv[2])
+    store = store_with({"a.tar": make_tar([("f.txt", b"hello")])})
+    index = IndexBuilder(store, IndexConfig(cache_dir=work)).build(store.list_shards())
+    build_view(index, work / "view.sqlite", ViewConfig(layout="raw"), lambda _folder: None)
+    core = ShardFileSystem(View(work / "view.sqlite"), DirectReader(store))
+
+    def on_ready():
+        raise PermissionError("cannot write the pid file")
+
+    try:
+        fuse_ops.serve(core, MountConfig(mountpoint=mountpoint), on_ready)
+    except PermissionError as exc:
+        print("raised:", exc)
+        sys.exit(3)
+    print("serve returned without raising")
+    """
+)
+
+
+def mounted_at(mountpoint: Path) -> bool:
+    table = Path("/proc/self/mountinfo").read_bytes()
+    return any(entry.mountpoint == str(mountpoint) for entry in parse_mountinfo(table))
+
+
+def test_a_failing_on_ready_unmounts_and_raises(tmp_path: Path) -> None:
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", SCRIPT, str(tmp_path), str(mountpoint)],
+            capture_output=True,
+            text=True,
+            timeout=60,  # before the fix: the mount served on, and this timed out
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+    finally:
+        if mounted_at(mountpoint):
+            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "raised: cannot write the pid file" in result.stdout
+    assert not mounted_at(mountpoint)
