@@ -62,6 +62,15 @@ _HTTP_PROTOCOLS = ("http", "https")
 _GLOB_CHARS = "*?["
 # Storage options that s3fs expects to be mappings.
 _MAPPING_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs")
+# Errors that say the code is wrong, not the store: never retried.
+_PROGRAMMING_ERRORS: tuple[type[Exception], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    AssertionError,
+    NotImplementedError,
+    RecursionError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -582,6 +591,8 @@ class Store:
                 raise ShardChangedError(f"{shard.name}: gone from the store") from exc
             except ShardfsError:
                 raise
+            except _PROGRAMMING_ERRORS:
+                raise  # a bug is not retried: it would fail the same way each time
             except Exception as exc:
                 left = deadline - time.monotonic()
                 if attempt >= retries or left <= delay:
@@ -619,14 +630,20 @@ class Store:
         if fast is not None and time.monotonic() >= self._fast_paused_until:
             try:
                 data = fast.get(path, start, end, shard.size, shard.etag, deadline)
-            except (PreconditionFailed, TransientError):
-                raise  # another version, or a failure read_range retries
+            except (PreconditionFailed, TransientError, FileNotFoundError):
+                raise  # another version, a failure read_range retries, or gone for both paths
             except Exception as exc:
+                timeout = max(0.05, deadline - time.monotonic())
+                data = s3_ranges.get_range(
+                    self.fs, path, start, end, shard.size, shard.etag, timeout
+                )
+                # Only a failure that s3fs does not share is the fast path's own (a 403 on
+                # both, say, is the store's answer, not a reason to stop presigning).
                 self._fast_path_failed(exc)
+                return data
             else:
                 self._fast_failures = 0
                 return data
-            timeout = max(0.05, deadline - time.monotonic())
         return s3_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
 
     def _fast_path_failed(self, exc: Exception) -> None:

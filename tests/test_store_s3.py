@@ -115,3 +115,48 @@ def test_scan_stream_reads_the_shard_in_checked_ranges(s3_server: S3Server) -> N
     fs.pipe_file(f"{bucket}/p/a.tar", random.Random(6).randbytes(1_000_003))
     with pytest.raises(ShardChangedError), store.open_stream(shard, 256 << 10) as stream:
         stream.read(-1)
+
+
+def test_a_shard_gone_from_the_store_never_pauses_the_fast_path(s3_server: S3Server) -> None:
+    """A 404 is the store's answer for both paths: it is not asked again through s3fs, and
+    however many shards are gone, presigned GETs go on for the others."""
+    bucket = new_bucket(s3_server, "gone")
+    fs = s3_server.filesystem()
+    data = random.Random(5).randbytes(50_000)
+    for name in ("a.tar", "b.tar"):
+        fs.pipe_file(f"{bucket}/p/{name}", data)
+    store = _store(s3_server, bucket)
+    gone, kept = store.list_shards()
+    fs.rm(f"{bucket}/p/{gone.name}")
+    s3_server.reset_counts()
+    for _ in range(5):
+        with pytest.raises(ShardChangedError):
+            store.read_range(gone, 0, 100, retries=1)
+    assert s3_server.counts()["get_object_requests"] == 5  # one GET each, no fallback
+    assert store._fast_failures == 0
+    fast = store._presigned
+    assert fast is not None
+    calls = []
+    real_get = fast.get
+    fast.get = lambda *args: calls.append(args) or real_get(*args)  # type: ignore[method-assign]
+    assert store.read_range(kept, 0, 100, retries=1) == data[:100]
+    assert len(calls) == 1  # still presigned
+
+
+def test_a_programming_error_is_raised_at_once_not_retried(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket = new_bucket(s3_server, "bug")
+    s3_server.filesystem().pipe_file(f"{bucket}/p/a.tar", b"x" * 1000)
+    store = _store(s3_server, bucket)
+    (shard,) = store.list_shards()
+    calls = []
+
+    def buggy(*args: object) -> bytes:
+        calls.append(args)
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(store, "_get_range", buggy)
+    with pytest.raises(TypeError):
+        store.read_range(shard, 0, 10, retries=4)
+    assert len(calls) == 1
