@@ -1,8 +1,10 @@
 """Scale check: a 1.28M-entry index (ImageNet-sized, tiny files).
 
 Measures, in one run: the first mount (full index scan + view build), a remount from the
-persisted index, the daemon's RSS, and ``ImageFolder(mount)`` construction against the same
-tree on local disk. Prints a JSON line and a markdown table.
+persisted index, the daemon's RSS, ``ImageFolder(mount)`` construction against the same
+tree on local disk, and the sampler's side: the placement table's first and later reads, a
+``ShardSampler`` built over every file, and one epoch's order. Prints a JSON line and a
+markdown table.
 """
 
 from __future__ import annotations
@@ -80,6 +82,52 @@ def imagefolder_seconds(root: Path) -> tuple[float, int]:
     return float(out[0]), int(out[1])
 
 
+SAMPLER_CODE = """
+import sys, time, warnings
+from shardfs.placement import read_placement
+from shardfs.torch import ShardSampler
+root = sys.argv[1]
+started = time.perf_counter()
+table = read_placement(root)
+first_table = time.perf_counter() - started
+started = time.perf_counter()
+table = read_placement(root)
+second_table = time.perf_counter() - started
+
+class Folder:
+    samples = [(root + "/" + path, 0) for path in table.paths]
+
+started = time.perf_counter()
+sampler = ShardSampler(Folder(), seed=0, num_replicas=1, rank=0, hint=False)
+build = time.perf_counter() - started
+assert sampler.on_mount
+sampler.set_epoch(1)
+started = time.perf_counter()
+count = sum(1 for _ in sampler)
+order = time.perf_counter() - started
+print(first_table, second_table, build, order, count)
+"""
+
+
+def sampler_seconds(mountpoint: Path) -> dict[str, float]:
+    """The placement table read twice (first use builds it in the daemon), a ShardSampler
+    built over every file (one table read, paths matched to rows), one epoch's order."""
+    out = subprocess.run(
+        [sys.executable, "-c", SAMPLER_CODE, str(mountpoint)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    first, second, build, order, count = (float(x) for x in out)
+    return {
+        "table_first_read_s": first,
+        "table_read_s": second,
+        "sampler_build_s": build,
+        "sampler_epoch_order_s": order,
+        "sampler_samples": count,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--classes", type=int, default=1000)
@@ -129,6 +177,7 @@ def measure(args: argparse.Namespace, work: Path) -> int:
     result["daemon_rss_after_mount_mb"] = daemon_rss_mb(mnt)
     result["imagefolder_mount_s"], n_mount = imagefolder_seconds(mnt)
     result["daemon_rss_after_scan_mb"] = daemon_rss_mb(mnt)
+    result.update(sampler_seconds(mnt))
     shardfs("umount", str(mnt))
     result["imagefolder_local_s"], n_local = imagefolder_seconds(local / "train")
     result["imagefolder_ratio"] = result["imagefolder_mount_s"] / result["imagefolder_local_s"]

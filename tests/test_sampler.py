@@ -4,7 +4,6 @@ mount. Each test plans every rank of a simulated world and checks what the ranks
 from __future__ import annotations
 
 import random
-import time
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -168,15 +167,18 @@ def test_uniform_mode_mixes_every_shard() -> None:
     assert len(set(shard_of[order[:256]].tolist())) > 100
 
 
-def test_epoch_order_for_imagenet_size_is_fast() -> None:
+def test_an_imagenet_sized_epoch_is_planned_whole() -> None:
+    """Every one of 1.28M samples in the plan once (its time is measured by
+    ``make bench-scale``, not here)."""
     n = 1_281_167
     shard_of = (np.random.default_rng(0).permutation(n) // 1251).astype(np.int64)
-    world = World(2, 0, 4, 0)
-    started = time.perf_counter()
-    plan = plan_node(shard_of, num_samples=n, world=world, within=np.arange(n), epoch=1)
-    elapsed = time.perf_counter() - started
-    assert len(plan_rank(plan, world)) == per_rank_length(n, 8, drop_last=False)
-    assert elapsed <= 1.0, f"{elapsed:.2f} s"
+    orders = []
+    for node in (0, 1):
+        world = World(2, node, 4, 0)
+        plan = plan_node(shard_of, num_samples=n, world=world, within=np.arange(n), epoch=1)
+        assert len(plan_rank(plan, world)) == per_rank_length(n, 8, drop_last=False)
+        orders.append(plan.order)
+    assert np.array_equal(np.unique(np.concatenate(orders)), np.arange(n))
 
 
 # ShardSampler itself, on a dataset that is not on a shardfs mount.
