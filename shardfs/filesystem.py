@@ -1,6 +1,6 @@
 """The filesystem core: lookups, attributes, directory listings and reads, without FUSE.
 
-Tests drive this class directly; ``fuse_ops`` is a thin adapter over it.
+Tests drive this class directly; ``fuse.operations`` is a thin adapter over it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from . import placement
 from .config import MountConfig, ReadConfig
-from .dirents import Entry
 from .errors import (
     IsADirError,
     NoSuchAttributeError,
@@ -34,6 +34,20 @@ from .tar import MemberKind
 from .views import ROOT_INO, Node, View, st_mode
 
 log = logging.getLogger(__name__)
+
+
+class Entry(NamedTuple):
+    """One name of a listing with what ``stat`` shows of it."""
+
+    name: bytes
+    ino: int
+    mode: int
+    nlink: int
+    size: int
+    blocks: int
+    mtime: int
+    full: bool  # READDIRPLUS hands the kernel the inode and attributes; else name and type
+
 
 XATTR_SHARD = "user.shardfs.shard"
 XATTR_OFFSET = "user.shardfs.offset"

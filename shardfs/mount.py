@@ -617,7 +617,7 @@ def run_foreground(
     progress: Progress | None,
 ) -> None:
     """Build everything, mount, and serve until unmounted."""
-    from . import fuse_ops  # imported late: loading libfuse is only needed to serve
+    from .fuse import session  # imported late: loading libfuse is only needed to serve
 
     # Held until this process exits (the descriptor is never closed): a second mount of
     # this mountpoint fails at once while this one scans or serves.
@@ -700,7 +700,7 @@ def run_foreground(
 
     try:
         # With the block cache, reads are cheap enough to serve without open handles.
-        fuse_ops.serve(core, mount_config, on_ready, keep_handles=cache is None)
+        session.serve(core, mount_config, on_ready, keep_handles=cache is None)
     except RuntimeError as exc:  # the mount itself failed (a stopped loop returns normally)
         if not served.is_set():
             mountpoint = mount_config.mountpoint

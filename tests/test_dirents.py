@@ -10,8 +10,9 @@ import struct
 
 import pytest
 
-from shardfs import dirents, libfuse
-from shardfs.dirents import Entry
+from shardfs.filesystem import Entry
+from shardfs.fuse import binding as libfuse
+from shardfs.fuse import dirents
 
 UID, GID, BLKSIZE = 1234, 5678, 1 << 17
 

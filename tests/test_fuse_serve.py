@@ -1,4 +1,4 @@
-"""``fuse_ops.serve`` on a real mount: a failure in ``on_ready`` (which runs inside FUSE's
+"""``fuse.session.serve`` on a real mount: a failure in ``on_ready`` (which runs inside FUSE's
 init callback, where an exception would be lost in C) stops the mount and is raised to the
 caller, instead of leaving a mount that serves while ``shardfs mount`` waits forever."""
 
@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, "tests")
     from tarbuild import make_tar, store_with
-    from shardfs import fuse_ops
+    from shardfs.fuse import session
     from shardfs.config import IndexConfig, MountConfig, ViewConfig
     from shardfs.filesystem import ShardFileSystem
     from shardfs.index import IndexBuilder
@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent(
         raise PermissionError("cannot write the pid file")
 
     try:
-        fuse_ops.serve(core, MountConfig(mountpoint=mountpoint), on_ready)
+        session.serve(core, MountConfig(mountpoint=mountpoint), on_ready)
     except PermissionError as exc:
         print("raised:", exc)
         sys.exit(3)

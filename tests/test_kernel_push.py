@@ -13,8 +13,8 @@ from tarbuild import make_tar, store_with
 
 from shardfs.config import IndexConfig, ViewConfig
 from shardfs.filesystem import ShardFileSystem
+from shardfs.fuse.pushes import KernelPusher
 from shardfs.index import IndexBuilder
-from shardfs.kernel_push import KernelPusher
 from shardfs.reader import DirectReader
 from shardfs.views import Node, View, build_view
 

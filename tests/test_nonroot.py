@@ -110,7 +110,7 @@ def unprivileged_user() -> User | str:
         return "no unprivileged user: useradd failed and there is no 'nobody'"
     env = _user_env()
     wanted = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    probe = "import sys, shardfs.cli, shardfs.fuse_ops; print('%d.%d' % sys.version_info[:2])"
+    probe = "import sys, shardfs.cli, shardfs.fuse.session; print('%d.%d' % sys.version_info[:2])"
     tried = []
     for python in (sys.executable, shutil.which(f"python{wanted}"), "/usr/bin/python3"):
         if python is None or python in tried:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import shardfs
 from shardfs import errors
+
+PACKAGE = Path(shardfs.__file__).parent
 
 EXPECTED = [
     "CorruptShardError",
@@ -66,7 +70,8 @@ def test_version_is_a_release_string() -> None:
 
 def test_importing_the_package_does_not_import_torch() -> None:
     code = (
-        "import shardfs, shardfs.cli, shardfs.mount, shardfs.filesystem, shardfs.fuse_ops, sys; "
+        "import shardfs, shardfs.cli, shardfs.mount, shardfs.filesystem, sys; "
+        "import shardfs.fuse.session; "
         "assert 'torch' not in sys.modules, 'torch was imported'; "
         "assert 'torchvision' not in sys.modules, 'torchvision was imported'"
     )
@@ -79,10 +84,42 @@ def test_importing_the_package_does_not_import_torch() -> None:
 def test_importing_the_package_does_not_load_fuse_or_fsspec() -> None:
     code = (
         "import shardfs, sys; "
-        "loaded = [m for m in ('shardfs.libfuse', 'fsspec', 'torch') if m in sys.modules]; "
+        "loaded = [m for m in ('shardfs.fuse.binding', 'fsspec', 'torch') if m in sys.modules]; "
         "assert not loaded, loaded"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Absolute names of the shardfs modules a source file imports."""
+    package = "shardfs." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts[:-1])
+    package = package.rstrip(".")
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            names.add(prefix)
+            names.update(f"{prefix}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_only_the_fuse_package_imports_the_binding_and_the_core_imports_no_fuse() -> None:
+    outside = [p for p in PACKAGE.rglob("*.py") if "fuse" not in p.relative_to(PACKAGE).parts]
+    assert len(outside) > 20
+    for path in outside:
+        imported = _imported_modules(path)
+        assert "shardfs.fuse.binding" not in imported, path
+        if path.name in ("filesystem.py", "views.py", "reader.py", "store.py"):
+            assert not any(name.startswith("shardfs.fuse") for name in imported), path
+    inside = _imported_modules(PACKAGE / "fuse" / "operations.py")
+    assert "shardfs.fuse.binding" in inside  # the check above sees relative imports

@@ -9,10 +9,10 @@ import queue
 import threading
 import time
 
-from . import libfuse
-from .filesystem import ShardFileSystem
-from .store import ShardInfo
-from .views import Node
+from ..filesystem import ShardFileSystem
+from ..store import ShardInfo
+from ..views import Node
+from . import binding as libfuse
 
 log = logging.getLogger(__name__)
 

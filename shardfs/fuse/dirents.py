@@ -18,7 +18,8 @@ import stat
 import struct
 from array import array
 from collections.abc import Iterable
-from typing import NamedTuple
+
+from ..filesystem import Entry
 
 # fuse_dirent: ino, off, namelen, type; the name follows.
 _DIRENT = struct.Struct("<QQII")
@@ -29,19 +30,6 @@ _DIRENT = struct.Struct("<QQII")
 _DIRENT_PLUS = struct.Struct("<QQQQII" + "QQQqqq" + "IIIIIIIIII" + "QQII")
 assert _DIRENT.size == 24 and _DIRENT_PLUS.size == 152
 _PADDING = [b"\0" * n for n in range(8)]
-
-
-class Entry(NamedTuple):
-    """One name of a listing with what ``stat`` shows of it."""
-
-    name: bytes
-    ino: int
-    mode: int
-    nlink: int
-    size: int
-    blocks: int
-    mtime: int
-    full: bool  # READDIRPLUS hands the kernel the inode and attributes; else name and type
 
 
 def _timeout(seconds: float) -> tuple[int, int]:
