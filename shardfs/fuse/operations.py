@@ -82,7 +82,11 @@ class FuseOperations:
         on_ready: Callable[[], None] | None = None,
         *,
         keep_handles: bool = False,
+        pusher: KernelPusher | None = None,
+        lib: Any = None,
     ) -> None:
+        """``lib`` answers the requests (libfuse's ``fuse_reply_*`` functions; a fake in
+        tests); ``pusher`` is told which inodes the kernel knows and which files it holds."""
         self.core = core
         self.config = config
         self.on_ready = on_ready
@@ -90,12 +94,12 @@ class FuseOperations:
         # bytes (core handles). With it, files need no open at all (zero-open).
         self.keep_handles = keep_handles
         self.timeout = float(config.kernel_timeout)
-        self.lib = libfuse.lib()
+        self.lib = lib if lib is not None else libfuse.lib()
         self.reply_err = self.lib.fuse_reply_err
         self._reply_buf = self.lib.fuse_reply_buf
         self._listings: dict[int, _Listing] = {}
         self._next_listing = 1
-        self.pusher: KernelPusher | None = None
+        self.pusher = pusher
         self.workers = (
             ThreadPoolExecutor(_MISS_WORKERS, thread_name_prefix="shardfs-read")
             if config.threads

@@ -85,8 +85,8 @@ def serve(
             stop.set()
             raise
 
-    operations = FuseOperations(core, config, ready, keep_handles=keep_handles)
     pusher = KernelPusher(core) if config.kernel_push and core.uses_block_cache else None
+    operations = FuseOperations(core, config, ready, keep_handles=keep_handles, pusher=pusher)
 
     def on_signal(_signum: int, _frame: object) -> None:
         stop.set()
@@ -98,7 +98,6 @@ def serve(
         loop = _LoopThread(session, stop)
         try:
             if pusher is not None:
-                operations.pusher = pusher
                 pusher.start(session)
                 core.watch_local_blocks(pusher.block_local)
             loop.start()
