@@ -56,6 +56,12 @@ class DirectReader:
         return b"" if start >= end else None
 
 
+RUN_BLOCKS = 4
+"""Consecutive blocks of a shard that readahead fetches with one GET: a server that reads
+the whole object for every ranged GET (moto does) pays a quarter as often, and one larger
+GET moves more bytes per round trip (see docs/design.md, "Block size")."""
+
+
 class CachedReader:
     """Reads through the persistent block cache: each block of a shard is fetched once.
 
@@ -113,6 +119,8 @@ class CachedReader:
         # Blocks this process prefetched that no read has touched yet (for the
         # prefetched-but-unread statistic).
         self._unread_prefetched: set[tuple[str, int]] = set()
+        # Blocks a readahead GET for several blocks is bringing, not yet stored.
+        self._coming: dict[tuple[str, int], threading.Event] = {}
         cache.on_stored = self._stored
 
     def _stored(self, key: BlockKey, block: bytes) -> None:
@@ -183,6 +191,7 @@ class CachedReader:
             if not waited and not self.cache.contains(key):
                 waited = True
                 self.stats.add(reads_waited_on_network=1)
+                self._wait_if_coming(skey, index)
             self._first_read(skey, index, block_len)
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
             hi -= block_start
@@ -374,33 +383,126 @@ class CachedReader:
             self._scheduled.add(skey)
         count = self.block_count(shard)
         order = [(after + 1 + i) % count for i in range(count) if (after + 1 + i) % count != after]
-        return self.prefetcher.schedule(self._prefetch_task(shard, skey, i) for i in order)
+        return self._schedule([(shard, i) for i in order], hinted=False)
 
     def prefetch_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> int:
         """Queue these blocks, in this order, ahead of whole-shard readahead (an order
         hint's plan); like all readahead, a block that would not fit is skipped."""
         if self.prefetcher is None or not blocks:
             return 0
-        tasks = (self._prefetch_task(shard, self.shard_key(shard), i) for shard, i in blocks)
-        return self.prefetcher.schedule(tasks, hinted=True)
+        return self._schedule(blocks, hinted=True)
 
-    def _prefetch_task(self, shard: ShardInfo, skey: str, index: int) -> Callable[[], bool]:
-        def task() -> bool:
-            block_len = self._block_len(shard, index)
-            fetch_range = self._fetch_range(shard, index)
-            key = BlockKey(skey, index)
-            with self._lock:  # before the store: a read may come as soon as it lands
-                self._unread_prefetched.add((skey, index))
-            stored = self.cache.prefetch(key, block_len, fetch_range)
-            if stored:
-                self.stats.add(prefetched_bytes=block_len)
+    def _schedule(self, blocks: list[tuple[ShardInfo, int]], *, hinted: bool) -> int:
+        """Queue the blocks in this order, consecutive blocks of a shard in runs of up to
+        ``RUN_BLOCKS`` fetched with one GET each; returns how many blocks were queued."""
+        assert self.prefetcher is not None
+        runs: list[tuple[ShardInfo, list[int]]] = []
+        for shard, index in blocks:
+            last = runs[-1] if runs else None
+            if (
+                last is not None
+                and last[0] == shard
+                and last[1][-1] + 1 == index
+                and len(last[1]) < RUN_BLOCKS
+            ):
+                last[1].append(index)
             else:
-                with self._lock:
-                    read_meanwhile = (skey, index) not in self._unread_prefetched
-                    self._unread_prefetched.discard((skey, index))
-                if read_meanwhile:  # a read counted it, but it was not prefetched
-                    self.stats.add(prefetched_bytes_read=-block_len)
-                self._announce_if_local(shard, skey, index)  # cached before
+                runs.append((shard, [index]))
+        tasks = (self._prefetch_run(shard, self.shard_key(shard), run) for shard, run in runs)
+        self.prefetcher.schedule(tasks, hinted=hinted)
+        return len(blocks)
+
+    def _prefetch_run(self, shard: ShardInfo, skey: str, indices: list[int]) -> Callable[[], bool]:
+        """A task fetching consecutive blocks with as few GETs as the cache allows: one GET
+        covers every block from the first one still needed to the end of the run, as far
+        as the blocks are missing and fit; each block is then stored on its own."""
+        size = self.block_size
+        got: dict[str, object] = {}
+
+        def stretch_end(index: int) -> int:
+            """The end of the bytes worth one GET from block ``index``."""
+            end = index + 1
+            while end <= indices[-1]:
+                key = BlockKey(skey, end)
+                if self.cache.contains(key) or self.cache.in_flight(key):
+                    break
+                # Room for this stretch and a run more: near a full cache a block of the
+                # stretch could lose its room to a read meanwhile and be fetched for nothing.
+                if not self.cache.room_for((end - index + 1 + RUN_BLOCKS) * size):
+                    break
+                end += 1
+            return min(shard.size, end * size)
+
+        def fetcher(index: int) -> Callable[[int, int], bytes]:
+            def fetch_range(lo: int, hi: int) -> bytes:
+                start = index * size
+                data = got.get("data")
+                begin = got.get("start", 0)
+                assert data is None or isinstance(data, bytes)
+                assert isinstance(begin, int)
+                if data is None or not begin <= start + lo <= start + hi <= begin + len(data):
+                    end = stretch_end(index)
+                    # Reads of the later blocks wait for this GET and their store, rather
+                    # than fetch the same bytes again.
+                    self._expect(skey, range(index + 1, -(-end // size)))
+                    data = self.store.read_range(shard, start, end, retries=self.retries)
+                    self.stats.add(store_requests=1, bytes_fetched=len(data))
+                    got["data"], got["start"], begin = data, start, start
+                return data[start - begin + lo : start - begin + hi]
+
+            return fetch_range
+
+        def task() -> bool:
+            stored = False
+            try:
+                for index in indices:
+                    try:
+                        stored |= self._prefetch_one(shard, skey, index, fetcher(index))
+                    finally:
+                        self._arrived(skey, index)
+            finally:
+                self._arrived(skey, *indices)  # a failed GET: nobody waits on it any more
+                got.clear()
             return stored
 
         return task
+
+    def _expect(self, skey: str, indices: range) -> None:
+        with self._lock:
+            for index in indices:
+                self._coming.setdefault((skey, index), threading.Event())
+
+    def _arrived(self, skey: str, *indices: int) -> None:
+        with self._lock:
+            events = [self._coming.pop((skey, index), None) for index in indices]
+        for event in events:
+            if event is not None:
+                event.set()
+
+    def _wait_if_coming(self, skey: str, index: int) -> None:
+        """A block that a running readahead GET is bringing: wait for it to be stored."""
+        if not self._coming:
+            return
+        with self._lock:
+            event = self._coming.get((skey, index))
+        if event is not None:
+            event.wait(self.store.config.read_timeout)
+
+    def _prefetch_one(
+        self, shard: ShardInfo, skey: str, index: int, fetch_range: Callable[[int, int], bytes]
+    ) -> bool:
+        block_len = self._block_len(shard, index)
+        key = BlockKey(skey, index)
+        with self._lock:  # before the store: a read may come as soon as it lands
+            self._unread_prefetched.add((skey, index))
+        stored = self.cache.prefetch(key, block_len, fetch_range)
+        if stored:
+            self.stats.add(prefetched_bytes=block_len)
+        else:
+            with self._lock:
+                read_meanwhile = (skey, index) not in self._unread_prefetched
+                self._unread_prefetched.discard((skey, index))
+            if read_meanwhile:  # a read counted it, but it was not prefetched
+                self.stats.add(prefetched_bytes_read=-block_len)
+            self._announce_if_local(shard, skey, index)  # cached before
+        return stored

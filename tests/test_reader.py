@@ -16,7 +16,8 @@ import shardfs.cache
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.errors import ShardChangedError
-from shardfs.reader import CachedReader, DirectReader, RangeReader
+from shardfs.readahead import Prefetcher
+from shardfs.reader import RUN_BLOCKS, CachedReader, DirectReader, RangeReader
 from shardfs.stats import Stats
 from shardfs.store import ShardInfo, Store
 
@@ -268,3 +269,26 @@ def test_degraded_cache_serves_cached_blocks_and_fetches_only_ranges(
         assert reader.read(shard, start, start + 300) == data[start : start + 300]
     assert stats.bytes_fetched - before == 15 * 300  # what was read, not 15 blocks
     assert block_files(block_cache) == [block_cache.path_of(BlockKey(reader.shard_key(shard), 0))]
+
+
+def test_readahead_fetches_consecutive_blocks_in_runs(block_cache: BlockCache) -> None:
+    """A shard's readahead takes up to RUN_BLOCKS consecutive blocks per GET, each byte
+    once, and stores every block on its own."""
+    data = payload(10 * BLOCK + 5, seed=7)  # 11 blocks, the last one short
+    store = memory_store({"r.tar": data})
+    shard = only_shard(store)
+    prefetcher = Prefetcher(1)
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1, prefetcher=prefetcher)
+    try:
+        assert reader.read(shard, 0, 10) == data[:10]  # block 0 by the read, then the rest
+        assert prefetcher.wait_idle(30)
+    finally:
+        prefetcher.close()
+    stats = block_cache.stats.snapshot()
+    assert stats["bytes_fetched"] == len(data)
+    assert stats["store_requests"] == 1 + -(-10 // RUN_BLOCKS)  # the read, then 3 runs
+    assert len(block_files(block_cache)) == 11
+    for index in range(11):
+        start = index * BLOCK
+        assert reader.read(shard, start, min(start + BLOCK, len(data))) == data[start:][:BLOCK]
+    assert block_cache.stats.snapshot()["store_requests"] == stats["store_requests"]
