@@ -445,3 +445,55 @@ def test_log_file_option(tmp_path: Path, mnt: Path) -> None:
     text = chosen.read_text()
     assert text.startswith("earlier run\n") and "SourceNotFoundError" in text
     assert daemon_logs(cache) == []
+
+
+# --- the daemon is started with the argv main() was given, not with sys.argv ------------------
+
+
+def test_daemon_gets_the_argv_main_was_given(
+    tmp_path: Path,
+    shards: Path,
+    mnt: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """In-process: main(argv) with a sys.argv that says something else; the spawn sees argv."""
+    import shardfs.mount
+    from shardfs.cli import main, mount_helper
+
+    spawned: list[list[str]] = []
+
+    def spawn_daemon(argv: list[str], *_: object, **__: object) -> tuple[int, str]:
+        spawned.append(list(argv))
+        return 0, "3 raw"
+
+    monkeypatch.setattr(shardfs.mount, "spawn_daemon", spawn_daemon)
+    monkeypatch.setattr(sys, "argv", ["shardfs", "stats", "/somewhere/else"])
+    cache = tmp_path / "cache"
+    argv = ["mount", str(shards), str(mnt), "--cache-dir", str(cache), "-o", "cache_size=1G"]
+    assert main(argv) == 0
+    assert spawned == [argv]
+    assert capsys.readouterr().out == f"mounted {shards} at {mnt} (3 files, raw layout)\n"
+
+    # mount.shardfs turns mount(8)'s words into a shardfs command line: that one is spawned.
+    assert mount_helper([str(shards), str(mnt), "-o", f"rw,cache_dir={cache}"]) == 0
+    assert spawned[1] == ["mount", str(shards), str(mnt), "-o", f"cache_dir={cache}"]
+
+
+def test_daemon_of_main_called_with_argv_parses_it(tmp_path: Path, mnt: Path) -> None:
+    """End to end, no FUSE: main(argv) from a program whose own sys.argv is not a shardfs
+    command line. The real daemon must fail on the missing source (exit 3), which it only
+    sees if it was given argv."""
+    source, cache = tmp_path / "nope", tmp_path / "cache"
+    code = (
+        "import sys; from shardfs.cli import main; "
+        f"sys.exit(main(['mount', {str(source)!r}, {str(mnt)!r}, '--cache-dir', {str(cache)!r}]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, "--unrelated"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert_one_error(result, 3, str(source), "no such folder")
