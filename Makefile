@@ -24,7 +24,7 @@ test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-unit: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration and not s3"
 
 lint: setup
 	$(BIN)/ruff check shardfs tests scripts bench examples

@@ -121,6 +121,26 @@ def stop_process(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
         proc.communicate(timeout=timeout)
 
 
+# Markers. ``make test-unit`` deselects both, so it needs neither FUSE nor moto.
+#   integration: does real FUSE mounts (fails, never skips, where FUSE cannot work);
+#   s3: talks to the moto S3 server (a subprocess on a local port), no FUSE needed.
+# A test is marked from the fixtures it uses, so a new test cannot be filed wrong; a test
+# that starts its own server or mount carries the marker by hand.
+_FIXTURE_MARKERS = {"mountpoint": "integration", "s3_server": "s3"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "s3: needs the moto S3 server, not FUSE")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in _FIXTURE_MARKERS.items():
+            if fixture in used and item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
 @pytest.fixture(autouse=True)
 def _integration_requires_fuse(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("integration") is not None:

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.mounts import wait_for
 
 import shardfs.cache
 from shardfs.cache import (
@@ -113,6 +114,44 @@ def assert_block_file_valid(cache: BlockCache, index: int, expected: bytes) -> N
         assert read_verified(fd, BlockKey(KEY, index), 0, len(expected), len(expected)) == expected
     finally:
         os.close(fd)
+
+
+class HeldReads:
+    """Reads of cached blocks stopped half way, inside the cache's read of the block file
+    (where a read keeps its block from eviction), until ``release()``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, source: Source) -> None:
+        self.source = source
+        self.inside = 0
+        self.lock = threading.Lock()
+        self.gate = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.results: dict[int, bytes] = {}
+        real_read_data = shardfs.cache.read_data
+
+        def held_read_data(*args: Any, **kwargs: Any) -> bytes:
+            with self.lock:
+                self.inside += 1
+            assert self.gate.wait(60)
+            return real_read_data(*args, **kwargs)
+
+        monkeypatch.setattr(shardfs.cache, "read_data", held_read_data)
+
+    def start(self, cache: BlockCache, indexes: list[int]) -> None:
+        def read(index: int) -> None:
+            self.results[index] = self.source.get(cache, index)
+
+        for index in indexes:
+            thread = threading.Thread(target=read, args=(index,))
+            thread.start()
+            self.threads.append(thread)
+        wait_for(lambda: self.inside == len(self.threads), "the reads to reach the block files")
+
+    def release(self) -> None:
+        self.gate.set()
+        for thread in self.threads:
+            thread.join(30)
+            assert not thread.is_alive()
 
 
 # --- bytes, hits and misses -------------------------------------------------------------------
@@ -406,20 +445,26 @@ def test_eviction_takes_least_recently_used_first(
     assert source.calls == list(range(22))
 
 
-def test_pinned_blocks_are_not_evicted(open_cache: Callable[..., BlockCache]) -> None:
+def test_blocks_being_read_are_not_evicted(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache, source = open_cache(), Source()
     for index in range(5):
         source.get(cache, index)
-    pinned = [str(cache.path_of(BlockKey(KEY, i))) for i in (0, 3)]
-    cache._pins.update(pinned)
+    held = HeldReads(monkeypatch, source)
+    held.start(cache, [0, 3])  # two reads inside blocks 0 and 3 while eviction runs
     try:
         removed = cache.evict_to(0)
     finally:
-        cache._pins.subtract(pinned)
+        held.release()
     assert removed == 3
-    assert [str(p) for p in block_files(cache)] == sorted(pinned)
+    assert held.results == {0: source.block(0), 3: source.block(3)}
+    kept = sorted(str(cache.path_of(BlockKey(KEY, i))) for i in (0, 3))
+    assert [str(p) for p in block_files(cache)] == kept
     assert cache.usage() == 2 * ENCODED == disk_bytes(cache)
     assert cache.stats.blocks_evicted == 3
+    assert source.calls == list(range(5))  # the held reads were hits
+    assert cache.evict_to(0) == 2  # once the reads ended, nothing holds them
 
 
 # --- min_free and degrading -------------------------------------------------------------------
@@ -540,20 +585,29 @@ def test_degraded_cache_does_not_retry_the_disk_at_once(
 
 
 def test_threads_asking_for_one_block_fetch_it_once(
-    open_cache: Callable[..., BlockCache],
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cache, source = open_cache(), Source()
-    barrier = threading.Barrier(8)
-    results: list[bytes] = []
+    waiting: list[int] = []
+    real_outcome = shardfs.cache._Flight.outcome
+
+    def counted_outcome(self: Any) -> Any:
+        waiting.append(1)
+        return real_outcome(self)
+
+    monkeypatch.setattr(shardfs.cache._Flight, "outcome", counted_outcome)
+
+    def fetch() -> bytes:
+        # The fetch ends only once the seven other readers wait for it: the race happened.
+        wait_for(lambda: len(waiting) == 7, "seven readers waiting for the one fetch")
+        return source.fetcher(0)()
+
+    results: dict[int, bytes] = {}
     errors: list[BaseException] = []
 
     def reader(n: int) -> None:
         try:
-            barrier.wait()
-            key = BlockKey(KEY, 0)
-            data = cache.get(key, n * 100, n * 100 + 50, BLOCK, source.fetcher(0, delay=0.2))
-            results.append(data)
-            assert data == source.block(0)[n * 100 : n * 100 + 50]
+            results[n] = cache.get(BlockKey(KEY, 0), n * 100, n * 100 + 50, BLOCK, fetch)
         except BaseException as exc:
             errors.append(exc)
 
@@ -561,10 +615,11 @@ def test_threads_asking_for_one_block_fetch_it_once(
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(10)
+        thread.join(60)
     assert errors == []
-    assert len(results) == 8
+    assert results == {n: source.block(0)[n * 100 : n * 100 + 50] for n in range(8)}
     assert source.calls == [0]
+    assert len(waiting) == 7
     assert (cache.stats.cache_misses, cache.stats.cache_hits) == (1, 7)
 
 
@@ -876,21 +931,25 @@ def test_database_error_inside_a_transaction_does_not_wedge_the_cache(
     assert cache.usage() == 2 * ENCODED == disk_bytes(cache)
 
 
-def test_eviction_looks_past_many_pinned_blocks(tmp_path: Path) -> None:
-    """More pinned blocks than one batch of candidates must not stop eviction early."""
-    config = CacheConfig(cache_dir=tmp_path / "c", size="64M", min_free=0, block_size=1024)
-    cache = BlockCache(config, Stats())
+def test_eviction_looks_past_many_blocks_being_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More blocks being read than one batch of candidates must not stop eviction early."""
+    config = CacheConfig(cache_dir=tmp_path / "c", size="64M", min_free=0, block_size=BLOCK)
+    cache, source = BlockCache(config, Stats()), Source()
     try:
-        data = bytes(1024)
-        keys = [BlockKey("cd" * 16, i) for i in range(100)]
-        for key in keys:
-            cache.get(key, 0, 1024, 1024, lambda: data)
-        for key in keys[:80]:  # the 80 oldest are being read
-            cache._pins[cache._block_path(key)] += 1
-        used = cache.usage()
-        removed = cache.evict_to(used - 10 * (used // 100))
+        for index in range(100):
+            source.get(cache, index)
+        held = HeldReads(monkeypatch, source)
+        held.start(cache, list(range(80)))  # the 80 oldest are being read
+        try:
+            used = cache.usage()
+            removed = cache.evict_to(used - 10 * (used // 100))
+        finally:
+            held.release()
         assert removed >= 10
-        assert all(cache.path_of(k).exists() for k in keys[:80])
+        assert all(cache.path_of(BlockKey(KEY, i)).exists() for i in range(80))
+        assert held.results == {i: source.block(i) for i in range(80)}
     finally:
         cache.close()
 
@@ -995,10 +1054,7 @@ def test_waiters_share_a_failed_fetch_instead_of_refetching(
     assert started.wait(10)
     for thread in threads[1:]:
         thread.start()
-    deadline = time.monotonic() + 10
-    while len(waiting) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(waiting) == 4
+    wait_for(lambda: len(waiting) == 4, "four readers waiting for the failing fetch")
     release.set()
     for thread in threads:
         thread.join(10)

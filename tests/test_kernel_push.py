@@ -1,21 +1,26 @@
-"""The kernel pusher without FUSE: a fake session records each FUSE_NOTIFY_STORE."""
+"""The kernel pusher without FUSE: a fake session records each FUSE_NOTIFY_STORE.
+
+No test sleeps to let the pusher's thread get somewhere. A *fence* (an empty block queued
+behind the work) shows that the thread finished everything queued before it, and the core
+records which inodes a retry pass looked up, so a test knows a retry happened."""
 
 from __future__ import annotations
 
 import errno
-import time
-from collections.abc import Callable
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from support.inodes import resolve
+from support.mounts import wait_for
 from tarbuild import make_tar, store_with
 
 from shardfs.config import IndexConfig, ViewConfig
 from shardfs.filesystem import ShardFileSystem
-from shardfs.fuse.pushes import KernelPusher
+from shardfs.fuse.pushes import _PUSH_RETRIES, KernelPusher
 from shardfs.index import IndexBuilder
 from shardfs.reader import DirectReader
+from shardfs.store import ShardInfo
 from shardfs.views import Node, View, build_view
 
 FILES = {f"f{i}.bin": bytes([i]) * (1000 + i) for i in range(4)}
@@ -24,44 +29,70 @@ SHARD = make_tar(list(FILES.items()))
 
 class FakeSession:
     """Answers ``notify_store`` from a script: the first ``refusals[ino]`` pushes of an inode
-    get ENOENT (the kernel does not know it yet), later ones succeed."""
+    get ENOENT (the kernel does not know it yet), later ones succeed. ``on_refusal`` runs
+    inside the refused call, i.e. at a known point of the pusher's thread."""
 
     def __init__(self, refusals: dict[int, int] | None = None) -> None:
         self.refusals = dict(refusals or {})
         self.stored: list[tuple[int, bytes]] = []
-        self.calls = 0
+        self.calls: Counter[int] = Counter()
+        self.on_refusal = lambda ino: None
 
     def notify_store(self, ino: int, offset: int, data: bytes) -> int:
-        self.calls += 1
+        self.calls[ino] += 1
         if self.refusals.get(ino, 0) > 0:
             self.refusals[ino] -= 1
+            self.on_refusal(ino)
             return -errno.ENOENT
         self.stored.append((ino, bytes(data)))
         return 0
 
+    def stored_inodes(self) -> list[int]:
+        return [ino for ino, _ in self.stored]
+
 
 class AllLocal(ShardFileSystem):
-    """Every file's bytes count as cached (what the pusher asks of the block cache)."""
+    """Every file's bytes count as cached (what the pusher asks of the block cache). Counts
+    the fences the pusher reached and the inodes it looked up (only a retry pass does)."""
+
+    fences = 0
+    looked_up: Counter[int]
 
     def file_bytes_local(self, node: Node) -> bytes | None:
         return SHARD[node.offset : node.offset + node.size]
 
+    def files_within(self, shard: ShardInfo, start: int, end: int) -> list[Node]:
+        if start == end:
+            self.fences += 1
+        return super().files_within(shard, start, end)
+
+    def node(self, ino: int) -> Node:
+        self.looked_up[ino] += 1
+        return super().node(ino)
+
 
 @pytest.fixture
-def core(tmp_path: Path) -> ShardFileSystem:
+def core(tmp_path: Path) -> AllLocal:
     store = store_with({"a.tar": SHARD})
     index = IndexBuilder(store, IndexConfig(cache_dir=tmp_path)).build(store.list_shards())
     out = tmp_path / "view.sqlite"
     build_view(index, out, ViewConfig(layout="raw"), lambda _folder: None)
     view = View(out)
-    return AllLocal(view, DirectReader(store))
+    core = AllLocal(view, DirectReader(store))
+    core.looked_up = Counter()
+    return core
 
 
-def _wait(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
+def _shard(core: ShardFileSystem) -> ShardInfo:
+    return next(iter(core.view.shards.values()))
+
+
+def _fence(pusher: KernelPusher, core: AllLocal) -> None:
+    """Return once the pusher's thread has finished everything queued before this call
+    (its one thread takes the queue in order; an empty block pushes nothing)."""
+    seen = core.fences
+    pusher.block_local(_shard(core), 0, 0, b"")
+    wait_for(lambda: core.fences > seen, "the pusher to reach the fence")
 
 
 def _pusher(core: ShardFileSystem, session: FakeSession) -> KernelPusher:
@@ -74,60 +105,89 @@ def _inodes(core: ShardFileSystem) -> dict[str, int]:
     return {name: resolve(core, name).ino for name in FILES}
 
 
-def test_a_push_the_kernel_refuses_at_first_is_retried_then_stops_retrying(
-    core: ShardFileSystem,
-) -> None:
+def test_a_push_the_kernel_refuses_at_first_is_retried_until_it_succeeds(core: AllLocal) -> None:
     inodes = _inodes(core)
-    session = FakeSession({inodes["f1.bin"]: 2})
+    refused = inodes["f1.bin"]
+    session = FakeSession({refused: 2})
     pusher = _pusher(core, session)
     try:
         for ino in inodes.values():
             pusher.inode_known(ino)
-        shard = next(iter(core.view.shards.values()))
-        pusher.block_local(shard, 0, len(SHARD), SHARD)
-        _wait(lambda: len(session.stored) == len(FILES), "every file pushed")
+        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
+        wait_for(lambda: len(session.stored) == len(FILES), "every file pushed")
         assert sorted(session.stored) == sorted((inodes[n], d) for n, d in FILES.items())
         assert pusher.retrying == 0  # nothing left to poll for
-        calls = session.calls
-        time.sleep(0.3)  # several retry periods: an idle pusher makes no calls
-        assert session.calls == calls == len(FILES) + 2
+        _fence(pusher, core)
+        # Two refusals, two retry passes, then one success; every other file pushed once.
+        assert core.looked_up[refused] == 2
+        assert session.calls == Counter({**dict.fromkeys(inodes.values(), 1), refused: 3})
     finally:
         pusher.stop()
 
 
-def test_a_retry_of_a_file_the_kernel_got_meanwhile_ends(core: ShardFileSystem) -> None:
+def test_a_push_refused_every_time_waits_for_the_next_listing(core: AllLocal) -> None:
     inodes = _inodes(core)
-    target = inodes["f2.bin"]
-    session = FakeSession({target: 1})
+    refused = inodes["f1.bin"]
+    session = FakeSession({refused: 1 + _PUSH_RETRIES})
     pusher = _pusher(core, session)
     try:
         for ino in inodes.values():
             pusher.inode_known(ino)
-        pusher.block_local(next(iter(core.view.shards.values())), 0, len(SHARD), SHARD)
-        _wait(lambda: len(session.stored) == len(FILES) - 1, "the other files pushed")
-        pusher.in_kernel[target] = 1  # a READ delivered the whole file meanwhile
-        _wait(lambda: pusher.retrying == 0, "the retry dropped")
-        assert target not in [ino for ino, _ in session.stored]
+        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
+        wait_for(
+            lambda: core.looked_up[refused] == _PUSH_RETRIES and pusher.retrying == 0,
+            "the last retry",
+        )
+        _fence(pusher, core)
+        assert session.calls[refused] == 1 + _PUSH_RETRIES
+        assert refused not in session.stored_inodes()  # given up: no more retries
+        # The kernel is handed the inode again (a listing): the file is pushed once more.
+        pusher.inode_known(refused)
+        wait_for(lambda: refused in session.stored_inodes(), "the push after the listing")
+        _fence(pusher, core)
+        assert session.calls[refused] == 2 + _PUSH_RETRIES
+        assert sorted(session.stored) == sorted((inodes[n], d) for n, d in FILES.items())
+    finally:
+        pusher.stop()
+
+
+def test_a_retry_of_a_file_the_kernel_got_meanwhile_ends(core: AllLocal) -> None:
+    inodes = _inodes(core)
+    target = inodes["f2.bin"]
+    session = FakeSession({target: 1})
+    pusher = _pusher(core, session)
+    # A READ delivers the whole file between the refusal and the retry.
+    session.on_refusal = lambda ino: pusher.in_kernel.__setitem__(ino, 1)
+    try:
+        for ino in inodes.values():
+            pusher.inode_known(ino)
+        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
+        wait_for(lambda: core.looked_up[target] == 1 and pusher.retrying == 0, "the retry dropped")
+        _fence(pusher, core)
+        assert session.calls[target] == 1  # the retry looked, saw the file there, pushed nothing
+        assert target not in session.stored_inodes()
+        assert len(session.stored) == len(FILES) - 1
     finally:
         pusher.stop()
 
 
 def test_files_waiting_for_their_inode_are_pushed_by_a_listing_not_by_a_lookup(
-    core: ShardFileSystem,
+    core: AllLocal,
 ) -> None:
     inodes = _inodes(core)
     session = FakeSession()
     pusher = _pusher(core, session)
     try:
-        pusher.block_local(next(iter(core.view.shards.values())), 0, len(SHARD), SHARD)
-        time.sleep(0.2)
-        assert session.calls == 0  # no inode known: every file waits
+        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
+        _fence(pusher, core)
+        assert sum(session.calls.values()) == 0  # no inode known: every file waits
         # A LOOKUP is followed at once by the READ of the same file: no push races it.
         pusher.inode_known(inodes["f0.bin"], push_waiting=False)
         # A listing hands inodes over long before their reads: those are pushed.
         pusher.inode_known(inodes["f3.bin"])
-        _wait(lambda: len(session.stored) == 1, "the listed file pushed")
-        time.sleep(0.2)
+        wait_for(lambda: len(session.stored) == 1, "the listed file pushed")
+        _fence(pusher, core)
         assert session.stored == [(inodes["f3.bin"], FILES["f3.bin"])]
+        assert sum(session.calls.values()) == 1
     finally:
         pusher.stop()

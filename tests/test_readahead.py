@@ -62,7 +62,7 @@ def test_fills_run_before_queued_readahead() -> None:
         prefetcher.schedule([lambda i=i: order.append(f"ahead{i}") for i in range(3)])
         prefetcher.run_soon(lambda: order.append("fill"))
         gate.set()
-        assert prefetcher.wait_idle(5)
+        assert prefetcher.wait_idle(30)
     finally:
         prefetcher.close()
     assert order == ["fill", "ahead0", "ahead1", "ahead2"]
@@ -71,16 +71,21 @@ def test_fills_run_before_queued_readahead() -> None:
 def test_close_drops_queued_readahead_but_runs_fills() -> None:
     ran: list[str] = []
     gate = threading.Event()
-    prefetcher = Prefetcher(1)
+    prefetcher = Prefetcher(1)  # one stream, so one hinted fetch runs and one waits a slot
     prefetcher.run_soon(gate.wait)
     prefetcher.schedule([lambda: ran.append("ahead")] * 5)
+    prefetcher.schedule([lambda: ran.append("hinted")] * 2, hinted=True)
     prefetcher.run_soon(lambda: ran.append("fill"))
+    assert prefetcher.pending == 9
     closer = threading.Thread(target=prefetcher.close)
     closer.start()
-    time.sleep(0.05)
+    # close() has begun once the hinted fetch waiting for a slot is dropped from the count.
+    wait_for(lambda: prefetcher.pending == 8, "close() to drop the waiting hinted fetch")
     gate.set()
-    closer.join(5)
+    closer.join(30)
+    assert not closer.is_alive()
     assert ran == ["fill"]
+    assert prefetcher.pending == 0
 
 
 def test_a_failing_task_does_not_stop_the_workers() -> None:
@@ -92,7 +97,7 @@ def test_a_failing_task_does_not_stop_the_workers() -> None:
             raise RuntimeError("boom")
 
         prefetcher.schedule([boom, lambda: ran.append(1), boom, lambda: ran.append(2)])
-        assert prefetcher.wait_idle(5)
+        assert prefetcher.wait_idle(30)
     finally:
         prefetcher.close()
     assert sorted(ran) == [1, 2]
@@ -107,27 +112,41 @@ def test_hinted_fetches_start_two_at_a_time_then_one_more_per_finished_one() -> 
     def task(number: int) -> None:
         with lock:
             started.append(number)
-        assert gates[number].wait(5)
+        assert gates[number].wait(30)
 
     def started_count(expected: int) -> bool:
         with lock:
             return len(started) >= expected
 
+    fences = 0
+
+    def fence() -> None:
+        nonlocal fences
+        with lock:
+            fences += 1
+
+    def after_a_fence() -> list[int]:
+        """What had started once a readahead task queued now ran: hinted fetches in the
+        queue go first, so any the slow start let out too early had been taken by then."""
+        seen = fences
+        prefetcher.schedule([fence])
+        wait_for(lambda: fences > seen, "the fence")
+        with lock:
+            return sorted(started)
+
     prefetcher = Prefetcher(8)
     try:
         assert prefetcher.schedule([lambda n=n: task(n) for n in range(7)], hinted=True) == 7
-        wait_for(lambda: started_count(2), "two hinted fetches", 5)
-        time.sleep(0.1)  # six idle threads had time to take more, and must not have
-        assert sorted(started) == [0, 1]
+        wait_for(lambda: started_count(2), "two hinted fetches")
+        assert after_a_fence() == [0, 1]  # six idle threads, yet no third fetch
         gates[0].set()  # finished: the limit grows to 3, with 1 still running
-        wait_for(lambda: started_count(4), "four hinted fetches", 5)
-        time.sleep(0.1)
-        assert sorted(started) == [0, 1, 2, 3]
+        wait_for(lambda: started_count(4), "four hinted fetches")
+        assert after_a_fence() == [0, 1, 2, 3]
         gates[1].set()  # limit 4, 2 running: two more start
-        wait_for(lambda: started_count(6), "six hinted fetches", 5)
+        wait_for(lambda: started_count(6), "six hinted fetches")
         for gate in gates:
             gate.set()
-        assert prefetcher.wait_idle(5)
+        assert prefetcher.wait_idle(30)
         assert sorted(started) == list(range(7))
     finally:
         for gate in gates:
@@ -136,16 +155,23 @@ def test_hinted_fetches_start_two_at_a_time_then_one_more_per_finished_one() -> 
 
 
 def test_close_drops_hinted_fetches_still_waiting_for_a_slot() -> None:
-    gate = threading.Event()
+    running, gate = threading.Event(), threading.Event()
     ran: list[int] = []
+
+    def first() -> None:
+        running.set()
+        gate.wait()
+
     prefetcher = Prefetcher(4, hinted_first=1)
-    prefetcher.schedule([gate.wait] + [lambda n=n: ran.append(n) for n in range(5)], hinted=True)
+    prefetcher.schedule([first] + [lambda n=n: ran.append(n) for n in range(5)], hinted=True)
     assert prefetcher.pending == 6
+    # Running, the first fetch counts until it ends (queued, close() would drop it too).
+    assert running.wait(30)
     closer = threading.Thread(target=prefetcher.close)
     closer.start()
-    wait_for(lambda: prefetcher.pending == 1, "the waiting fetches dropped", 5)
+    wait_for(lambda: prefetcher.pending == 1, "the waiting fetches dropped")
     gate.set()
-    closer.join(5)
+    closer.join(30)
     assert not closer.is_alive()
     assert ran == []
     assert prefetcher.pending == 0

@@ -13,7 +13,7 @@ from shardfs.config import SourceConfig
 from shardfs.errors import ShardChangedError
 from shardfs.store import Store
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.s3  # moto only: no FUSE mount
 
 
 def test_ranged_reads_are_exact_and_refuse_a_replaced_shard(s3_server: S3Server) -> None:

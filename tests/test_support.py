@@ -160,6 +160,7 @@ def test_env_points_clients_at_the_server(s3_server: S3Server) -> None:
     assert env["AWS_EC2_METADATA_DISABLED"] == "true"
 
 
+@pytest.mark.s3  # starts its own server, so no fixture marks it
 def test_server_stops_on_exit() -> None:
     with S3Server() as server:
         assert server.counts()["list_requests"] == 0
