@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,9 @@ from support.mounts import assert_one_error_line, mount, new_bucket, umount, wai
 from support.s3 import S3Server
 
 from shardfs import cli
+from shardfs.commands import _configs
 from shardfs.config import CacheConfig, ReadaheadConfig, SourceConfig
+from shardfs.control import query
 
 MTIME = 1_700_000_000
 
@@ -43,12 +44,12 @@ def test_the_defaults_are_the_ones_the_readme_documents(tmp_path: Path) -> None:
     assert SourceConfig.read_timeout == 30.0
 
     args = cli.build_parser().parse_args(["mount", "s3://bucket/data/", str(tmp_path)])
-    cache = cli._cache_config(args, tmp_path / "cache")
+    cache = _configs.cache_config(args, tmp_path / "cache")
     assert (cache.size, cache.min_free) == ("50%", 1 << 30)
     assert (cache.block_size, cache.chunk_size) == (8 << 20, 64 << 10)
-    readahead = cli._readahead_config(args)
+    readahead = _configs.readahead_config(args)
     assert (readahead.prefetch, readahead.streams, readahead.miss_fetch) == ("shard", 8, "block")
-    assert cli._source_config(args).read_timeout == 30.0
+    assert _configs.source_config(args).read_timeout == 30.0
 
 
 # -- exit codes -------------------------------------------------------------------------------
@@ -273,12 +274,12 @@ BLOCK = 256 << 10
 
 @pytest.fixture
 def two_shards(s3_server: S3Server, tmp_path: Path) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Shards ``slow-000.tar`` and ``fast-001.tar``, 12 files of 60-80 KB each (3-4 blocks
+    """Shards ``slow-000.tar`` and ``zfast-001.tar``, 12 files of 60-80 KB each (3-4 blocks
     of 256 KiB a shard); a sidecar index, so a mount starts with an empty block cache."""
     bucket = new_bucket(s3_server, "queue")
     rng = random.Random(11)
     files: dict[str, bytes] = {}
-    for shard in ("slow-000", "fast-001"):
+    for shard in ("slow-000", "zfast-001"):
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for number in range(12):
@@ -310,49 +311,46 @@ def test_reads_never_wait_behind_queued_prefetches_with_prefetch_on(
     tmp_path: Path,
 ) -> None:
     """README "Readahead": a read that misses fetches its whole block in its own thread;
-    reads never wait behind queued prefetches. With ``--prefetch shard`` on one stream, a
-    read in a shard whose GETs hang occupies that stream and leaves the rest of the shard
-    queued; every file of another shard must still be read, right, while that read and
-    that prefetch wait."""
+    reads never wait behind queued prefetches. ``--prefetch all`` on one stream queues
+    every block of both shards, the slow shard's first (shards go in name order); its GET
+    hangs on the only stream, so the fast shard's blocks stay queued behind it. Every file
+    of the fast shard must still be read, right, each block by a read's own GET."""
     source, files = two_shards
-    mount(
-        source,
-        mountpoint,
-        tmp_path / "cache",
-        "--block-size",
-        "256K",
-        "--prefetch",
-        "shard",
-        "--prefetch-streams",
-        "1",
-        "--no-kernel-push",
-        env=s3_server.env(),
-    )
-    names = sorted(os.listdir(mountpoint))
-    assert names == sorted(files)
-    s3_server.reset_counts()
     s3_server.delay_gets("slow-000.tar", 20.0)
-    slow_name = "slow-000-00.bin"
-    result: dict[str, bytes] = {}
-    slow = threading.Thread(
-        target=lambda: result.update(data=(mountpoint / slow_name).read_bytes())
-    )
-    slow.start()
     try:
-        # The read's own GET and the one prefetch stream's GET both hang: the stream is
-        # busy, and the shard's other blocks (at least one) wait in the queue.
-        wait_for(lambda: _gets(s3_server, "slow-000") >= 2, "the read's and a prefetch's GET")
-        fast = [n for n in names if n.startswith("fast-001")]
+        mount(
+            source,
+            mountpoint,
+            tmp_path / "cache",
+            "--block-size",
+            "256K",
+            "--prefetch",
+            "all",
+            "--prefetch-streams",
+            "1",
+            "--no-kernel-push",
+            env=s3_server.env(),
+        )
+        # The stream's GET (a run of the slow shard's blocks) hangs: the queue is stuck.
+        wait_for(lambda: _gets(s3_server, "slow-000") >= 1, "the stream's GET of slow-000")
+        names = sorted(os.listdir(mountpoint))
+        assert names == sorted(files)
+        fast = [n for n in names if n.startswith("zfast-001")]
+        before = _gets(s3_server, "zfast-001")  # the mount's own checks, if any
         for name in random.Random(2).sample(fast, len(fast)):
             assert (mountpoint / name).read_bytes() == files[name], name
-        assert slow.is_alive(), "the other shard's reads should finish while the slow one waits"
-        assert _gets(s3_server, "slow-000") == 2  # nothing queued behind the stream ran
-        assert _gets(s3_server, "fast-001") >= 3  # each of its blocks fetched by a read
+        values = query(mountpoint)
+        assert values["prefetched_blocks"] == 0, "nothing queued behind the stream ran"
+        blocks = -(-_shard_bytes(s3_server, source, "zfast-001") // BLOCK)
+        assert _gets(s3_server, "zfast-001") - before == values["cache_misses"] == blocks
     finally:
         s3_server.delay_gets()
-    slow.join(60)
-    assert result["data"] == files[slow_name]
     umount(mountpoint)
+
+
+def _shard_bytes(s3_server: S3Server, source: str, shard: str) -> int:
+    fs = s3_server.filesystem()
+    return int(fs.info(source.removeprefix("s3://") + f"{shard}.tar")["size"])
 
 
 # -- hard links across shards ------------------------------------------------------------------
