@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-import shardfs.cache.block_cache
 import shardfs.cache.claims
+import shardfs.cache.health
 import shardfs.cache.ledger
 from shardfs.cache import (
     EVICT_ANY,
@@ -512,7 +512,7 @@ def test_unwritable_cache_disk_degrades_with_one_warning(
     cache, source = open_cache(), Source()
     fail_writes_into(monkeypatch, cache.tmp_dir, what)
     # retry the disk every time
-    monkeypatch.setattr(shardfs.cache.block_cache, "_DEGRADED_RETRY_S", 0.0)
+    monkeypatch.setattr(shardfs.cache.health, "_DEGRADED_RETRY_S", 0.0)
     with caplog.at_level(logging.WARNING, logger="shardfs.cache"):
         for index in range(5):
             assert source.get(cache, index, 7, 3000) == source.block(index)[7:3000]
@@ -868,7 +868,7 @@ class FailingConnection:
 def test_database_error_inside_a_transaction_does_not_wedge_the_cache(
     open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shardfs.cache.block_cache, "_DEGRADED_RETRY_S", 0.0)
+    monkeypatch.setattr(shardfs.cache.health, "_DEGRADED_RETRY_S", 0.0)
     cache, source = open_cache(), Source()
     source.get(cache, 0)
     cache._local.conn = FailingConnection(cache._local.conn, "UPDATE total SET bytes = bytes +")

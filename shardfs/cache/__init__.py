@@ -21,7 +21,7 @@ ledger is rebuilt from the block headers (one warning), and an unusable ``locks`
 recreated, so no single damaged file stops a mount or loses a valid block.
 """
 
-from .block_cache import EVICT_ANY, EVICT_NONE, BlockCache, NoRoom
+from .block_cache import BlockCache, NoRoom
 from .block_format import (
     MAGIC,
     BlockKey,
@@ -38,6 +38,7 @@ from .block_format import (
 )
 from .claims import open_lock_file
 from .ledger import cache_info, clear_cache, heal_cache_folder, ledger_damaged, rebuild_ledger
+from .space import EVICT_ANY, EVICT_NONE
 from .writer import remove_any
 
 __all__ = [

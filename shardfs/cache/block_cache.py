@@ -3,10 +3,10 @@
 It ties the parts of the package together: the block format (``block_format``), the ledger
 and the bound (``ledger``), one fetch per block (``claims``), open block files and the reads
 that pin them (``open_blocks``), and the temp-file-and-rename write (``writer``). Each part
-owns its own lock; this class owns only the room held for blocks being fetched.
+owns its own lock; the bound's room and eviction live in ``space``.
 
-Errors that concern one block path (a folder squatting it, say) cost that block alone; only
-errors of the whole disk (full, read-only, failing) turn caching off for a while.
+Errors that concern one block path cost that block alone; only errors of the whole disk
+turn caching off for a while (``health``).
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ import contextlib
 import errno
 import functools
 import logging
-import math
 import os
 import shutil
 import sqlite3
 import struct
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from ..config import CacheConfig, resolve_cache_size
@@ -33,30 +31,16 @@ from .block_format import (
     CorruptBlockError,
     NotInMemory,
     block_header,
-    encoded_size,
     read_data,
 )
 from .claims import Claims, LockFile, slot_of
+from .health import DiskHealth, disk_wide
 from .ledger import Ledger
 from .open_blocks import OpenBlocks
+from .space import EVICT_ANY, EVICT_NONE, Space
 from .writer import AtomicWriter
 
 log = logging.getLogger(__name__)
-
-_DEGRADED_RETRY_S = 30.0
-_EVICT_LOW_WATER = 0.9
-
-EVICT_ANY = math.inf
-"""``evict_before`` that lets a store evict any block (least recently used first)."""
-EVICT_NONE = -math.inf
-"""``evict_before`` that lets nothing be evicted: a block is kept only if it fits."""
-
-# Errors that say the cache disk as a whole is unusable: caching pauses for a while. Any
-# other OSError concerns one path (EISDIR, ENOTDIR, EEXIST, ENAMETOOLONG, ELOOP, ...) and
-# costs only its block.
-_DISK_WIDE = frozenset(
-    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM}
-)
 
 
 class NoRoom(Exception):
@@ -78,20 +62,14 @@ class BlockCache:
             folder.mkdir(parents=True, exist_ok=True)
         disk = shutil.disk_usage(self.root)
         self.max_bytes = resolve_cache_size(config.size, disk.total)
-        self._degraded_until = 0.0
-        self._warned = False
+        self._health = DiskHealth(self.stats)
         self._locks = LockFile(self.root)
         self._ledger = Ledger(self.root, self._locks, self.max_bytes, config.min_free)
         self._prepare()
         self._claims = Claims()
         self._open = OpenBlocks()
         self._writer = AtomicWriter(self.tmp_dir)
-        self._reserved = 0  # bytes of blocks being fetched to be stored (``_reserving``)
-        self._room_lock = threading.Lock()
-        self._evicting = threading.Lock()
-        # Block paths that failed on their own (a folder squatting one, say): served from
-        # the store without touching the disk again; every other block is cached as usual.
-        self._bad_paths: set[str] = set()
+        self._space = Space(self._ledger, self._open, self.stats, config.chunk_size)
         # Told every block this process stores (key and bytes), once it is in place on disk.
         self.on_stored: Callable[[BlockKey, bytes], None] | None = None
         self._closed = False
@@ -153,7 +131,7 @@ class BlockCache:
     @property
     def degraded(self) -> bool:
         """Whether caching is paused because the cache disk failed (full, read-only)."""
-        return time.monotonic() < self._degraded_until
+        return self._health.degraded
 
     def peek(
         self,
@@ -258,7 +236,7 @@ class BlockCache:
         (a block that cannot be kept is not worth fetching ahead)."""
         if self.degraded or self._unusable(key):
             return False
-        with self._reserving(block_len, evict_before) as reserved:
+        with self._space.reserving(block_len, evict_before) as reserved:
             return reserved and self._prefetch_claimed(key, block_len, fetch_range, evict_before)
 
     def _prefetch_claimed(
@@ -285,7 +263,7 @@ class BlockCache:
     def _unusable(self, key: BlockKey) -> bool:
         """Cached already, or a path that cannot hold a block."""
         path = self._block_path(key)
-        return path in self._bad_paths or os.path.lexists(path)
+        return self._health.is_bad(path) or os.path.lexists(path)
 
     def in_flight(self, key: BlockKey) -> bool:
         """Whether a thread of this process is fetching the block now."""
@@ -300,7 +278,7 @@ class BlockCache:
         in flight, or would need evicting; returns True if stored."""
         if self.degraded or self._unusable(key):
             return False
-        with self._reserving(len(block), EVICT_NONE) as reserved:
+        with self._space.reserving(len(block), EVICT_NONE) as reserved:
             if not reserved or not self._claims.claim(key, wait=False):
                 return False
             try:
@@ -316,6 +294,16 @@ class BlockCache:
             self._locks.unlock(slot)
         finally:
             self._claims.release(key, error)
+
+    def room_for(self, block_len: int, evict_before: float = EVICT_NONE) -> bool:
+        """Whether a block of ``block_len`` bytes fits under the bound now, counting as free
+        the blocks last used before ``evict_before`` (a wall time) that no read holds."""
+        return self._space.room_for(block_len, evict_before)
+
+    def evict_to(self, target: int, evict_before: float = EVICT_ANY) -> int:
+        """Remove least recently used blocks (of those last used before ``evict_before``)
+        until usage is at most ``target``; returns how many."""
+        return self._space.evict_to(target, evict_before)
 
     def usage(self) -> int:
         """Bytes of cached blocks, for statistics: when the ledger cannot be read, the last
@@ -355,7 +343,7 @@ class BlockCache:
         used: bool = True,
     ) -> bytes | None:
         path = self._block_path(key)
-        if path in self._bad_paths:
+        if self._health.is_bad(path):
             return None
         with self._open.pinned(path):
             try:
@@ -364,8 +352,8 @@ class BlockCache:
                 self._discard(path, exc)
                 return None
             except OSError as exc:
-                if exc.errno not in _DISK_WIDE:
-                    self._skip_path(path, exc)
+                if not disk_wide(exc):
+                    self._health.skip_path(path, exc)
                 else:
                     log.warning("cannot open cached block %s: %s", path, exc)
                 return None
@@ -413,7 +401,7 @@ class BlockCache:
             if data is not None:
                 self.stats.add(cache_hits=1)
                 return data, None
-            with self._reserving(block_len, evict_before) as reserved:
+            with self._space.reserving(block_len, evict_before) as reserved:
                 if not reserved:
                     raise NoRoom(key)
                 block = fetch()
@@ -440,10 +428,10 @@ class BlockCache:
         handling: an error of the observer reaches the caller and never costs the block."""
         if expected is not None and len(block) != expected:
             raise ValueError(f"assembled {len(block)} bytes for a block of {expected}")
-        if time.monotonic() < self._degraded_until:
+        if self._health.degraded:
             return False
         final = self.path_of(key)
-        if str(final) in self._bad_paths:
+        if self._health.is_bad(str(final)):
             return False
         if not self._ledger.ready and not self._prepare():
             return False
@@ -463,7 +451,7 @@ class BlockCache:
         tmp = self._writer.temp_path()
         inserted = False
         try:
-            if not self._make_room(size, evict_before):
+            if not self._space.make_room(size, evict_before):
                 self.stats.add(blocks_not_admitted=1)
                 return False
             self._writer.write(tmp, header, block)
@@ -485,23 +473,13 @@ class BlockCache:
         """Sort a failed block write: this block, the ledger, or the whole disk."""
         if isinstance(exc, OSError) and exc.errno == errno.ENOENT:
             self.stats.add(cache_write_errors=1)  # a folder cleared under us: next time
-        elif isinstance(exc, OSError) and exc.errno not in _DISK_WIDE:
-            self._skip_path(path, exc)
+        elif isinstance(exc, OSError) and not disk_wide(exc):
+            self._health.skip_path(path, exc)
         elif isinstance(exc, sqlite3.Error) and self._ledger.damaged(exc):
             self.stats.add(cache_write_errors=1)
             self._rebuild_ledger(str(exc))
         else:
-            self._degrade(exc)
-
-    def _skip_path(self, path: str, exc: OSError) -> None:
-        """A block path that fails on its own: count it, warn once for it, and serve that
-        block from the store from now on; the rest of the cache carries on."""
-        self.stats.add(cache_write_errors=1)
-        if path in self._bad_paths:
-            return
-        if len(self._bad_paths) < 4096:
-            self._bad_paths.add(path)
-        log.warning("cannot cache block %s (%s); serving it from the store", path, exc.strerror)
+            self._health.degrade(exc)
 
     def _prepare(self) -> bool:
         """Open (or rebuild) the ledger; on a full or read-only disk start degraded and try
@@ -509,7 +487,7 @@ class BlockCache:
         try:
             self._ledger.prepare()
         except (OSError, sqlite3.Error) as exc:
-            self._degrade(exc)
+            self._health.degrade(exc)
             return False
         return True
 
@@ -518,96 +496,4 @@ class BlockCache:
         try:
             self._ledger.rebuild(reason)
         except (OSError, sqlite3.Error) as exc:
-            self._degrade(exc)
-
-    def _degrade(self, exc: BaseException) -> None:
-        """A full or read-only cache disk: keep serving from the store, warn once."""
-        self.stats.add(cache_write_errors=1)
-        self._degraded_until = time.monotonic() + _DEGRADED_RETRY_S
-        if not self._warned:
-            self._warned = True
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            log.warning("cache disk unusable (%s); reading from the store without caching", reason)
-        log.debug("cache write failed", exc_info=exc)
-
-    # -- room and eviction -------------------------------------------------------------
-
-    def room_for(self, block_len: int, evict_before: float = EVICT_NONE) -> bool:
-        """Whether a block of ``block_len`` bytes fits under the bound now, counting as free
-        the blocks last used before ``evict_before`` (a wall time) that no read holds."""
-        incoming = encoded_size(block_len, self.config.chunk_size)
-        return self._room(incoming + self._reserved, evict_before)
-
-    @contextlib.contextmanager
-    def _reserving(self, block_len: int, evict_before: float) -> Iterator[bool]:
-        """Hold room for a block while it is fetched and stored, so that concurrent fetches
-        in this process never count the same free bytes (one of them would be fetched and
-        then not kept). Yields whether room was found; ``EVICT_ANY`` always finds it."""
-        if evict_before == EVICT_ANY:
-            yield True
-            return
-        incoming = encoded_size(block_len, self.config.chunk_size)
-        with self._room_lock:
-            if not self._room(incoming + self._reserved, evict_before):
-                reserved = 0
-            else:
-                reserved = incoming
-                self._reserved += incoming
-        try:
-            yield reserved > 0
-        finally:
-            if reserved:
-                with self._room_lock:
-                    self._reserved -= reserved
-
-    def _room(self, incoming: int, evict_before: float) -> bool:
-        """Whether ``incoming`` bytes fit; a ledger that cannot be read has no room."""
-        try:
-            used = self._ledger.usage()
-        except sqlite3.Error:
-            return False
-        limit = self._ledger.limit(used)
-        if used + incoming <= limit:
-            return True
-        if incoming > limit or evict_before == EVICT_NONE:
-            return False
-        need = used + incoming - limit
-        if self._evictable(need, evict_before) < need:
-            return False
-        self._ledger.flush_uses(force=True)  # uses not yet written may warm a victim
-        return self._evictable(need, evict_before) >= need
-
-    def _evictable(self, need: int, evict_before: float) -> int:
-        return self._ledger.evictable(need, evict_before, self._open.pinned_paths())
-
-    def _make_room(self, incoming: int, evict_before: float = EVICT_ANY) -> bool:
-        """Evict least recently used blocks, among those last used before ``evict_before``,
-        so that ``incoming`` bytes fit under the bound; False when they cannot. A ledger
-        that cannot be read raises sqlite3.Error: the write is not admitted."""
-        used = self._ledger.usage()
-        limit = self._ledger.limit(used)
-        if incoming > limit:
-            raise OSError(errno.ENOSPC, "cache bound smaller than one block")
-        if used + incoming <= limit:
-            return True
-        if evict_before == EVICT_NONE:
-            return False
-        with self._evicting:
-            self._ledger.flush_uses(force=True)
-            target = int(limit * _EVICT_LOW_WATER) - incoming
-            self.evict_to(max(0, target), evict_before)
-            return self._ledger.usage() + incoming <= limit
-
-    def evict_to(self, target: int, evict_before: float = EVICT_ANY) -> int:
-        """Remove least recently used blocks (of those last used before ``evict_before``)
-        until usage is at most ``target``; returns how many."""
-        removed = 0
-        while chosen := self._ledger.take_victims(target, evict_before, self._open.pinned_paths):
-            for path in chosen:
-                self._open.close_path(path)
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-            removed += len(chosen)
-            unread = self._ledger.take_unread(chosen)
-            self.stats.add(blocks_evicted=len(chosen), evicted_unread_bytes=unread)
-        return removed
+            self._health.degrade(exc)
