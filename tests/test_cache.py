@@ -22,11 +22,15 @@ from typing import Any
 import pytest
 from support.mounts import wait_for
 
-import shardfs.cache
+import shardfs.cache.claims
+import shardfs.cache.health
+import shardfs.cache.ledger
 from shardfs.cache import (
+    EVICT_ANY,
     MAGIC,
     BlockCache,
     BlockKey,
+    NoRoom,
     cache_info,
     clear_cache,
     encode_block,
@@ -362,7 +366,7 @@ def test_stale_temp_files_of_dead_processes_are_removed_on_start(
 def test_failed_fetch_leaves_nothing_and_is_retried(
     open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shardfs.cache, "_FAILURE_HOLD_S", 0.0)
+    monkeypatch.setattr(shardfs.cache.claims, "_FAILURE_HOLD_S", 0.0)
     cache, source = open_cache(), Source()
     attempts: list[int] = []
 
@@ -427,7 +431,7 @@ def test_eviction_takes_least_recently_used_first(
     open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch, flush_every: float
 ) -> None:
     """Access times wait in memory (5 s by default); eviction flushes them first."""
-    monkeypatch.setattr(shardfs.cache, "_ATIME_FLUSH_S", flush_every)
+    monkeypatch.setattr(shardfs.cache.ledger, "_ATIME_FLUSH_S", flush_every)
     cache, source = open_cache(size=str(10 * ENCODED)), Source()
     for index in range(10):
         source.get(cache, index)
@@ -552,7 +556,8 @@ def test_unwritable_cache_disk_degrades_with_one_warning(
 ) -> None:
     cache, source = open_cache(), Source()
     fail_writes_into(monkeypatch, cache.tmp_dir, what)
-    monkeypatch.setattr(shardfs.cache, "_DEGRADED_RETRY_S", 0.0)  # retry the disk every time
+    # retry the disk every time
+    monkeypatch.setattr(shardfs.cache.health, "_DEGRADED_RETRY_S", 0.0)
     with caplog.at_level(logging.WARNING, logger="shardfs.cache"):
         for index in range(5):
             assert source.get(cache, index, 7, 3000) == source.block(index)[7:3000]
@@ -918,7 +923,7 @@ class FailingConnection:
 def test_database_error_inside_a_transaction_does_not_wedge_the_cache(
     open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shardfs.cache, "_DEGRADED_RETRY_S", 0.0)
+    monkeypatch.setattr(shardfs.cache.health, "_DEGRADED_RETRY_S", 0.0)
     cache, source = open_cache(), Source()
     source.get(cache, 0)
     cache._local.conn = FailingConnection(cache._local.conn, "UPDATE total SET bytes = bytes +")
@@ -1021,19 +1026,19 @@ def test_a_read_that_must_not_wait_skips_blocks_the_page_cache_lacks(
 def test_waiters_share_a_failed_fetch_instead_of_refetching(
     open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shardfs.cache, "_FAILURE_HOLD_S", 0.0)
+    monkeypatch.setattr(shardfs.cache.claims, "_FAILURE_HOLD_S", 0.0)
     cache, source = open_cache(), Source()
     error = StoreReadError("train-000.tar: store unreachable")
     started, release = threading.Event(), threading.Event()
     calls: list[int] = []
     waiting: list[int] = []
-    real_outcome = shardfs.cache._Flight.outcome
+    real_outcome = shardfs.cache.claims.Flight.outcome
 
     def counted_outcome(self: Any) -> Any:
         waiting.append(1)
         return real_outcome(self)
 
-    monkeypatch.setattr(shardfs.cache._Flight, "outcome", counted_outcome)
+    monkeypatch.setattr(shardfs.cache.claims.Flight, "outcome", counted_outcome)
 
     def failing() -> bytes:
         calls.append(0)
@@ -1114,7 +1119,7 @@ def test_a_failed_block_fails_at_once_for_a_moment_then_is_fetched_again(
 ) -> None:
     """The kernel follows a failed readahead with an immediate page READ: that READ gets the
     same failure at once instead of waiting out a second deadline; later reads refetch."""
-    monkeypatch.setattr(shardfs.cache, "_FAILURE_HOLD_S", 0.3)
+    monkeypatch.setattr(shardfs.cache.claims, "_FAILURE_HOLD_S", 0.3)
     cache, source = open_cache(), Source()
     error = StoreReadError("train-000.tar: no answer within 30 s")
     calls: list[int] = []
@@ -1140,3 +1145,66 @@ def test_a_failed_block_fails_at_once_for_a_moment_then_is_fetched_again(
             time.sleep(0.05)
     assert data == source.block(0)
     assert calls == [0]  # the refetch went to the working source
+
+
+# --- errors that must not cost a good block or the bound ---------------------------------------
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EBADF])
+def test_an_observer_error_never_costs_the_stored_block(
+    open_cache: Callable[..., BlockCache], code: int
+) -> None:
+    """A failing ``on_stored`` observer is its own error: the block it was told about stays
+    cached and counted, and caching carries on (no degrading, no block path skipped)."""
+    cache, source = open_cache(), Source()
+
+    def observer(key: BlockKey, block: bytes) -> None:
+        raise OSError(code, "observer failed")
+
+    cache.on_stored = observer
+    with pytest.raises(OSError) as caught:
+        source.get(cache, 0)
+    assert caught.value.errno == code
+    cache.on_stored = None
+    assert_block_file_valid(cache, 0, source.block(0))
+    assert cache.usage() == ENCODED == disk_bytes(cache)
+    assert cache.stats.cache_write_errors == 0
+    assert not cache.degraded
+    assert source.get(cache, 0) == source.block(0)  # read back from disk, not fetched again
+    assert source.get(cache, 1) == source.block(1)
+    assert source.calls == [0, 1]
+    assert cache.usage() == 2 * ENCODED == disk_bytes(cache)
+
+
+class AlwaysFailingConnection(FailingConnection):
+    """A sqlite connection whose statements starting with ``fail_on`` always raise."""
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith(self.fail_on):
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.conn.execute(sql, *args)
+
+
+def test_an_unreadable_ledger_total_never_lets_a_block_past_the_bound(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    """With the ledger's total unreadable, the cache cannot know its usage: it admits no
+    block (the reader still gets its bytes), instead of taking the usage for -1 bytes."""
+    cache, source = open_cache(size=str(2 * ENCODED)), Source()
+    source.get(cache, 0)
+    source.get(cache, 1)
+    assert cache.usage() == 2 * ENCODED == cache.limit()
+    healthy = cache._local.conn
+    cache._local.conn = AlwaysFailingConnection(healthy, "SELECT bytes FROM total")
+    try:
+        assert cache.usage() == 2 * ENCODED  # reported: the last total the ledger gave
+        assert cache.room_for(BLOCK, EVICT_ANY) is False
+        with pytest.raises(NoRoom):
+            cache.get(BlockKey(KEY, 2), 0, BLOCK, BLOCK, source.fetcher(2), evict_before=0.0)
+        assert source.get(cache, 3) == source.block(3)  # served, not kept
+    finally:
+        cache._local.conn = healthy
+    assert source.calls == [0, 1, 3]
+    assert [p.name for p in block_files(cache)] == ["0", "1"]
+    assert cache.usage() == 2 * ENCODED == disk_bytes(cache) == cache.limit()
+    assert cache.stats.cache_write_errors == 1

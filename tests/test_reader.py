@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tarbuild import memory_url, put, remove
 
-import shardfs.cache
+import shardfs.cache.claims
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.errors import ShardChangedError
@@ -194,7 +194,7 @@ def test_location_ignores_how_the_source_was_named(tmp_path: Path) -> None:
 def test_store_failure_caches_nothing_and_is_retried(
     block_cache: BlockCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shardfs.cache, "_FAILURE_HOLD_S", 0.0)  # retried at once below
+    monkeypatch.setattr(shardfs.cache.claims, "_FAILURE_HOLD_S", 0.0)  # retried at once below
     data = payload()
     store = memory_store({"a.tar": data})
     shard = only_shard(store)

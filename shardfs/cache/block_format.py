@@ -1,0 +1,180 @@
+"""The on-disk block format: a header, then the data.
+
+The header carries the shard key, the block index, the data length and an xxh3-64 checksum
+of every chunk (plus one of the header itself). A read verifies only the chunks it returns,
+so a warm small read stays cheap while no byte is ever served unchecked.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+MAGIC = b"SHFSBLK1"
+_FIXED = struct.Struct("<8sIIQQ16sII")  # magic, header len, chunk, data len, index, key, n, 0
+
+
+def shard_key(location: str, size: int, etag: str, block_size: int = 0) -> str:
+    """A shard's cache identity: where it lives, which version it is, and how it is cut into
+    blocks (block ``i`` under another block size is other bytes, possibly of equal length)."""
+    text = f"{location}\0{size}\0{etag}"
+    if block_size:
+        text += f"\0{block_size}"
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKey:
+    shard: str  # shard_key(), 32 hex digits
+    index: int
+
+
+class CorruptBlockError(Exception):
+    """A block file failed a check; internal to the cache, never reaches a reader."""
+
+
+class NotInMemory(Exception):
+    """A read that must not wait on the disk found bytes the page cache does not hold."""
+
+
+def _header_len(block_len: int, chunk_size: int) -> int:
+    count = (block_len + chunk_size - 1) // chunk_size
+    return _FIXED.size + 8 * count + 8
+
+
+def block_header(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
+    """The header written before a block's data: sizes, key, and per-chunk checksums."""
+    count = (len(data) + chunk_size - 1) // chunk_size
+    view = memoryview(data)
+    sums = [
+        xxhash.xxh3_64_intdigest(view[i * chunk_size : (i + 1) * chunk_size]) for i in range(count)
+    ]
+    head = _FIXED.pack(
+        MAGIC,
+        _header_len(len(data), chunk_size),
+        chunk_size,
+        len(data),
+        key.index,
+        bytes.fromhex(key.shard),
+        count,
+        0,
+    ) + struct.pack(f"<{count}Q", *sums)
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+def encoded_size(block_len: int, chunk_size: int) -> int:
+    """Bytes a block of ``block_len`` takes in the cache: its header, then its data."""
+    return _header_len(block_len, chunk_size) + block_len
+
+
+def encode_block(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
+    """Header + data, as written to disk."""
+    return block_header(key, data, chunk_size) + data
+
+
+@dataclass(slots=True)
+class Header:
+    """A block file's verified header: what a read needs to check the chunks it returns."""
+
+    header_len: int
+    chunk: int
+    data_len: int
+    sums: bytes
+
+
+def read_header(fd: int, key: BlockKey, expected_len: int) -> Header:
+    """Parse and verify the header of the block in ``fd``."""
+    fixed = os.pread(fd, _FIXED.size, 0)
+    if len(fixed) != _FIXED.size:
+        raise CorruptBlockError("truncated header")
+    magic, header_len, chunk, data_len, index, raw_key, count, _ = _FIXED.unpack(fixed)
+    if magic != MAGIC or raw_key.hex() != key.shard or index != key.index:
+        raise CorruptBlockError("wrong magic or key")
+    if data_len != expected_len or chunk <= 0 or count != (data_len + chunk - 1) // chunk:
+        raise CorruptBlockError("wrong length")
+    if header_len != _FIXED.size + 8 * count + 8:
+        raise CorruptBlockError("wrong header length")
+    rest = os.pread(fd, header_len - _FIXED.size, _FIXED.size)
+    if len(rest) != header_len - _FIXED.size:
+        raise CorruptBlockError("truncated header")
+    (header_sum,) = struct.unpack_from("<Q", rest, 8 * count)
+    if xxhash.xxh3_64_intdigest(fixed + rest[: 8 * count]) != header_sum:
+        raise CorruptBlockError("header checksum mismatch")
+    return Header(header_len, chunk, data_len, rest[: 8 * count])
+
+
+def read_data(fd: int, header: Header, start: int, end: int, *, nowait: bool = False) -> bytes:
+    """Bytes ``[start, end)`` of the block's data, each chunk they touch verified.
+
+    ``nowait``: raise NotInMemory instead of waiting for the disk (RWF_NOWAIT): blocks are
+    written around the page cache, so the first read of one is a disk read."""
+    chunk = header.chunk
+    first, last = start // chunk, (end - 1) // chunk
+    span_start = first * chunk
+    span_end = min((last + 1) * chunk, header.data_len)
+    length = span_end - span_start
+    data: bytes | bytearray | None = None
+    if nowait:
+        data = _read_nowait(fd, length, header.header_len + span_start)
+    if data is None:
+        data = os.pread(fd, length, header.header_len + span_start)
+    if len(data) != length:
+        raise CorruptBlockError("truncated data")
+    sums = struct.unpack_from(f"<{last - first + 1}Q", header.sums, 8 * first)
+    view = memoryview(data)
+    for i, expected in enumerate(sums):
+        if xxhash.xxh3_64_intdigest(view[i * chunk : (i + 1) * chunk]) != expected:
+            raise CorruptBlockError(f"checksum mismatch in chunk {first + i}")
+    return bytes(view[start - span_start : end - span_start])
+
+
+def _read_nowait(fd: int, length: int, offset: int) -> bytearray | None:
+    """``length`` bytes at ``offset`` if the page cache holds them all; NotInMemory if not;
+    None where the filesystem cannot tell (no RWF_NOWAIT): then read as usual."""
+    buffer = bytearray(length)
+    try:
+        got = os.preadv(fd, [buffer], offset, os.RWF_NOWAIT)
+    except BlockingIOError:
+        raise NotInMemory from None
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return None
+        raise
+    if got != length:  # partly cached, or short: the waiting read sorts it out
+        raise NotInMemory
+    return buffer
+
+
+def read_verified(fd: int, key: BlockKey, start: int, end: int, expected_len: int) -> bytes:
+    """Bytes ``[start, end)`` of the block in ``fd``, header and chunks verified."""
+    return read_data(fd, read_header(fd, key, expected_len), start, end)
+
+
+def block_file_size(path: str, shard: str, index: int) -> int | None:
+    """The size of a well-formed block file for ``(shard, index)``, or None: a whole header
+    that names this key and checks, and exactly as many data bytes as it announces. The data
+    checksums are left to the reads, which verify every chunk they return."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        fixed = os.pread(fd, _FIXED.size, 0)
+        if len(fixed) != _FIXED.size:
+            return None
+        data_len = _FIXED.unpack(fixed)[3]
+        header = read_header(fd, BlockKey(shard, index), data_len)
+    except (CorruptBlockError, struct.error, OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return size if size == header.header_len + header.data_len else None

@@ -1,0 +1,124 @@
+"""The bound: room held for blocks being fetched, and eviction of the least recently used.
+
+A store may evict only blocks last used before a given wall time (``evict_before``), so a
+cache smaller than the data keeps its warm blocks; blocks that reads hold are never evicted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+
+from ..stats import Stats
+from .block_format import encoded_size
+from .ledger import Ledger
+from .open_blocks import OpenBlocks
+
+_EVICT_LOW_WATER = 0.9
+
+EVICT_ANY = math.inf
+"""``evict_before`` that lets a store evict any block (least recently used first)."""
+EVICT_NONE = -math.inf
+"""``evict_before`` that lets nothing be evicted: a block is kept only if it fits."""
+
+
+class Space:
+    """Room under the bound: what fetches in flight hold, and eviction to make more."""
+
+    def __init__(
+        self, ledger: Ledger, open_blocks: OpenBlocks, stats: Stats, chunk_size: int
+    ) -> None:
+        self.ledger = ledger
+        self.open_blocks = open_blocks
+        self.stats = stats
+        self.chunk_size = chunk_size
+        self._reserved = 0  # bytes of blocks being fetched to be stored (``reserving``)
+        self._room_lock = threading.Lock()
+        self._evicting = threading.Lock()
+
+    def room_for(self, block_len: int, evict_before: float = EVICT_NONE) -> bool:
+        """Whether a block of ``block_len`` bytes fits under the bound now, counting as free
+        the blocks last used before ``evict_before`` (a wall time) that no read holds."""
+        incoming = encoded_size(block_len, self.chunk_size)
+        return self._room(incoming + self._reserved, evict_before)
+
+    @contextlib.contextmanager
+    def reserving(self, block_len: int, evict_before: float) -> Iterator[bool]:
+        """Hold room for a block while it is fetched and stored, so that concurrent fetches
+        in this process never count the same free bytes (one of them would be fetched and
+        then not kept). Yields whether room was found; ``EVICT_ANY`` always finds it."""
+        if evict_before == EVICT_ANY:
+            yield True
+            return
+        incoming = encoded_size(block_len, self.chunk_size)
+        with self._room_lock:
+            if not self._room(incoming + self._reserved, evict_before):
+                reserved = 0
+            else:
+                reserved = incoming
+                self._reserved += incoming
+        try:
+            yield reserved > 0
+        finally:
+            if reserved:
+                with self._room_lock:
+                    self._reserved -= reserved
+
+    def _room(self, incoming: int, evict_before: float) -> bool:
+        """Whether ``incoming`` bytes fit; a ledger that cannot be read has no room."""
+        try:
+            used = self.ledger.usage()
+        except sqlite3.Error:
+            return False
+        limit = self.ledger.limit(used)
+        if used + incoming <= limit:
+            return True
+        if incoming > limit or evict_before == EVICT_NONE:
+            return False
+        need = used + incoming - limit
+        if self._evictable(need, evict_before) < need:
+            return False
+        self.ledger.flush_uses(force=True)  # uses not yet written may warm a victim
+        return self._evictable(need, evict_before) >= need
+
+    def _evictable(self, need: int, evict_before: float) -> int:
+        return self.ledger.evictable(need, evict_before, self.open_blocks.pinned_paths())
+
+    def make_room(self, incoming: int, evict_before: float = EVICT_ANY) -> bool:
+        """Evict least recently used blocks, among those last used before ``evict_before``,
+        so that ``incoming`` bytes fit under the bound; False when they cannot. A ledger
+        that cannot be read raises sqlite3.Error: the write is not admitted."""
+        used = self.ledger.usage()
+        limit = self.ledger.limit(used)
+        if incoming > limit:
+            raise OSError(errno.ENOSPC, "cache bound smaller than one block")
+        if used + incoming <= limit:
+            return True
+        if evict_before == EVICT_NONE:
+            return False
+        with self._evicting:
+            self.ledger.flush_uses(force=True)
+            target = int(limit * _EVICT_LOW_WATER) - incoming
+            self.evict_to(max(0, target), evict_before)
+            return self.ledger.usage() + incoming <= limit
+
+    def evict_to(self, target: int, evict_before: float = EVICT_ANY) -> int:
+        """Remove least recently used blocks (of those last used before ``evict_before``)
+        until usage is at most ``target``; returns how many."""
+        removed = 0
+        while chosen := self.ledger.take_victims(
+            target, evict_before, self.open_blocks.pinned_paths
+        ):
+            for path in chosen:
+                self.open_blocks.close_path(path)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+            removed += len(chosen)
+            unread = self.ledger.take_unread(chosen)
+            self.stats.add(blocks_evicted=len(chosen), evicted_unread_bytes=unread)
+        return removed
