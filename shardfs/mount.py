@@ -54,6 +54,10 @@ from .views import CLASSES_FILE, View, ViewReport, build_view, parse_classes, vi
 
 log = logging.getLogger(__name__)
 
+TABLE_AHEAD_FILES = 100_000
+"""From this many files on, a mount builds its placement table once it is ready (about
+2 s of one core for 1.28M files) instead of at the first sampler's read."""
+
 
 @dataclass
 class OpenedSource:
@@ -687,15 +691,30 @@ def run_foreground(
 
     served = threading.Event()
 
+    background: list[threading.Thread] = []  # joined before anything they use is closed
+
+    def in_background(name: str, work: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                work()
+            except Exception:
+                log.exception("%s failed", name)
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        background.append(thread)
+        thread.start()
+
     def on_ready() -> None:
         pid_path.write_text(str(os.getpid()))
         log.info("mounted %s at %s", source.url, mount_config.mountpoint)
         channel.send("ready", f"{opened.view.report.files} {opened.view.layout}")
         if prefetcher is not None and readahead_config.prefetch == "all":
             shards = list(opened.view.shards.values())
-            threading.Thread(
-                target=lambda: [cached.read_ahead(s) for s in shards], daemon=True
-            ).start()
+            in_background("shardfs-prefetch-all", lambda: [cached.read_ahead(s) for s in shards])
+        if opened.view.report.files >= TABLE_AHEAD_FILES:
+            # A sampler's first read of the placement table finds it built (1.28M files
+            # take seconds), while ImageFolder still scans the tree.
+            in_background("shardfs-table", core.table)
         served.set()
 
     try:
@@ -713,6 +732,8 @@ def run_foreground(
         with contextlib.suppress(FileNotFoundError):
             pid_path.unlink()
         control.close()
+        for thread in background:
+            thread.join()
         if prefetcher is not None:
             prefetcher.close()
         if cache is not None:

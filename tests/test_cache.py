@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from support.mounts import wait_for
 
+import shardfs.cache.block_cache
 import shardfs.cache.claims
 import shardfs.cache.health
 import shardfs.cache.ledger
@@ -131,7 +132,7 @@ class HeldReads:
         self.gate = threading.Event()
         self.threads: list[threading.Thread] = []
         self.results: dict[int, bytes] = {}
-        real_read_data = shardfs.cache.read_data
+        real_read_data = shardfs.cache.block_cache.read_data
 
         def held_read_data(*args: Any, **kwargs: Any) -> bytes:
             with self.lock:
@@ -139,7 +140,7 @@ class HeldReads:
             assert self.gate.wait(60)
             return real_read_data(*args, **kwargs)
 
-        monkeypatch.setattr(shardfs.cache, "read_data", held_read_data)
+        monkeypatch.setattr(shardfs.cache.block_cache, "read_data", held_read_data)
 
     def start(self, cache: BlockCache, indexes: list[int]) -> None:
         def read(index: int) -> None:
@@ -594,13 +595,13 @@ def test_threads_asking_for_one_block_fetch_it_once(
 ) -> None:
     cache, source = open_cache(), Source()
     waiting: list[int] = []
-    real_outcome = shardfs.cache._Flight.outcome
+    real_outcome = shardfs.cache.claims.Flight.outcome
 
     def counted_outcome(self: Any) -> Any:
         waiting.append(1)
         return real_outcome(self)
 
-    monkeypatch.setattr(shardfs.cache._Flight, "outcome", counted_outcome)
+    monkeypatch.setattr(shardfs.cache.claims.Flight, "outcome", counted_outcome)
 
     def fetch() -> bytes:
         # The fetch ends only once the seven other readers wait for it: the race happened.
