@@ -360,8 +360,8 @@ class ShardFileSystem:
         """Queue the files the readers will ask for next, ``FILES_AHEAD`` hint positions
         past ``position``: while the cache is full, the reader fetches them as ranges."""
         reader = self.reader
-        if not isinstance(reader, CachedReader):
-            return
+        if not isinstance(reader, CachedReader) or not reader.wants_files_ahead():
+            return  # later reads ask again: the window has not moved
         with hint.lock:
             first = max(hint.files_queued, position + 1 if position else 0)
             upto = min(len(hint.rows), position + FILES_AHEAD)

@@ -113,6 +113,7 @@ class CachedReader:
         self._shards_by_key: dict[str, ShardInfo] = {}
         self._memory = MemoryReadahead()
         self._ahead = FilesAhead()
+        self._cache_full = (-1.0, False)  # (when checked, whether the cache was full)
         # While an order hint is followed, reads no longer queue their whole shard: the
         # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
         self.follow_hint = False
@@ -311,17 +312,34 @@ class CachedReader:
             return ahead
         return self._memory.read(skey, start, end, limit, fetch)
 
+    def wants_files_ahead(self) -> bool:
+        """Whether the next hinted files should be fetched as ranges: only while the cache
+        is full (otherwise it takes whole blocks, which the hint's block plan brings)."""
+        if self.prefetcher is None or self.dataset_bytes is None:
+            return False
+        now = time.monotonic()
+        checked, full = self._cache_full
+        if now - checked > 0.05:  # asked on every hinted read: a ledger query at most 20/s
+            full = not self.cache.room_for(self.block_size)
+            self._cache_full = (now, full)
+        return full
+
     def prefetch_files(self, extents: list[tuple[ShardInfo, int, int]]) -> int:
         """Queue these files (shard, start, end), in this order, to be fetched as ranges
         ahead of their reads (an order hint's next files) when their blocks cannot be
         cached without evicting blocks still in use; files the cache holds or will take
         are left to it."""
-        if self.prefetcher is None or self.dataset_bytes is None or not extents:
+        if not extents or self.prefetcher is None or not self.wants_files_ahead():
             return 0
         tasks = []
+        size = self.block_size
         for shard, start, end in extents:
             skey = self.shard_key(shard)
-            if start < end and self._ahead.claim(skey, start, end):
+            cached = all(
+                self.cache.contains(BlockKey(skey, index))
+                for index in range(start // size, (end - 1) // size + 1)
+            )
+            if start < end and not cached and self._ahead.claim(skey, start, end):
                 tasks.append(functools.partial(self._fetch_file_ahead, shard, skey, start, end))
         return self.prefetcher.schedule(tasks, hinted=True)
 
@@ -397,17 +415,16 @@ class CachedReader:
         ``RUN_BLOCKS`` fetched with one GET each; returns how many blocks were queued."""
         assert self.prefetcher is not None
         runs: list[tuple[ShardInfo, list[int]]] = []
+        open_runs: dict[ShardInfo, list[int]] = {}  # per shard, the run still growing
         for shard, index in blocks:
-            last = runs[-1] if runs else None
-            if (
-                last is not None
-                and last[0] == shard
-                and last[1][-1] + 1 == index
-                and len(last[1]) < RUN_BLOCKS
-            ):
-                last[1].append(index)
+            # An order hint interleaves shards: a block joins its shard's open run when it
+            # continues it, wherever the run started in the order.
+            run = open_runs.get(shard)
+            if run is not None and run[-1] + 1 == index and len(run) < RUN_BLOCKS:
+                run.append(index)
             else:
-                runs.append((shard, [index]))
+                run = open_runs[shard] = [index]
+                runs.append((shard, run))
         tasks = (self._prefetch_run(shard, self.shard_key(shard), run) for shard, run in runs)
         self.prefetcher.schedule(tasks, hinted=hinted)
         return len(blocks)

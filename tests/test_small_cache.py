@@ -229,4 +229,4 @@ def test_uniform_mode_with_the_hint_keeps_what_is_needed_soonest(
     # the reads found them there (a read that waits for its own GET is not counted).
     stats = query(mountpoint)
     assert stats["files_fetched_ahead"] > 0
-    assert stats["files_ahead_read"] >= 0.9 * stats["range_reads"], stats
+    assert stats["files_ahead_read"] >= 0.75 * stats["range_reads"], stats
