@@ -129,7 +129,6 @@ def stop_process(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
 _FIXTURE_MARKERS = {"mountpoint": "integration", "s3_server": "s3"}
 
 
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))

@@ -20,8 +20,7 @@ from support.datagen import make_imagefolder, pack_with_gnu_tar, relative_files,
 from support.mounts import mount, new_bucket, process_gone, umount, wait_for
 from support.s3 import S3Server
 
-from shardfs.control import query
-from shardfs.mount import pid_file
+from shardfs.control import pid_file, query
 
 pytestmark = pytest.mark.integration
 

@@ -416,7 +416,7 @@ def test_open_source_uses_classes_txt_next_to_the_shards(tmp_path: Path) -> None
     from tarbuild import memory_url, put
 
     from shardfs.config import SourceConfig
-    from shardfs.mount import open_source
+    from shardfs.dataset import open_source
 
     url = memory_url()
     put(url, "train/s0.tar", sample_shard([("a", 0), ("b", 1)]))
@@ -434,7 +434,7 @@ def test_open_source_non_utf8_classes_txt_is_usage_error(tmp_path: Path) -> None
     from tarbuild import memory_url, put
 
     from shardfs.config import SourceConfig
-    from shardfs.mount import open_source
+    from shardfs.dataset import open_source
 
     url = memory_url()
     put(url, "s0.tar", sample_shard([("a", 0)]))
