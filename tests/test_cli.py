@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tarbuild import make_tar
+from support.tarbuild import make_tar
 
 import shardfs
 from shardfs.index import SIDECAR_NAME

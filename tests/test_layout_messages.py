@@ -11,9 +11,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, run_shardfs
 from support.mounts import assert_one_error_line, mount, umount
-from tarbuild import make_tar, memory_url, put
+from support.processes import is_mounted, run_shardfs
+from support.tarbuild import make_tar, memory_url, put
 
 from shardfs import dataset as mount_module
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import is_mounted, run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import mount, new_bucket, process_gone, umount, wait_for
+from support.processes import is_mounted, run_shardfs
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.integration
