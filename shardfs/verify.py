@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import IndexConfig, SourceConfig, ViewConfig
-from .mount import open_source
+from .dataset import open_source
 from .pack import scan_tree
 from .store import ShardInfo, Store
 from .views import Node

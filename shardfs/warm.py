@@ -15,7 +15,7 @@ from .config import (
     format_bytes,
     plural,
 )
-from .mount import open_source
+from .dataset import open_source
 from .readahead import Prefetcher
 from .reader import CachedReader
 from .stats import Stats

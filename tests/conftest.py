@@ -2,124 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.processes import (
+    is_mounted,
+    require_fuse,
+    spawned_processes,
+    stop_process,
+    unmount,
+)
 from support.s3 import S3Server
-
-FUSERMOUNT = "fusermount3"
-
-# Processes started by spawn_shardfs(), so teardown can end what a test left running.
-_spawned: list[subprocess.Popen[str]] = []
-
-
-def fuse_problem() -> str | None:
-    """Why FUSE mounts cannot work here, or None if they can."""
-    if not os.path.exists("/dev/fuse"):
-        return "/dev/fuse does not exist (run the container with --device /dev/fuse)"
-    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        return "/dev/fuse is not readable and writable by this user"
-    if shutil.which(FUSERMOUNT) is None:
-        return f"{FUSERMOUNT} is not on PATH (install the fuse3 package)"
-    return None
-
-
-def require_fuse() -> None:
-    """Fail, never skip: integration tests that cannot run must be seen."""
-    problem = fuse_problem()
-    if problem is not None:
-        pytest.fail(f"FUSE integration tests cannot run: {problem}", pytrace=False)
-
-
-def _merged_env(env: dict[str, str] | None) -> dict[str, str]:
-    return {**os.environ, **(env or {})}
-
-
-def run_shardfs(
-    *args: str | os.PathLike[str], env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m shardfs ARGS`` to completion; ``env`` is laid over os.environ."""
-    return subprocess.run(
-        [sys.executable, "-m", "shardfs", *map(str, args)],
-        env=_merged_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def spawn_shardfs(
-    *args: str | os.PathLike[str], env: dict[str, str] | None = None
-) -> subprocess.Popen[str]:
-    """Start ``python -m shardfs ARGS`` (e.g. a foreground mount) without waiting.
-
-    The process is recorded; the ``mountpoint`` fixture ends any recorded
-    process whose arguments name its directory.
-    """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardfs", *map(str, args)],
-        env=_merged_env(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _spawned.append(proc)
-    return proc
-
-
-def _unescape_mountinfo(field: str) -> str:
-    # /proc/self/mountinfo writes space, tab, newline and backslash as \ooo.
-    for code in ("\\040", "\\011", "\\012", "\\134"):
-        field = field.replace(code, chr(int(code[1:], 8)))
-    return field
-
-
-def is_mounted(path: Path) -> bool:
-    """True if ``path`` is a mount point, even one whose FUSE daemon has died.
-
-    os.path.ismount() alone says False for a dead FUSE mount (stat fails with
-    ENOTCONN), which is exactly the mount teardown must still remove.
-    """
-    target = os.path.realpath(path)
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 4 and _unescape_mountinfo(fields[4]) == target:
-                    return True
-    except OSError:
-        pass
-    return os.path.ismount(path)
-
-
-def unmount(path: Path) -> None:
-    """Lazily unmount ``path``; errors are ignored (teardown must not raise)."""
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        subprocess.run(
-            [FUSERMOUNT, "-u", "-z", str(path)], capture_output=True, timeout=30, check=False
-        )
-
-
-def stop_process(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
-    # communicate() closes the pipes and reaps the process.
-    with contextlib.suppress(ValueError, subprocess.TimeoutExpired):
-        proc.communicate(timeout=timeout)
-
 
 # Markers. ``make test-unit`` deselects both, so it needs neither FUSE nor moto.
 #   integration: does real FUSE mounts (fails, never skips, where FUSE cannot work);
@@ -127,7 +23,6 @@ def stop_process(proc: subprocess.Popen[str], timeout: float = 10.0) -> None:
 # A test is marked from the fixtures it uses, so a new test cannot be filed wrong; a test
 # that starts its own server or mount carries the marker by hand.
 _FIXTURE_MARKERS = {"mountpoint": "integration", "s3_server": "s3"}
-
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -162,17 +57,17 @@ def mountpoint(tmp_path: Path) -> Iterator[Path]:
     finally:
         if is_mounted(path):
             unmount(path)
-        for proc in list(_spawned):
+        for proc in list(spawned_processes):
             if isinstance(proc.args, list) and str(path) in proc.args:
                 stop_process(proc)
-                _spawned.remove(proc)
+                spawned_processes.remove(proc)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _stop_leftover_processes() -> Iterator[None]:
     yield
-    while _spawned:
-        stop_process(_spawned.pop())
+    while spawned_processes:
+        stop_process(spawned_processes.pop())
 
 
 @pytest.fixture

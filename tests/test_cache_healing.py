@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import mount, mount_tmpfs, new_bucket, umount
+from support.processes import is_mounted, run_shardfs
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.integration

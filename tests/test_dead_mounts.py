@@ -13,9 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, require_fuse, run_shardfs, spawn_shardfs, stop_process, unmount
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.mounts import assert_one_error_line, mount, process_gone, umount, wait_for
+from support.processes import (
+    is_mounted,
+    require_fuse,
+    run_shardfs,
+    spawn_shardfs,
+    stop_process,
+    unmount,
+)
 
 import shardfs
 from shardfs.control import pid_file, socket_path

@@ -14,9 +14,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import mount, mount_tmpfs, new_bucket, umount
+from support.processes import run_shardfs
 from support.s3 import S3Server
 
 from shardfs.readahead import MemoryReadahead

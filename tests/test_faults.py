@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import is_mounted, run_shardfs, unmount
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.fault_proxy import FaultProxy, delete_object, other_version, replace_object
 from support.mounts import new_bucket, wait_for
+from support.processes import is_mounted, run_shardfs, unmount
 from support.s3 import S3Server
 
 from shardfs.control import pid_file

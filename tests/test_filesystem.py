@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.inodes import names_in, open_path, resolve, stat_of
-from tarbuild import MTIME, directory, make_tar, store_with, symlink
+from support.tarbuild import MTIME, directory, make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
 from shardfs.errors import (

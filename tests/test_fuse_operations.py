@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tarbuild import make_tar, store_with, symlink
+from support.tarbuild import make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, MountConfig, ViewConfig
 from shardfs.errors import StoreReadError

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     import sys
     from pathlib import Path
     sys.path.insert(0, "tests")
-    from tarbuild import make_tar, store_with
+    from support.tarbuild import make_tar, store_with
     from shardfs.fuse import session
     from shardfs.config import IndexConfig, MountConfig, ViewConfig
     from shardfs.filesystem import ShardFileSystem

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from fuzz_target import check
-from tarbuild import hardlink, make_tar, symlink
+from support.tarbuild import hardlink, make_tar, symlink
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, ShardfsError

@@ -9,7 +9,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from tarbuild import directory, hardlink, make_tar, memory_url, put, remove, store_with, symlink
+from support.tarbuild import (
+    directory,
+    hardlink,
+    make_tar,
+    memory_url,
+    put,
+    remove,
+    store_with,
+    symlink,
+)
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, IndexFileError, UnsafeMemberError

@@ -13,9 +13,9 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, unmount
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.http_servers import FileServer
+from support.processes import is_mounted, unmount
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.inodes import resolve
 from support.mounts import wait_for
-from tarbuild import make_tar, store_with
+from support.tarbuild import make_tar, store_with
 
 from shardfs.config import IndexConfig, ViewConfig
 from shardfs.filesystem import ShardFileSystem

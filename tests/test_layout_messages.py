@@ -11,15 +11,15 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, run_shardfs
 from support.mounts import assert_one_error_line, mount, umount
-from tarbuild import make_tar, memory_url, put
+from support.processes import is_mounted, run_shardfs
+from support.tarbuild import make_tar, memory_url, put
 
-from shardfs import mount as mount_module
+from shardfs import dataset as mount_module
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
+from shardfs.dataset import layout_line, open_source
 from shardfs.errors import UsageError
 from shardfs.index import IndexBuilder, write_sidecar
-from shardfs.mount import layout_line, open_source
 from shardfs.store import Store
 from shardfs.views import ViewReport
 

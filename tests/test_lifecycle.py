@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, run_shardfs, spawn_shardfs
 from support.mounts import (
     assert_one_error_line,
     mount,
@@ -22,8 +21,9 @@ from support.mounts import (
     umount,
     wait_for,
 )
+from support.processes import is_mounted, run_shardfs, spawn_shardfs
 from support.s3 import S3Server
-from tarbuild import make_tar
+from support.tarbuild import make_tar
 
 from shardfs.control import lock_path
 

@@ -15,13 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, spawn_shardfs, stop_process
 from support.datagen import make_imagefolder, pack_with_gnu_tar, relative_files, sha256_tree
 from support.mounts import mount, new_bucket, process_gone, umount, wait_for
+from support.processes import is_mounted, spawn_shardfs, stop_process
 from support.s3 import S3Server
 
-from shardfs.control import query
-from shardfs.mount import pid_file
+from shardfs.control import pid_file, query
 
 pytestmark = pytest.mark.integration
 

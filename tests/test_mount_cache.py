@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import is_mounted, run_shardfs, unmount
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import (
     assert_one_error_line,
@@ -35,6 +34,7 @@ from support.mounts import (
     wait_for,
 )
 from support.mounts import mount as _mount
+from support.processes import is_mounted, run_shardfs, unmount
 from support.s3 import S3Server
 
 from shardfs.control import pid_file

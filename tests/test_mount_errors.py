@@ -9,9 +9,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, run_shardfs
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.mounts import assert_one_error_line, mount, new_bucket, umount
+from support.processes import is_mounted, run_shardfs
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.fault_proxy import FaultProxy
 from support.mounts import mount, new_bucket, umount, wait_for
+from support.processes import run_shardfs
 from support.s3 import S3Server
 
 from shardfs.placement import (

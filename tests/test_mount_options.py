@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted
 from support.mounts import assert_one_error_line, umount
-from tarbuild import make_tar
+from support.processes import is_mounted
+from support.tarbuild import make_tar
 
 from shardfs.cli import build_parser, mount_helper
 from shardfs.errors import UsageError

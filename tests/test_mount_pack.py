@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_shardfs, stop_process
 from support.datagen import (
     DEFAULT_CLASS_SIZES,
     make_imagefolder,
@@ -24,6 +23,7 @@ from support.datagen import (
     sha256_tree,
 )
 from support.mounts import imagefolder_view, mount, new_bucket, shard_keys, umount
+from support.processes import run_shardfs, stop_process
 from support.s3 import S3Server
 
 from shardfs.index import SIDECAR_NAME

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import is_mounted, run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import mount, new_bucket, process_gone, umount, wait_for
+from support.processes import is_mounted, run_shardfs
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.integration
@@ -344,7 +344,7 @@ def test_sigterm_during_a_cold_epoch_with_pushes_stops_the_daemon(
 ) -> None:
     """Readers, readahead, kernel pushes and a slow GET all in flight when SIGTERM comes: the
     daemon still unmounts and exits (no reply waits forever on a stopped session)."""
-    from shardfs.mount import pid_file
+    from shardfs.control import pid_file
 
     mount(dataset.url, mountpoint, cache_dir, "--block-size", BLOCK_FLAG, env=env)
     names = sorted(os.listdir(mountpoint))  # the kernel knows every inode: pushes happen

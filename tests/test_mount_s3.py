@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_shardfs
 from support.datagen import (
     DEFAULT_CLASS_SIZES,
     make_imagefolder,
@@ -30,6 +29,7 @@ from support.datagen import (
     split_sizes,
 )
 from support.mounts import imagefolder_view, mount, new_bucket, shard_keys, umount
+from support.processes import run_shardfs
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import is_mounted, require_fuse, unmount
 from support.mounts import mount, umount
+from support.processes import is_mounted, require_fuse, unmount
 
 pytestmark = pytest.mark.integration
 

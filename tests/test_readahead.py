@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from support.mounts import wait_for
-from tarbuild import memory_url, put
+from support.tarbuild import memory_url, put
 
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tarbuild import memory_url, put, remove
+from support.tarbuild import memory_url, put, remove
 
 import shardfs.cache.claims
 from shardfs.cache import BlockCache, BlockKey

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import is_mounted, run_shardfs, spawn_shardfs, stop_process
 from support.mounts import assert_one_error_line, mount, new_bucket, umount, wait_for
+from support.processes import is_mounted, run_shardfs, spawn_shardfs, stop_process
 from support.s3 import S3Server
 
 from shardfs import cli

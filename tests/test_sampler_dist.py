@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import run_shardfs
 from support.datagen import make_imagefolder
 from support.mounts import mount
+from support.processes import run_shardfs
 from torchvision.datasets import ImageFolder
 
 from shardfs.placement import read_placement

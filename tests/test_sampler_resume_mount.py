@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_shardfs
 from support.datagen import make_imagefolder
 from support.mounts import mount, umount
+from support.processes import run_shardfs
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.datasets import ImageFolder
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_shardfs
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import drop_page_cache, mount, new_bucket, settled_counts, umount
+from support.processes import run_shardfs
 from support.s3 import S3Server
 
 from shardfs.control import query

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from conftest import run_shardfs
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.http_servers import FakeHub, FileServer
 from support.mounts import assert_one_error_line, mount, new_bucket, umount
+from support.processes import run_shardfs
 from support.s3 import S3Server
 
 from shardfs import cli

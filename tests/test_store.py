@@ -11,7 +11,7 @@ from typing import Any
 
 import fsspec
 import pytest
-from tarbuild import memory_url, put, remove, store_with
+from support.tarbuild import memory_url, put, remove, store_with
 
 from shardfs.config import SourceConfig
 from shardfs.errors import (

@@ -8,10 +8,9 @@ import tarfile
 import threading
 from pathlib import Path
 
-import conftest
 import pytest
+import support.processes
 import webdataset
-from conftest import is_mounted
 from PIL import Image
 from support.datagen import (
     DEFAULT_CLASS_SIZES,
@@ -22,6 +21,7 @@ from support.datagen import (
     sha256_tree,
     split_sizes,
 )
+from support.processes import is_mounted
 from support.s3 import S3Server
 
 # -- moto server and its counters ---------------------------------------------
@@ -297,6 +297,6 @@ def test_mountpoint_is_an_empty_unmounted_dir(mountpoint: Path) -> None:
 
 
 def test_missing_fuse_fails_rather_than_skips(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(conftest, "FUSERMOUNT", "fusermount3-not-installed")
+    monkeypatch.setattr(support.processes, "FUSERMOUNT", "fusermount3-not-installed")
     with pytest.raises(pytest.fail.Exception, match="fusermount3-not-installed"):
-        conftest.require_fuse()
+        support.processes.require_fuse()

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tarbuild import Entry, directory, make_tar, store_with, symlink
+from support.tarbuild import Entry, directory, make_tar, store_with, symlink
 
 import shardfs.index
 from shardfs.config import IndexConfig, ViewConfig

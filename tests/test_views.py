@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tarbuild import MTIME, directory, hardlink, make_tar, store_with, symlink
+from support.tarbuild import MTIME, directory, hardlink, make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, Layout, ViewConfig
 from shardfs.errors import NotADirError, NotFoundError, UsageError
@@ -413,10 +413,10 @@ def test_parse_classes_refuses_duplicate_names_with_their_lines() -> None:
 
 
 def test_open_source_uses_classes_txt_next_to_the_shards(tmp_path: Path) -> None:
-    from tarbuild import memory_url, put
+    from support.tarbuild import memory_url, put
 
     from shardfs.config import SourceConfig
-    from shardfs.mount import open_source
+    from shardfs.dataset import open_source
 
     url = memory_url()
     put(url, "train/s0.tar", sample_shard([("a", 0), ("b", 1)]))
@@ -431,10 +431,10 @@ def test_open_source_uses_classes_txt_next_to_the_shards(tmp_path: Path) -> None
 
 
 def test_open_source_non_utf8_classes_txt_is_usage_error(tmp_path: Path) -> None:
-    from tarbuild import memory_url, put
+    from support.tarbuild import memory_url, put
 
     from shardfs.config import SourceConfig
-    from shardfs.mount import open_source
+    from shardfs.dataset import open_source
 
     url = memory_url()
     put(url, "s0.tar", sample_shard([("a", 0)]))

@@ -17,7 +17,7 @@ def progress_printer() -> Progress | None:
     """A tqdm bar for index scans when stderr is a terminal."""
     if not sys.stderr.isatty():
         return None
-    from ..mount import update_progress_bar
+    from ..daemon import update_progress_bar
 
     state: dict[str, object] = {}
 

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..index import SIDECAR_NAME, IndexBuilder, write_sidecar
-    from ..mount import check_cache_dir
+    from ..mountpoints import check_cache_dir
     from ..store import Store
 
     source = source_config(args)

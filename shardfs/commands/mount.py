@@ -221,7 +221,8 @@ def _start_daemon(
 ) -> int:
     """Check what can be checked here, then run ``shardfs`` again, as the daemon, with the
     argv that ``main`` was given (``args.argv``), and wait for it to be ready."""
-    from ..mount import check_cache_dir, check_mountpoint, log_file_for, spawn_daemon
+    from ..daemon import log_file_for, spawn_daemon
+    from ..mountpoints import check_cache_dir, check_mountpoint
 
     cache_config(args, cache_dir)
     readahead_config(args)
@@ -248,7 +249,8 @@ def _serve(
 ) -> None:
     """Be the daemon: mount and serve until unmounted, telling the waiting parent (if any)
     about progress, readiness or the error that stopped the mount."""
-    from ..mount import ReadyChannel, run_foreground
+    from ..daemon import ReadyChannel
+    from ..mount import run_foreground
 
     channel = ReadyChannel(args.ready_fd)
     progress: Progress | None

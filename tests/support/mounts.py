@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import is_mounted, run_shardfs
-
+from support.processes import is_mounted, run_shardfs
 from support.s3 import S3Server
 
 _bucket_numbers = itertools.count()

@@ -1,0 +1,318 @@
+"""Running a mount as a daemon: ``shardfs mount`` re-runs itself in the foreground as a
+detached child and waits on a pipe (``ReadyChannel``) until the child reports that the
+mount is ready or why it failed, so the command exits 0 only once the tree is usable; the
+daemon's log files; unmounting, a dead mount included."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from .control import pid_file, process_running, socket_path
+from .errors import MountError
+from .mounttable import find_mount, is_disconnected
+
+log = logging.getLogger(__name__)
+
+
+class ReadyChannel:
+    """The child's side of the pipe: progress, warnings, then ``ready`` or ``error``."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._file = os.fdopen(fd, "w", buffering=1) if fd is not None else None
+
+    @property
+    def attached(self) -> bool:
+        return self._file is not None
+
+    def send(self, kind: str, text: str = "") -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(f"{kind} {text}".rstrip().replace("\n", " ") + "\n")
+            if kind in ("ready", "error"):
+                self._file.close()
+                self._file = None
+        except OSError:
+            self._file = None  # the parent went away; carry on
+
+
+def warn_both(channel: ReadyChannel, text: str) -> None:
+    log.warning("%s", text)
+    channel.send("warn", text)
+
+
+def note_both(channel: ReadyChannel, text: str) -> None:
+    log.info("%s", text)
+    channel.send("note", text)
+
+
+def log_file_for(cache_dir: Path, chosen: Path | None) -> Path:
+    """Where a backgrounded mount's daemon logs: ``chosen`` (``--log-file``), else a new
+    file in ``CACHE_DIR/logs``, named by the daemon's pid once it runs (see spawn_daemon)."""
+    if chosen is not None:
+        return chosen.absolute()
+    return cache_dir / "logs" / f"mount-starting-{os.getpid()}.log"
+
+
+def _prune_logs(folder: Path, keep: int) -> None:
+    """Keep the newest ``keep`` mount logs, and every log of a daemon still running."""
+    logs = []
+    for path in folder.glob("mount-*.log"):
+        pid = path.stem.removeprefix("mount-")
+        if pid.isdigit() and process_running(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            logs.append((path.stat().st_mtime, path))
+    logs.sort(reverse=True)
+    for _, path in logs[keep:]:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+class _Stopped(Exception):
+    """The waiting parent got SIGINT or SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_PARENT_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_DAEMON_STOP_GRACE = 10.0  # seconds a stopped daemon gets to unmount before SIGKILL
+
+
+def spawn_daemon(
+    argv: Sequence[str],
+    mountpoint: Path,
+    log_path: Path,
+    show_progress: bool,
+    *,
+    verbose: bool = False,
+) -> tuple[int, str]:
+    """Start ``shardfs mount --foreground`` detached and wait until it is ready or fails.
+
+    Returns (exit code, summary line). SIGINT or SIGTERM while waiting stops the daemon
+    and removes whatever it mounted, so nothing is left behind. With ``verbose``, a daemon
+    that fails shows its traceback here (from its log)."""
+    from .config import LOGS_KEPT
+
+    read_fd, write_fd = os.pipe()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    named_by_pid = log_path.name.startswith("mount-starting-")
+    if named_by_pid:
+        _prune_logs(log_path.parent, LOGS_KEPT - 1)
+    previous = {number: signal.getsignal(number) for number in _PARENT_STOP_SIGNALS}
+
+    pending: list[int] = []
+    child: subprocess.Popen[bytes] | None = None
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if child is None:  # inside Popen: stop once the child can be named
+            pending.append(signum)
+            return
+        raise _Stopped(signum)
+
+    bar: Any = None
+    try:
+        for number in _PARENT_STOP_SIGNALS:
+            signal.signal(number, on_signal)
+        with open(log_path, "ab") as log_file:
+            log_start = log_file.tell()
+            child = subprocess.Popen(
+                [sys.executable, "-m", "shardfs", *argv, "--foreground", "--ready-fd",
+                 str(write_fd)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )  # fmt: skip
+        if pending:
+            raise _Stopped(pending[0])
+        if named_by_pid:
+            named = log_path.with_name(f"mount-{child.pid}.log")
+            os.replace(log_path, named)  # the daemon keeps writing to the same file
+            log_path = named
+        os.close(write_fd)
+        write_fd = -1
+        with os.fdopen(read_fd, "r") as pipe:
+            read_fd = -1
+            for line in pipe:
+                kind, _, text = line.rstrip("\n").partition(" ")
+                if kind == "progress" and show_progress:
+                    bar = update_progress_bar(bar, text)
+                elif kind == "warn":
+                    _print_line(bar, f"shardfs: warning: {text}")
+                elif kind == "note":
+                    _print_line(bar, f"shardfs: {text}")
+                elif kind == "ready":
+                    return 0, text
+                elif kind == "error":
+                    code, _, message = text.partition(" ")
+                    if verbose:
+                        _show_daemon_traceback(child, log_path, log_start)
+                    return int(code), message
+        status = child.wait()
+        if verbose:
+            _show_daemon_traceback(child, log_path, log_start)
+        return 1, (
+            f"the mount daemon exited with status {status} before it was ready; see {log_path}"
+        )
+    except _Stopped as stopped:
+        if bar is not None:
+            bar.close()
+            bar = None
+        if child is not None:
+            _stop_daemon(child, mountpoint)
+        name = signal.Signals(stopped.signum).name
+        return 128 + stopped.signum, (
+            f"interrupted ({name}) before the mount was ready; stopped the mount daemon, "
+            "nothing is mounted"
+        )
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for fd in (read_fd, write_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if bar is not None:
+            bar.close()
+
+
+def _stop_daemon(child: subprocess.Popen[bytes], mountpoint: Path) -> None:
+    """End a daemon that is not ready yet, and any mount it made meanwhile.
+
+    SIGTERM first: before it mounts, that ends it at once; once mounting, its handler
+    unmounts and exits. SIGKILL if it does not end in time, then the mount is removed."""
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(_DAEMON_STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    if find_mount(mountpoint) is not None:
+        with contextlib.suppress(MountError):
+            run_unmount_command(str(mountpoint), mountpoint, lazy=True)
+        forget_dead_daemon(mountpoint)
+
+
+def _show_daemon_traceback(child: subprocess.Popen[bytes], log_path: Path, start: int) -> None:
+    """Print the failed daemon's traceback from its log (what it wrote from byte ``start``
+    on), and where the log is."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(10)  # the daemon prints its traceback after it reported the error
+    try:
+        with open(log_path, "rb") as log_file:
+            log_file.seek(start)
+            text = log_file.read().decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    start = text.find("Traceback (most recent call last)")
+    if start >= 0:
+        end = text.find("\nshardfs: error:", start)
+        sys.stderr.write(text[start : end + 1 if end >= 0 else len(text)])
+    print(f"shardfs: the daemon's log is {log_path}", file=sys.stderr)
+
+
+def _print_line(bar: Any, text: str) -> None:
+    """A line on stderr, above the progress bar if one is shown."""
+    if bar is not None:
+        bar.write(text, file=sys.stderr)
+    else:
+        print(text, file=sys.stderr)
+
+
+def update_progress_bar(bar: object | None, text: str) -> object:
+    from tqdm import tqdm
+
+    done, total, done_bytes, total_bytes = (int(x) for x in text.split())
+    if bar is None:
+        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="indexing shards")
+    assert isinstance(bar, tqdm)
+    bar.update(done_bytes - bar.n)
+    bar.set_postfix_str(f"{done}/{total} shards")
+    return bar
+
+
+Unmounted = Literal["live", "dead", "detached"]
+
+
+def unmount(mountpoint: Path, *, lazy: bool = False, timeout: float = 30.0) -> Unmounted:
+    """Unmount a shardfs mount, live or left dead by a killed daemon.
+
+    A live mount is unmounted and its daemon waited for ("live"). A dead one is only
+    removed from the mount table ("dead"). ``lazy`` detaches the mount even while a
+    process still uses it; its daemon then exits once the last user lets go ("detached")."""
+    entry = find_mount(mountpoint)
+    if entry is None:
+        raise MountError(f"{mountpoint}: not mounted")
+    if not entry.is_shardfs:
+        raise MountError(
+            f"{mountpoint}: a {entry.fstype} mount, not a shardfs one; "
+            f"unmount it with fusermount3 -u or umount"
+        )
+    dead = is_disconnected(entry.mountpoint)
+    pid = None if dead else _daemon_pid(mountpoint)
+    run_unmount_command(entry.mountpoint, mountpoint, lazy=lazy)
+    if dead:
+        forget_dead_daemon(mountpoint)
+        return "dead"
+    if lazy:
+        return "detached"
+    deadline = time.monotonic() + timeout
+    while pid is not None and time.monotonic() < deadline:
+        if not process_running(pid):
+            break
+        time.sleep(0.05)
+    else:
+        if pid is not None:
+            raise MountError(f"{mountpoint}: unmounted, but daemon pid {pid} is still running")
+    return "live"
+
+
+def _daemon_pid(mountpoint: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(pid_file(mountpoint).read_text())
+    return None
+
+
+def forget_dead_daemon(mountpoint: Path) -> None:
+    """Drop the pid file and socket a killed daemon left, so nothing later waits on that
+    pid or asks that socket."""
+    pid = _daemon_pid(mountpoint)
+    if pid is not None and not process_running(pid):
+        for path in (pid_file(mountpoint), socket_path(mountpoint)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def run_unmount_command(table_path: str, mountpoint: Path, *, lazy: bool) -> None:
+    """fusermount3 -u (what an unprivileged user may run), or umount without it."""
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    if tool:
+        command = [tool, "-u", *(["-z"] if lazy else []), table_path]
+    else:
+        command = ["umount", *(["-l"] if lazy else []), table_path]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode == 0:
+        return
+    message = (result.stderr or result.stdout).strip().splitlines()
+    detail = message[-1] if message else f"exit status {result.returncode}"
+    if "busy" in detail.lower():
+        raise MountError(
+            f"{mountpoint}: busy (a process has a file open or its working folder inside); "
+            f"stop it and retry, or detach now with: shardfs umount --lazy {mountpoint}"
+        )
+    raise MountError(f"{mountpoint}: unmount failed ({detail})")
