@@ -292,3 +292,26 @@ def test_readahead_fetches_consecutive_blocks_in_runs(block_cache: BlockCache) -
         start = index * BLOCK
         assert reader.read(shard, start, min(start + BLOCK, len(data))) == data[start:][:BLOCK]
     assert block_cache.stats.snapshot()["store_requests"] == stats["store_requests"]
+
+
+def test_hinted_blocks_of_interleaved_shards_are_fetched_in_runs(block_cache: BlockCache) -> None:
+    """An order hint interleaves shards; each shard's consecutive blocks still share a GET."""
+    shards = {"a.tar": payload(4 * BLOCK, seed=8), "b.tar": payload(4 * BLOCK, seed=9)}
+    store = memory_store(shards)
+    a, b = sorted(store.list_shards(), key=lambda s: s.name)
+    prefetcher = Prefetcher(1)
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1, prefetcher=prefetcher)
+    try:
+        order = [(a, 1), (b, 1), (a, 2), (b, 2), (a, 3), (b, 3)]
+        assert reader.prefetch_blocks(order) == 6
+        assert prefetcher.wait_idle(30)
+    finally:
+        prefetcher.close()
+    stats = block_cache.stats.snapshot()
+    assert stats["store_requests"] == 2  # blocks 1-3 of each shard, one GET each
+    assert stats["bytes_fetched"] == 6 * BLOCK
+    for shard in (a, b):
+        for index in (1, 2, 3):
+            start = index * BLOCK
+            assert reader.read(shard, start, start + BLOCK) == shards[shard.name][start:][:BLOCK]
+    assert block_cache.stats.snapshot()["store_requests"] == 2
