@@ -33,10 +33,6 @@ from .stats import Stats
 
 log = logging.getLogger(__name__)
 
-TABLE_AHEAD_FILES = 100_000
-"""From this many files on, a mount builds its placement table once it is ready (about
-2 s of one core for 1.28M files) instead of at the first sampler's read."""
-
 
 def run_foreground(
     source: SourceConfig,
@@ -140,10 +136,6 @@ def run_foreground(
         if prefetcher is not None and readahead_config.prefetch == "all":
             shards = list(opened.view.shards.values())
             in_background("shardfs-prefetch-all", lambda: [cached.read_ahead(s) for s in shards])
-        if opened.view.report.files >= TABLE_AHEAD_FILES:
-            # A sampler's first read of the placement table finds it built (1.28M files
-            # take seconds), while ImageFolder still scans the tree.
-            in_background("shardfs-table", core.table)
         served.set()
 
     try:
