@@ -41,6 +41,15 @@ def make_shards(out: Path, classes: int, per_class: int, shards: int) -> int:
     return len(names)
 
 
+def count_members(folder: Path) -> int:
+    """Regular files in every tar shard of ``folder``, read from their headers."""
+    count = 0
+    for shard in sorted(folder.glob("*.tar")):
+        with tarfile.open(shard) as archive:
+            count += sum(1 for member in archive if member.isfile())
+    return count
+
+
 def make_local_tree(root: Path, classes: int, per_class: int) -> None:
     for c in range(classes):
         folder = root / f"n{c:08d}"
@@ -164,10 +173,9 @@ def measure(args: argparse.Namespace, work: Path) -> int:
     result: dict[str, float | int] = {}
     started = time.perf_counter()
     if not shards.exists():
-        result["entries"] = make_shards(shards, args.classes, args.per_class, args.shards)
-    else:
-        result["entries"] = args.classes * args.per_class
+        make_shards(shards, args.classes, args.per_class, args.shards)
     result["generate_s"] = time.perf_counter() - started
+    result["entries"] = count_members(shards)  # counted in the shards, not assumed
     if not local.exists():
         make_local_tree(local / "train", args.classes, args.per_class)
 
