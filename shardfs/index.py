@@ -22,6 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import replacing
 from .config import IndexConfig
 from .errors import CorruptShardError, IndexFileError, UnsafeMemberError
 from .store import ShardInfo, Store
@@ -433,30 +434,27 @@ class IndexBuilder:
     def _rebuild(self, shards: list[ShardInfo], local: dict[tuple[str, int, str], int]) -> None:
         missing = [s for s in shards if s.identity not in local]
         self._temp_files.clear()
-        fd, tmp_name = tempfile.mkstemp(prefix=".build-", suffix=".sqlite", dir=self.index_dir)
-        os.close(fd)
-        tmp = Path(tmp_name)
         try:
-            sidecars = self._sidecars(missing) if missing else {}
-            conn = create_index(tmp, self.store.describe(), shards)
-            try:
-                to_scan: list[tuple[int, ShardInfo]] = []
-                for sid, shard in enumerate(shards, start=1):
-                    if shard.identity in local:
-                        source = _Source(self.path, local[shard.identity], "")
-                        self._copy_shard(conn, source, sid)
-                    elif shard.identity in sidecars:
-                        self._copy_shard(conn, sidecars[shard.identity], sid)
-                    else:
-                        to_scan.append((sid, shard))
-                conn.commit()
-                self._scan_all(conn, to_scan)
-                conn.commit()
-            finally:
-                conn.close()
-            os.replace(tmp, self.path)
+            with replacing(self.path, prefix=".build-", suffix=".sqlite") as tmp:
+                sidecars = self._sidecars(missing) if missing else {}
+                conn = create_index(tmp, self.store.describe(), shards)
+                try:
+                    to_scan: list[tuple[int, ShardInfo]] = []
+                    for sid, shard in enumerate(shards, start=1):
+                        if shard.identity in local:
+                            source = _Source(self.path, local[shard.identity], "")
+                            self._copy_shard(conn, source, sid)
+                        elif shard.identity in sidecars:
+                            self._copy_shard(conn, sidecars[shard.identity], sid)
+                        else:
+                            to_scan.append((sid, shard))
+                    conn.commit()
+                    self._scan_all(conn, to_scan)
+                    conn.commit()
+                finally:
+                    conn.close()
         finally:
-            for path in [tmp, *self._temp_files]:
+            for path in self._temp_files:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
 

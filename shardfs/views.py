@@ -14,16 +14,13 @@ Symlinks are judged on the finished tree by walking each target as the Linux ker
 from __future__ import annotations
 
 import collections
-import contextlib
 import enum
 import hashlib
 import json
 import logging
-import os
 import posixpath
 import sqlite3
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from .atomic import replacing
 from .config import ViewConfig
 from .errors import NotADirError, NotFoundError, UsageError
 from .index import LABEL_EXTENSIONS, connect, iter_member_rows, split_key
@@ -542,53 +540,62 @@ def build_view(
 ) -> ViewReport:
     """Materialise the view of an index into ``out_path`` (written to a temp file, then renamed)."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=".view-", suffix=".sqlite", dir=out_path.parent)
-    os.close(fd)
     report = ViewReport()
     index = connect(index_path, readonly=True)
     try:
-        out = sqlite3.connect(tmp_name)
-        out.execute("PRAGMA journal_mode = OFF")
-        out.execute("PRAGMA synchronous = OFF")
-        out.execute("PRAGMA temp_store = FILE")
-        out.executescript(_VIEW_SCHEMA)
-        shards = index.execute("SELECT id, name, size, etag FROM shards ORDER BY id").fetchall()
-        out.executemany("INSERT INTO shards VALUES (?, ?, ?, ?)", shards)
-        tree = _TreeWriter(out, report, int(time.time()))
-        layout = config.layout
-        if layout in ("auto", "imagefolder"):
-            lookup = classes_for
-            if config.classes is not None:
-                fixed = list(config.classes)
-
-                def lookup(_folder: str) -> list[str] | None:
-                    return fixed
-
-            if _build_imagefolder(index, tree, report, lookup, strict=layout == "auto"):
-                layout = "imagefolder"
-            elif layout == "auto":
-                # Raw shows every image, so none is "left out": keep the count as the reason.
-                report.auto_unlabeled, report.unlabeled = report.unlabeled, 0
-                report.ignored = 0
-                report.examples.clear()
-                layout = "raw"
-            else:
-                raise UsageError("--layout imagefolder: no labelled samples (KEY.cls / KEY.json)")
-        if layout == "raw":
-            _build_raw(index, tree, report)
-        report.layout = layout
-        report.requested = config.layout
-        tree.finish({sid: name for sid, name, _, _ in shards})
-        out.execute("INSERT INTO meta VALUES ('layout', ?)", (layout,))
-        out.execute("INSERT INTO meta VALUES ('report', ?)", (json.dumps(report.__dict__),))
-        out.commit()
-        out.close()
-        os.replace(tmp_name, out_path)
+        with replacing(out_path, prefix=".view-", suffix=".sqlite") as tmp:
+            out = sqlite3.connect(tmp)
+            try:
+                _write_view(index, out, config, classes_for, report)
+            finally:
+                out.close()
     finally:
         index.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
     return report
+
+
+def _write_view(
+    index: sqlite3.Connection,
+    out: sqlite3.Connection,
+    config: ViewConfig,
+    classes_for: ClassesLookup,
+    report: ViewReport,
+) -> None:
+    """Fill the empty view database ``out`` from ``index``, per ``config``."""
+    out.execute("PRAGMA journal_mode = OFF")
+    out.execute("PRAGMA synchronous = OFF")
+    out.execute("PRAGMA temp_store = FILE")
+    out.executescript(_VIEW_SCHEMA)
+    shards = index.execute("SELECT id, name, size, etag FROM shards ORDER BY id").fetchall()
+    out.executemany("INSERT INTO shards VALUES (?, ?, ?, ?)", shards)
+    tree = _TreeWriter(out, report, int(time.time()))
+    layout = config.layout
+    if layout in ("auto", "imagefolder"):
+        lookup = classes_for
+        if config.classes is not None:
+            fixed = list(config.classes)
+
+            def lookup(_folder: str) -> list[str] | None:
+                return fixed
+
+        if _build_imagefolder(index, tree, report, lookup, strict=layout == "auto"):
+            layout = "imagefolder"
+        elif layout == "auto":
+            # Raw shows every image, so none is "left out": keep the count as the reason.
+            report.auto_unlabeled, report.unlabeled = report.unlabeled, 0
+            report.ignored = 0
+            report.examples.clear()
+            layout = "raw"
+        else:
+            raise UsageError("--layout imagefolder: no labelled samples (KEY.cls / KEY.json)")
+    if layout == "raw":
+        _build_raw(index, tree, report)
+    report.layout = layout
+    report.requested = config.layout
+    tree.finish({sid: name for sid, name, _, _ in shards})
+    out.execute("INSERT INTO meta VALUES ('layout', ?)", (layout,))
+    out.execute("INSERT INTO meta VALUES ('report', ?)", (json.dumps(report.__dict__),))
+    out.commit()
 
 
 class Node(NamedTuple):
