@@ -150,7 +150,8 @@ def spawn_daemon(
             for line in pipe:
                 kind, _, text = line.rstrip("\n").partition(" ")
                 if kind == "progress" and show_progress:
-                    bar = update_progress_bar(bar, text)
+                    done, total, done_bytes, total_bytes = (int(x) for x in text.split())
+                    bar = update_progress_bar(bar, done, total, done_bytes, total_bytes)
                 elif kind == "warn":
                     _print_line(bar, f"shardfs: warning: {text}")
                 elif kind == "note":
@@ -234,10 +235,13 @@ def _print_line(bar: Any, text: str) -> None:
         print(text, file=sys.stderr)
 
 
-def update_progress_bar(bar: object | None, text: str) -> object:
+def update_progress_bar(
+    bar: object | None, done: int, total: int, done_bytes: int, total_bytes: int
+) -> object:
+    """Show an index scan's progress (shards and bytes done of total) on a tqdm bar, made
+    at the first call; returns the bar for the next call."""
     from tqdm import tqdm
 
-    done, total, done_bytes, total_bytes = (int(x) for x in text.split())
     if bar is None:
         bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="indexing shards")
     assert isinstance(bar, tqdm)

@@ -22,8 +22,6 @@ def progress_printer() -> Progress | None:
     state: dict[str, object] = {}
 
     def progress(done: int, total: int, done_bytes: int, total_bytes: int) -> None:
-        state["bar"] = update_progress_bar(
-            state.get("bar"), f"{done} {total} {done_bytes} {total_bytes}"
-        )
+        state["bar"] = update_progress_bar(state.get("bar"), done, total, done_bytes, total_bytes)
 
     return progress
