@@ -1209,3 +1209,30 @@ def test_an_unreadable_ledger_total_never_lets_a_block_past_the_bound(
     assert [p.name for p in block_files(cache)] == ["0", "1"]
     assert cache.usage() == 2 * ENCODED == disk_bytes(cache) == cache.limit()
     assert cache.stats.cache_write_errors == 1
+
+
+def test_closing_the_cache_closes_every_threads_ledger_connection(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    """Each thread that used the cache has its own SQLite connection; close() closes them
+    all, not only the calling thread's (issue 13 item 3)."""
+    cache, source = open_cache(), Source()
+    barrier = threading.Barrier(4)
+
+    def use(index: int) -> None:
+        barrier.wait(10)  # four threads at once: four connections
+        assert source.get(cache, index) == source.block(index)
+
+    threads = [threading.Thread(target=use, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    ledger = cache._ledger
+    assert ledger.open_connections >= 4
+    connections = list(ledger._connections)
+    cache.close()
+    assert ledger.open_connections == 0
+    for conn in connections:
+        with pytest.raises(sqlite3.ProgrammingError):
+            conn.execute("SELECT 1")

@@ -279,6 +279,9 @@ class Ledger:
         self._locks = locks
         self.local = threading.local()
         self._generation = 0  # bumped when the ledger is rebuilt: threads reconnect
+        # Every thread's connection, so that close() closes them all (not only its own).
+        self._connections: set[sqlite3.Connection] = set()
+        self._connections_lock = threading.Lock()
         self.ready = False
         self._last_usage = 0
         self._uses_lock = threading.Lock()
@@ -313,11 +316,12 @@ class Ledger:
         """This thread's connection; a failed statement never leaves it in a transaction."""
         conn: sqlite3.Connection | None = getattr(self.local, "conn", None)
         if conn is not None and getattr(self.local, "generation", -1) != self._generation:
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()  # the ledger was rebuilt: this connection sees the old file
+            self._forget(conn)  # rebuilt (this connection sees the old file) or closed
             conn = None
         if conn is None:
             conn = _connect(self.path)
+            with self._connections_lock:
+                self._connections.add(conn)
             self.local.conn = conn
             self.local.generation = self._generation
         try:
@@ -330,11 +334,27 @@ class Ledger:
                     conn.execute("ROLLBACK")
             raise
 
-    def close(self) -> None:
-        self.flush_uses(force=True)
-        conn: sqlite3.Connection | None = getattr(self.local, "conn", None)
-        if conn is not None:
+    def _forget(self, conn: sqlite3.Connection) -> None:
+        with self._connections_lock:
+            self._connections.discard(conn)
+        with contextlib.suppress(sqlite3.Error):
             conn.close()
+
+    def close(self) -> None:
+        """Write pending uses and close every thread's connection; a thread that uses the
+        ledger afterwards opens a new one rather than touch a closed one."""
+        self.flush_uses(force=True)
+        self._generation += 1
+        with self._connections_lock:
+            connections, self._connections = self._connections, set()
+        for conn in connections:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    @property
+    def open_connections(self) -> int:
+        with self._connections_lock:
+            return len(self._connections)
 
     # -- usage and the bound -------------------------------------------------------------
 
