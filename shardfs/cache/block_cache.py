@@ -20,7 +20,6 @@ import shutil
 import sqlite3
 import struct
 import threading
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,11 +74,7 @@ class BlockCache:
         self._closed = False
         self._writer.remove_stale()
 
-    # Tests of pinning and of a failing ledger reach these two directly.
-    @property
-    def _pins(self) -> Counter[str]:
-        return self._open.pins
-
+    # Tests of a failing ledger swap this thread's connection for a failing one.
     @property
     def _local(self) -> threading.local:
         return self._ledger.local
