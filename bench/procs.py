@@ -79,11 +79,12 @@ def force_unmount(mountpoint: Path) -> None:
 
 
 class EpochRunner:
-    """The long-lived ``bench/epoch.py`` subprocess: one JSON request in, one result out."""
+    """A long-lived epoch subprocess (``bench/epoch.py`` unless ``command`` names another):
+    one JSON request per stdin line in, one ``RESULT`` line out."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "epoch.py")],
+            command or [sys.executable, str(ROOT / "bench" / "epoch.py")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

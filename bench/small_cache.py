@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
-from procs import DaemonProbe, force_unmount, run_to_the_end  # noqa: E402
+from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end  # noqa: E402
 from support.s3 import S3Server  # noqa: E402
 
 BUCKET = "smallcache"
@@ -164,39 +164,9 @@ def serve_epochs() -> int:
     return 0
 
 
-class EpochServer:
-    """The ``--epoch-server`` subprocess, one request at a time."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--epoch-server"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-
-    def run(self, request: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        for line in self.proc.stdout:
-            if line.startswith("RESULT "):
-                reply: dict[str, Any] = json.loads(line[len("RESULT ") :])
-                if "error" in reply:
-                    raise RuntimeError(f"epoch failed: {reply['error']}")
-                return reply
-        raise RuntimeError(f"the epoch server exited (status {self.proc.wait()})")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+def epoch_server() -> EpochRunner:
+    """The ``--epoch-server`` subprocess of this script, one request at a time."""
+    return EpochRunner([sys.executable, str(Path(__file__).resolve()), "--epoch-server"])
 
 
 # -- the orchestrator --------------------------------------------------------------------
@@ -210,7 +180,7 @@ class SmallCacheBench:
         self.run_dir = args.work.absolute() / "small-cache-run"
         self.mnt = self.run_dir / "mnt"
         self.server = S3Server()
-        self.epochs: EpochServer | None = None
+        self.epochs: EpochRunner | None = None
         self.mounted = False
 
     def setup(self) -> None:
@@ -245,7 +215,7 @@ class SmallCacheBench:
                 "mount refuses; give more --images or a smaller --block-size"
             )
         log(f"{tree.images} JPEGs in {len(sizes)} shards, {self.dataset_bytes / 1e6:.1f} MB")
-        self.epochs = EpochServer()
+        self.epochs = epoch_server()
 
     def cleanup(self) -> None:
         if self.mounted:
