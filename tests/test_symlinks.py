@@ -22,8 +22,9 @@ import shardfs.index
 from shardfs.config import IndexConfig, ViewConfig
 from shardfs.errors import NotFoundError
 from shardfs.index import IndexBuilder
+from shardfs.symlink_walk import MAX_LINK_HOPS
 from shardfs.tar import MemberKind
-from shardfs.views import MAX_LINK_HOPS, View, ViewReport, build_view
+from shardfs.views import View, ViewReport, build_view
 
 _counter = itertools.count()
 
