@@ -8,7 +8,8 @@ import sqlite3
 from collections.abc import Callable, Iterator
 
 from .errors import UsageError
-from .index import LABEL_EXTENSIONS, iter_member_rows, split_key
+from .index import iter_member_rows
+from .members import LABEL_EXTENSIONS, split_key
 from .tar import MemberKind
 from .view_tree import TreeWriter, ViewReport
 

@@ -12,7 +12,7 @@ numbers are bounded before they are converted (a size must fit a signed 64-bit i
 pax number may have at most ``_MAX_PAX_DIGITS`` significant digits, and an mtime outside
 the signed 64-bit range is clamped into it, since a timestamp is only shown). Names are
 decoded with ``surrogateescape`` and never refused here; what may be presented as a path
-is the index's decision (``shardfs.index.normalize_member_path``).
+is the index's decision (``shardfs.members.normalize_member_path``).
 """
 
 from __future__ import annotations
