@@ -233,6 +233,56 @@ def test_stop_cancels_and_joins_the_prefetch_all_thread(
     assert recorder.closed() == list(CLOSABLE)
 
 
+def test_stop_waits_for_fills_before_it_closes_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_thread_left: None
+) -> None:
+    """A fill holds a block claim and open block files: the cache closes after it ends."""
+    recorder = Recorder(monkeypatch)
+    mount = Mount(settings_for(tmp_path, prefetch="shard"), Stats(), ReadyChannel(None), None)
+    mount.start()
+    assert mount.prefetcher is not None
+    running, release = threading.Event(), threading.Event()
+
+    def fill() -> None:
+        running.set()
+        release.wait(30)
+        recorder.events.append(("fill", "done"))
+
+    mount.prefetcher.run_soon(fill)
+    assert running.wait(30)
+    stopper = threading.Thread(target=mount.stop)
+    stopper.start()
+    wait_for(lambda: ("closed", "prefetcher") in recorder.events, "stop to close the prefetcher")
+    assert ("closed", "cache") not in recorder.events
+    release.set()
+    stopper.join(30)
+    assert recorder.events[-3:] == [("fill", "done"), ("closed", "cache"), ("closed", "dataset")]
+
+
+def test_a_fill_that_outlives_the_grace_leaves_the_cache_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Closing the cache under a running fill would let it use closed files: the cache is
+    left to the process's exit instead, and the log says so."""
+    recorder = Recorder(monkeypatch)
+    monkeypatch.setattr(mount_module, "FILLS_GRACE", 0.2)
+    mount = Mount(settings_for(tmp_path, prefetch="shard"), Stats(), ReadyChannel(None), None)
+    mount.start()
+    assert mount.prefetcher is not None
+    running, release = threading.Event(), threading.Event()
+    mount.prefetcher.run_soon(lambda: (running.set(), release.wait(30)))
+    assert running.wait(30)
+    try:
+        mount.stop()
+    finally:
+        release.set()
+    assert "background fetches still running" in caplog.text
+    assert recorder.closed() == ["session", "control", "prefetcher", "dataset"]
+    assert mount.cache is not None
+    mount.cache.close()  # what the process's exit would release
+    wait_for(lambda: mount.prefetcher is not None and mount.prefetcher.pending == 0, "the fill")
+
+
 def test_mount_takes_stats_from_its_owner(tmp_path: Path) -> None:
     """One Stats per mount, made by whoever runs it: none is made here on the quiet."""
     with pytest.raises(TypeError, match="stats"):
