@@ -98,7 +98,7 @@ class Store:
         if not endpoint:
             client_kwargs = self.config.storage_options.get("client_kwargs") or {}
             endpoint = str(client_kwargs.get("endpoint_url", ""))
-        if not endpoint and self.protocol in ("s3", "s3a"):
+        if not endpoint and self.protocol in S3_PROTOCOLS:
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
                 "AWS_ENDPOINT_URL", ""
             )
