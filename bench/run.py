@@ -52,7 +52,7 @@ from procs import (  # noqa: E402
 from report import write_reports  # noqa: E402
 from small_cache import parse_args as small_cache_args  # noqa: E402
 from small_cache import run_section as run_small_cache  # noqa: E402
-from support.s3 import REGION, S3Server  # noqa: E402
+from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
 BUCKET = "bench"
 WDS_PREFIX = "data"  # webdataset-format shards: s3://bench/data/train/*.tar
@@ -273,22 +273,6 @@ class Bench:
 
     # -- server measurements ------------------------------------------------
 
-    def settle(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Server counts once background fetches stopped (unchanged for 0.5 s)."""
-        deadline = time.monotonic() + timeout
-        last = self.server.counts()
-        while time.monotonic() < deadline:
-            time.sleep(0.25)
-            now = self.server.counts()
-            if now["get_object_bytes"] == last["get_object_bytes"]:
-                time.sleep(0.25)
-                again = self.server.counts()
-                if again["get_object_bytes"] == now["get_object_bytes"]:
-                    return again
-                now = again
-            last = now
-        return last
-
     def peak_throughput(self) -> dict[str, Any]:
         """Many concurrent 8 MiB ranged GETs over the shards; MB/s per thread count."""
         fs = self.server.filesystem()
@@ -324,7 +308,7 @@ class Bench:
         started = time.perf_counter()
         out = shardfs("warm", self.shardfs_source, "--cache-dir", str(cache))
         seconds = time.perf_counter() - started
-        counts = self.settle()
+        counts = settled_counts(self.server)
         shutil.rmtree(cache, ignore_errors=True)
         return {
             "seconds": seconds,
@@ -359,7 +343,7 @@ class Bench:
         finally:
             shardfs("umount", str(mnt))
             self.mounts.discard(mnt)
-        counts = self.settle()
+        counts = settled_counts(self.server)
         shutil.rmtree(cache, ignore_errors=True)
         return {
             "fill_s": done - ready,
@@ -395,7 +379,7 @@ class Bench:
         result = self.runner.run(request)
         cpu_s = cpu.stop()
         drops = page_cache_drops() - drops
-        counts = self.settle()
+        counts = settled_counts(self.server)
         record = {
             "contender": contender,
             "mode": request["mode"],
@@ -657,7 +641,7 @@ class Bench:
         }
         self.server.reset_counts()
         with self.ratarmount_mount(index_dir) as (pid, seconds):
-            mount_bytes = self.settle()["get_object_bytes"]
+            mount_bytes = settled_counts(self.server)["get_object_bytes"]
             self.epoch(
                 "ratarmount",
                 "cold",
@@ -668,7 +652,7 @@ class Bench:
             self.epoch("ratarmount", "warm", request, pid, {"repeat": repeat})
         self.server.reset_counts()
         with self.ratarmount_mount(index_dir) as (pid, seconds):
-            mount_bytes = self.settle()["get_object_bytes"]
+            mount_bytes = settled_counts(self.server)["get_object_bytes"]
             self.epoch(
                 "ratarmount",
                 "remount",
