@@ -98,28 +98,34 @@ class Timeline:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="timeline", daemon=True)
 
-    def _poll(self) -> None:
+    def _sample(self) -> None:
         from shardfs.control import query
 
-        started = time.perf_counter()
-        base = query(self.mountpoint)["bytes_fetched"]
+        fetched = query(self.mountpoint)["bytes_fetched"] - self._base
+        self.samples.append(
+            {
+                "s": time.perf_counter() - self._started,
+                "fetched_mb": fetched / 1e6,
+                "files_read": self.files_read[0],
+            }
+        )
+
+    def _poll(self) -> None:
         while not self._stop.wait(TIMELINE_EVERY):
-            fetched = query(self.mountpoint)["bytes_fetched"] - base
-            self.samples.append(
-                {
-                    "s": time.perf_counter() - started,
-                    "fetched_mb": fetched / 1e6,
-                    "files_read": self.files_read[0],
-                }
-            )
+            self._sample()
 
     def __enter__(self) -> Timeline:
+        from shardfs.control import query
+
+        self._base = query(self.mountpoint)["bytes_fetched"]
+        self._started = time.perf_counter()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._sample()  # the end of the read
 
 
 class Figures:

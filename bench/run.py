@@ -817,22 +817,20 @@ class Bench:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=5000, help="images (5000)")
+    parser.add_argument("--images", type=int, help="images (5000; --quick: 600)")
     parser.add_argument("--classes", type=int, default=12, help="classes (12)")
     parser.add_argument("--shards", type=int, default=12, help="about this many shards (12)")
     parser.add_argument(
         "--pairs",
         type=int,
-        default=5,
         help="paired rounds of the shardfs contenders at the first worker count: each epoch "
-        "right after a local one; the targets need 5 (5)",
+        "right after a local one; the targets need 5 (5; --quick: 2)",
     )
     parser.add_argument(
         "--repeats",
         type=int,
-        default=2,
         help="rounds of the context rows at the first worker count: local alone, local+dl, "
-        "webdataset, ratarmount, shardfs remount (2)",
+        "webdataset, ratarmount, shardfs remount (2; --quick: 1)",
     )
     parser.add_argument(
         "--secondary-repeats", type=int, default=1, help="rounds for the other worker counts (1)"
@@ -855,8 +853,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--peak-mb",
         type=int,
-        default=512,
-        help="MiB read per thread count when measuring server peak (512)",
+        help="MiB read per thread count when measuring server peak (512; --quick: 64)",
     )
     parser.add_argument(
         "--shardfs-arg",
@@ -870,7 +867,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip the small-cache section (bench/small_cache.py, `make bench-small`)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: 600 images, 2 pairs, 1 round"
+        "--quick", action="store_true", help="smoke run: smaller defaults (600 images, 2 pairs)"
     )
     parser.add_argument(
         "--work",
@@ -880,8 +877,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.images, args.pairs, args.repeats, args.peak_mb = 600, 2, 1, 64
+    # --quick changes the defaults only: an option given on the command line wins.
+    defaults = {"images": (5000, 600), "pairs": (5, 2), "repeats": (2, 1), "peak_mb": (512, 64)}
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     return args
 
 

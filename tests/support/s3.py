@@ -64,7 +64,7 @@ def until_quiet(
     since = time.monotonic()
     while time.monotonic() - since < quiet:
         if time.monotonic() > deadline:
-            raise StillBusyError(f"{what} was still busy after {timeout:.0f} s")
+            raise StillBusyError(f"{what} was still busy after {timeout:g} s")
         time.sleep(0.05)
         now = sample()
         if key(now) != key(last):
