@@ -268,7 +268,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
     packs = result["packs"]
 
     def med(key: str) -> float:
-        return statistics.median(p[key] for p in packs)
+        return float(statistics.median(p[key] for p in packs))
 
     figures: dict[str, Any] = {
         "pack_local_s": med("pack_local_s"),
