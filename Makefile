@@ -60,6 +60,15 @@ bench-small: bench-deps
 bench-scale: bench-deps
 	$(BIN)/python bench/scale.py --out results/scale.json
 
+.PHONY: bench-figures
+# The README's figures that `make bench` does not produce (bench/figures.py): `shardfs pack`
+# into a folder and into S3 against `tar -cf` and `cp -r`, a cold shuffled read with each
+# --miss-fetch policy (seconds, GETs, the timeline of bytes fetched and files read), the
+# isatty ioctl on the mount and on local disk. Writes results/figures.json and .md.
+# FIGURES_ARGS passes options, e.g. `make bench-figures FIGURES_ARGS="--rounds 1"`.
+bench-figures: bench-deps
+	$(BIN)/python bench/figures.py $(FIGURES_ARGS)
+
 .PHONY: bench-dist
 # Two simulated nodes on this machine, each with its own shardfs mount and cache, each running
 # `torchrun --nnodes 2 --nproc-per-node 2` (gloo, CPU) of examples/train_ddp.py for two epochs,

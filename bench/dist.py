@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from data import ensure_tree  # noqa: E402
 from procs import force_unmount, run_to_the_end, wait_until  # noqa: E402
 from support.fault_proxy import FaultProxy  # noqa: E402
-from support.s3 import S3Server, free_port  # noqa: E402
+from support.s3 import S3Server, free_port, until_quiet  # noqa: E402
 
 BUCKET = "dist"
 PREFIX = "data/train"
@@ -178,18 +178,9 @@ class DistBench:
             node.stop()
         self.server.stop()
 
-    def settle(self, timeout: float = 60.0) -> None:
+    def settle(self) -> None:
         """Wait until no node's proxy has counted a byte for 0.5 s (prefetches done)."""
-        deadline = time.monotonic() + timeout
-        last = [n.bytes() for n in self.nodes]
-        quiet_since = time.monotonic()
-        while time.monotonic() < deadline:
-            time.sleep(0.1)
-            now = [n.bytes() for n in self.nodes]
-            if now != last:
-                last, quiet_since = now, time.monotonic()
-            elif time.monotonic() - quiet_since >= 0.5:
-                return
+        until_quiet(lambda: [n.bytes() for n in self.nodes], what="the nodes' proxies")
 
     def counts(self) -> dict[str, Any]:
         per_node = [n.bytes() for n in self.nodes]

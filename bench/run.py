@@ -6,7 +6,11 @@ on loopback behind the counting middleware (tests/support/s3.py), packs the tree
 measures the server's peak ranged-GET throughput and ``shardfs warm``, then runs epochs of a
 shuffled DataLoader (batch 32, the same collate for all) for every contender, mode
 (raw bytes / decode) and worker count, interleaving contenders and repeating rounds because
-the machine is noisy. shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
+the machine is noisy. At the first worker count the shardfs contenders run in pairs: each
+of their epochs comes right after a local epoch with the same seed (and a raw cold one
+after a fresh measurement of the server's peak), so every target is checked on per-pair
+ratios of neighbours in time (bench/report.py); rows kept for context run fewer rounds.
+shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
 ``shuffle=True`` (contenders ``shardfs-shard``, cold and warm, and ``shardfs-uniform``, cold),
 with the mount's hint counters sampled through the epoch. Each epoch record carries
 ``cpu_s``: CPU seconds of the S3 server, the daemon, the epoch's main process, its workers
@@ -32,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +57,7 @@ from procs import (  # noqa: E402
 from report import write_reports  # noqa: E402
 from small_cache import parse_args as small_cache_args  # noqa: E402
 from small_cache import run_section as run_small_cache  # noqa: E402
-from support.s3 import REGION, S3Server  # noqa: E402
+from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
 BUCKET = "bench"
 WDS_PREFIX = "data"  # webdataset-format shards: s3://bench/data/train/*.tar
@@ -75,6 +80,26 @@ def shardfs(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and result.returncode != 0:
         raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
     return result
+
+
+# The contenders whose targets are checked by paired runs (report.PAIRED_TARGETS), and those
+# whose raw cold epoch is also paired with a fresh measurement of the server's peak.
+PAIRED = ("shardfs", "shardfs-shard", "shardfs-uniform")
+PEAK_PAIRED = ("shardfs", "shardfs-shard")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One contender run: mode, worker count and round. ``paired``: every epoch of the run
+    comes right after a local epoch with the same seed (and a raw cold one after a fresh
+    peak measurement), so each ratio compares neighbours in time. ``context``: rows kept
+    only for context (remount) run this round too."""
+
+    mode: str
+    workers: int
+    repeat: int
+    paired: bool = False
+    context: bool = True
 
 
 class HintCounters:
@@ -273,22 +298,6 @@ class Bench:
 
     # -- server measurements ------------------------------------------------
 
-    def settle(self, timeout: float = 60.0) -> dict[str, Any]:
-        """Server counts once background fetches stopped (unchanged for 0.5 s)."""
-        deadline = time.monotonic() + timeout
-        last = self.server.counts()
-        while time.monotonic() < deadline:
-            time.sleep(0.25)
-            now = self.server.counts()
-            if now["get_object_bytes"] == last["get_object_bytes"]:
-                time.sleep(0.25)
-                again = self.server.counts()
-                if again["get_object_bytes"] == now["get_object_bytes"]:
-                    return again
-                now = again
-            last = now
-        return last
-
     def peak_throughput(self) -> dict[str, Any]:
         """Many concurrent 8 MiB ranged GETs over the shards; MB/s per thread count."""
         fs = self.server.filesystem()
@@ -324,7 +333,7 @@ class Bench:
         started = time.perf_counter()
         out = shardfs("warm", self.shardfs_source, "--cache-dir", str(cache))
         seconds = time.perf_counter() - started
-        counts = self.settle()
+        counts = settled_counts(self.server)
         shutil.rmtree(cache, ignore_errors=True)
         return {
             "seconds": seconds,
@@ -359,7 +368,7 @@ class Bench:
         finally:
             shardfs("umount", str(mnt))
             self.mounts.discard(mnt)
-        counts = self.settle()
+        counts = settled_counts(self.server)
         shutil.rmtree(cache, ignore_errors=True)
         return {
             "fill_s": done - ready,
@@ -395,7 +404,7 @@ class Bench:
         result = self.runner.run(request)
         cpu_s = cpu.stop()
         drops = page_cache_drops() - drops
-        counts = self.settle()
+        counts = settled_counts(self.server)
         record = {
             "contender": contender,
             "mode": request["mode"],
@@ -441,15 +450,41 @@ class Bench:
             "seed": repeat,
         }
 
-    def run_local(self, mode: str, workers: int, repeat: int) -> None:
-        request = self.local_request(mode, workers, repeat)
-        self.epoch("local", "-", request, None, {"repeat": repeat})
+    def run_local(self, slot: Slot) -> None:
+        request = self.local_request(slot.mode, slot.workers, slot.repeat)
+        self.epoch("local", "-", request, None, {"repeat": slot.repeat})
 
-    def run_local_download(self, mode: str, workers: int, repeat: int) -> None:
+    def pair_before(
+        self, slot: Slot, contender: str, epoch: str, request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """In a paired slot, the local epoch (same mode, workers and seed) run right before
+        ``contender``'s ``epoch``, and for a raw cold epoch of ``PEAK_PAIRED`` a fresh peak
+        measurement after it: the fields that tie the contender's record to them."""
+        if not slot.paired:
+            return {}
+        local = self.epoch(
+            "local",
+            "-",
+            self.local_request(slot.mode, slot.workers, slot.repeat),
+            None,
+            {"repeat": slot.repeat, "pair_for": f"{contender} {epoch}"},
+        )
+        fields: dict[str, Any] = {"pair_local_images_per_s": local["images_per_s"]}
+        if slot.mode == "raw" and epoch == "cold" and contender in PEAK_PAIRED:
+            peak = self.peak_throughput()
+            log(f"pair peak: {peak['peak_mb_per_s']:.0f} MB/s")
+            fields.update(
+                pair_peak_mb_per_s=peak["peak_mb_per_s"],
+                pair_peak_by_threads=peak["mb_per_s_by_threads"],
+            )
+        return fields
+
+    def run_local_download(self, slot: Slot) -> None:
         """The ceiling for any loader that downloads: ImageFolder on the local tree while curl
         fetches every shard from the server once (two at a time, to /dev/null) in the same
         run. The server's and the client's CPU for the download is then taken from the same
         two cores as the epoch, as it is for every streaming contender."""
+        mode, workers, repeat = slot.mode, slot.workers, slot.repeat
         request = self.local_request(mode, workers, repeat)
         command = ["curl", "--silent", "--show-error", "--fail", "--parallel",
                    "--parallel-max", "2"]  # fmt: skip
@@ -503,27 +538,31 @@ class Bench:
             shardfs("umount", str(mnt))
             self.mounts.discard(mnt)
 
-    def run_shardfs(self, mode: str, workers: int, repeat: int) -> None:
+    def run_shardfs(self, slot: Slot) -> None:
+        """A cold epoch on an empty cache, a warm one on the same mount, and (context) an
+        epoch after a remount; a paired slot puts a local epoch before the cold and the
+        warm one (the mount sits idle meanwhile)."""
+        repeat = slot.repeat
         cache = self.run_dir / "cache-shardfs"
         shutil.rmtree(cache, ignore_errors=True)
         request = {
             "kind": "imagefolder",
             "root": str(self.run_dir / "mnt-shardfs"),
-            "mode": mode,
-            "workers": workers,
+            "mode": slot.mode,
+            "workers": slot.workers,
             "seed": repeat,
         }
         self.server.reset_counts()
         with self.shardfs_mount(cache) as (pid, seconds):
             mount_bytes = self.server.counts()["get_object_bytes"]
-            self.epoch(
-                "shardfs",
-                "cold",
-                request,
-                pid,
-                {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes},
-            )
-            self.epoch("shardfs", "warm", request, pid, {"repeat": repeat})
+            extra = {"repeat": repeat, "mount_s": seconds, "mount_egress_bytes": mount_bytes}
+            extra.update(self.pair_before(slot, "shardfs", "cold", request))
+            self.epoch("shardfs", "cold", request, pid, extra)
+            extra = {"repeat": repeat, **self.pair_before(slot, "shardfs", "warm", request)}
+            self.epoch("shardfs", "warm", request, pid, extra)
+        if not slot.context:
+            shutil.rmtree(cache, ignore_errors=True)
+            return
         self.server.reset_counts()
         with self.shardfs_mount(cache) as (pid, seconds):
             mount_bytes = self.server.counts()["get_object_bytes"]
@@ -536,9 +575,11 @@ class Bench:
             )
         shutil.rmtree(cache, ignore_errors=True)
 
-    def run_shardfs_sampler(self, sampler: str, mode: str, workers: int, repeat: int) -> None:
+    def run_shardfs_sampler(self, sampler: str, slot: Slot) -> None:
         """shardfs read through ``ShardSampler(mode=sampler)``: a cold epoch on an empty
-        cache, and (shard mode) a warm one on the same mount, the next epoch of the order."""
+        cache, and (shard mode) a warm one on the same mount, the next epoch of the order;
+        in a paired slot each after a local epoch."""
+        mode, workers, repeat = slot.mode, slot.workers, slot.repeat
         contender = f"shardfs-{sampler}"
         cache = self.run_dir / f"cache-{contender}"
         shutil.rmtree(cache, ignore_errors=True)
@@ -558,6 +599,7 @@ class Bench:
                 extra: dict[str, Any] = {"repeat": repeat}
                 if epoch == "cold":
                     extra.update(mount_s=seconds, mount_egress_bytes=mount_bytes)
+                extra.update(self.pair_before(slot, contender, epoch, request))
                 with HintCounters(self.run_dir / "mnt-shardfs") as counters:
                     record = self.epoch(
                         contender, epoch, {**request, "sampler_epoch": number}, pid, extra
@@ -578,7 +620,8 @@ class Bench:
             for path in self.wds_shards
         ]
 
-    def run_webdataset(self, mode: str, workers: int, repeat: int) -> None:
+    def run_webdataset(self, slot: Slot) -> None:
+        mode, workers, repeat = slot.mode, slot.workers, slot.repeat
         cache = self.run_dir / "cache-wds"
         shutil.rmtree(cache, ignore_errors=True)
         cache.mkdir()
@@ -644,7 +687,8 @@ class Bench:
             force_unmount(mnt)  # it may have finished mounting after the first attempt
             log_file.close()
 
-    def run_ratarmount(self, mode: str, workers: int, repeat: int) -> None:
+    def run_ratarmount(self, slot: Slot) -> None:
+        mode, workers, repeat = slot.mode, slot.workers, slot.repeat
         index_dir = self.run_dir / "ratarmount-index"
         shutil.rmtree(index_dir, ignore_errors=True)
         index_dir.mkdir()
@@ -657,7 +701,7 @@ class Bench:
         }
         self.server.reset_counts()
         with self.ratarmount_mount(index_dir) as (pid, seconds):
-            mount_bytes = self.settle()["get_object_bytes"]
+            mount_bytes = settled_counts(self.server)["get_object_bytes"]
             self.epoch(
                 "ratarmount",
                 "cold",
@@ -668,7 +712,7 @@ class Bench:
             self.epoch("ratarmount", "warm", request, pid, {"repeat": repeat})
         self.server.reset_counts()
         with self.ratarmount_mount(index_dir) as (pid, seconds):
-            mount_bytes = self.settle()["get_object_bytes"]
+            mount_bytes = settled_counts(self.server)["get_object_bytes"]
             self.epoch(
                 "ratarmount",
                 "remount",
@@ -680,17 +724,33 @@ class Bench:
 
     # -- the whole run -----------------------------------------------------------
 
-    def contenders(self) -> dict[str, Callable[[str, int, int], None]]:
-        everyone = {
+    def contenders(self) -> dict[str, Callable[[Slot], None]]:
+        everyone: dict[str, Callable[[Slot], None]] = {
             "local": self.run_local,
             "local+dl": self.run_local_download,
             "shardfs": self.run_shardfs,
-            "shardfs-shard": lambda *a: self.run_shardfs_sampler("shard", *a),
-            "shardfs-uniform": lambda *a: self.run_shardfs_sampler("uniform", *a),
+            "shardfs-shard": lambda slot: self.run_shardfs_sampler("shard", slot),
+            "shardfs-uniform": lambda slot: self.run_shardfs_sampler("uniform", slot),
             "webdataset": self.run_webdataset,
             "ratarmount": self.run_ratarmount,
         }
         return {name: run for name, run in everyone.items() if name in self.args.contenders}
+
+    def slot(self, name: str, mode: str, workers: int, repeat: int) -> Slot | None:
+        """Whether ``name`` runs in this round, and how. At the first worker count (the one
+        the targets name) the shardfs contenders run ``--pairs`` paired rounds and the
+        others, context only, ``--repeats``; other worker counts run
+        ``--secondary-repeats`` unpaired rounds of everyone."""
+        if workers != self.args.workers[0]:
+            if repeat >= self.args.secondary_repeats:
+                return None
+            return Slot(mode, workers, repeat)
+        context = repeat < self.args.repeats
+        if name in PAIRED:
+            if repeat >= self.args.pairs:
+                return None
+            return Slot(mode, workers, repeat, paired=True, context=context)
+        return Slot(mode, workers, repeat) if context else None
 
     def run(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -701,7 +761,7 @@ class Bench:
         contenders = list(self.contenders().items())
         failed: set[str] = set()
         fills = []
-        for repeat in range(self.args.repeats):
+        for repeat in range(max(self.args.pairs, self.args.repeats)):
             warms.append(self.warm_all())
             log(f"shardfs warm: {warms[-1]['seconds']:.1f} s")
             fills.append(self.prefetch_all_fill())
@@ -710,15 +770,14 @@ class Bench:
                 f"ready ({fills[-1]['with_mount_s']:.1f} s with the mount)"
             )
             for workers in self.args.workers:
-                if workers != self.args.workers[0] and repeat >= self.args.secondary_repeats:
-                    continue
                 for mode in self.args.modes:
                     shift = repeat % len(contenders)
                     for name, run in contenders[shift:] + contenders[:shift]:
-                        if name in failed:
+                        slot = self.slot(name, mode, workers, repeat)
+                        if name in failed or slot is None:
                             continue
                         try:
-                            run(mode, workers, repeat)
+                            run(slot)
                         except (RuntimeError, OSError) as exc:  # e.g. ratarmount missing
                             failed.add(name)
                             self.notes.append(f"{name} failed and was dropped: {exc}")
@@ -758,11 +817,20 @@ class Bench:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=5000, help="images (5000)")
+    parser.add_argument("--images", type=int, help="images (5000; --quick: 600)")
     parser.add_argument("--classes", type=int, default=12, help="classes (12)")
     parser.add_argument("--shards", type=int, default=12, help="about this many shards (12)")
     parser.add_argument(
-        "--repeats", type=int, default=3, help="rounds for the first worker count (3)"
+        "--pairs",
+        type=int,
+        help="paired rounds of the shardfs contenders at the first worker count: each epoch "
+        "right after a local one; the targets need 5 (5; --quick: 2)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="rounds of the context rows at the first worker count: local alone, local+dl, "
+        "webdataset, ratarmount, shardfs remount (2; --quick: 1)",
     )
     parser.add_argument(
         "--secondary-repeats", type=int, default=1, help="rounds for the other worker counts (1)"
@@ -785,8 +853,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--peak-mb",
         type=int,
-        default=512,
-        help="MiB read per thread count when measuring server peak (512)",
+        help="MiB read per thread count when measuring server peak (512; --quick: 64)",
     )
     parser.add_argument(
         "--shardfs-arg",
@@ -799,7 +866,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="skip the small-cache section (bench/small_cache.py, `make bench-small`)",
     )
-    parser.add_argument("--quick", action="store_true", help="smoke run: 600 images, 1 round")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: smaller defaults (600 images, 2 pairs)"
+    )
     parser.add_argument(
         "--work",
         type=Path,
@@ -808,8 +877,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "results")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.images, args.repeats, args.peak_mb = 600, 1, 64
+    # --quick changes the defaults only: an option given on the command line wins.
+    defaults = {"images": (5000, 600), "pairs": (5, 2), "repeats": (2, 1), "peak_mb": (512, 64)}
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     return args
 
 

@@ -3,8 +3,10 @@
 Measures, in one run: the first mount (full index scan + view build), a remount from the
 persisted index, the daemon's RSS, ``ImageFolder(mount)`` construction against the same
 tree on local disk, and the sampler's side: the placement table's first and later reads, a
-``ShardSampler`` built over every file, and one epoch's order. Prints a JSON line and a
-markdown table.
+``ShardSampler`` built over every file, and one epoch's order. The entry count is measured:
+the rows of the mount's placement table, which must equal the members in the tar headers,
+``ImageFolder``'s samples on the mount and on local disk, and one epoch of the sampler
+(``samples_equal``). Prints a JSON line and a markdown table.
 """
 
 from __future__ import annotations
@@ -114,26 +116,28 @@ sampler.set_epoch(1)
 started = time.perf_counter()
 count = sum(1 for _ in sampler)
 order = time.perf_counter() - started
-print(first_table, second_table, build, order, count)
+print(first_table, second_table, build, order, count, len(table))
 """
 
 
 def sampler_seconds(mountpoint: Path) -> dict[str, float]:
     """The placement table read twice (first use builds it in the daemon), a ShardSampler
-    built over every file (one table read, paths matched to rows), one epoch's order."""
+    built over every file (one table read, paths matched to rows), one epoch's order, and
+    the rows the table holds."""
     out = subprocess.run(
         [sys.executable, "-c", SAMPLER_CODE, str(mountpoint)],
         check=True,
         capture_output=True,
         text=True,
     ).stdout.split()
-    first, second, build, order, count = (float(x) for x in out)
+    first, second, build, order, count, rows = (float(x) for x in out)
     return {
+        "table_rows": int(rows),
         "table_first_read_s": first,
         "table_read_s": second,
         "sampler_build_s": build,
         "sampler_epoch_order_s": order,
-        "sampler_samples": count,
+        "sampler_samples": int(count),
     }
 
 
@@ -175,7 +179,7 @@ def measure(args: argparse.Namespace, work: Path) -> int:
     if not shards.exists():
         make_shards(shards, args.classes, args.per_class, args.shards)
     result["generate_s"] = time.perf_counter() - started
-    result["entries"] = count_members(shards)  # counted in the shards, not assumed
+    result["shard_members"] = count_members(shards)  # read from the tar headers
     if not local.exists():
         make_local_tree(local / "train", args.classes, args.per_class)
 
@@ -186,10 +190,15 @@ def measure(args: argparse.Namespace, work: Path) -> int:
     result["imagefolder_mount_s"], n_mount = imagefolder_seconds(mnt)
     result["daemon_rss_after_scan_mb"] = daemon_rss_mb(mnt)
     result.update(sampler_seconds(mnt))
+    # The entries the mount holds, counted in its placement table (one row per file).
+    result["entries"] = result["table_rows"]
     shardfs("umount", str(mnt))
     result["imagefolder_local_s"], n_local = imagefolder_seconds(local / "train")
     result["imagefolder_ratio"] = result["imagefolder_mount_s"] / result["imagefolder_local_s"]
-    result["samples_equal"] = int(n_mount == n_local == result["entries"])
+    result["imagefolder_mount_samples"], result["imagefolder_local_samples"] = n_mount, n_local
+    counts = {n_mount, n_local, result["table_rows"], result["shard_members"]}
+    counts.add(result["sampler_samples"])
+    result["samples_equal"] = int(len(counts) == 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))

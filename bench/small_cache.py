@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
 from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end  # noqa: E402
-from support.s3 import S3Server  # noqa: E402
+from support.s3 import S3Server, settled_counts  # noqa: E402
 
 BUCKET = "smallcache"
 PREFIX = "data/train"
@@ -61,19 +61,6 @@ def shardfs(*args: str) -> None:
     )
     if result.returncode != 0:
         raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
-
-
-def settled_counts(server: S3Server, quiet: float = 0.5, timeout: float = 120.0) -> dict[str, Any]:
-    """The server's counts once GetObject bytes stayed the same for ``quiet`` seconds."""
-    deadline = time.monotonic() + timeout
-    last = server.counts()
-    since = time.monotonic()
-    while time.monotonic() - since < quiet and time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = server.counts()
-        if now["get_object_bytes"] != last["get_object_bytes"]:
-            last, since = now, time.monotonic()
-    return last
 
 
 # -- the epoch process (torch lives only here) ------------------------------------------
@@ -249,7 +236,9 @@ class SmallCacheBench:
         records = []
         with self.mount(cache_size, self.run_dir / f"cache-{fraction}-{contender}") as pid:
             for epoch in range(self.args.epochs):
-                settled_counts(self.server)  # nothing of the last epoch spills into this one
+                settled_counts(
+                    self.server, timeout=120
+                )  # nothing of the last epoch spills into this one
                 self.server.reset_counts()
                 probe = DaemonProbe(pid)
                 probe.start()
@@ -265,7 +254,7 @@ class SmallCacheBench:
                         "drop_every": self.args.drop_every,
                     }
                 )
-                counts = settled_counts(self.server)
+                counts = settled_counts(self.server, timeout=120)
                 after = query(self.mnt)
                 egress = counts["get_object_bytes"]
                 record = {

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
-from support.mounts import drop_page_cache, mount, new_bucket, settled_counts, umount
+from support.mounts import drop_page_cache, mount, new_bucket, umount
 from support.processes import run_shardfs
-from support.s3 import S3Server
+from support.s3 import S3Server, settled_counts
 
 from shardfs.control import query
 

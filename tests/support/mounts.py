@@ -109,19 +109,3 @@ def drop_page_cache() -> None:
     """Drop the kernel's clean page cache (root only): files read or pushed through a FUSE
     mount must then come from its daemon again, as when the dataset is larger than RAM."""
     Path("/proc/sys/vm/drop_caches").write_text("1\n")
-
-
-def settled_counts(server: S3Server, quiet: float = 0.5, timeout: float = 60.0) -> dict[str, Any]:
-    """The server's counts once its GetObject bytes stayed the same for ``quiet`` seconds
-    (background fetches done); fails after ``timeout`` seconds of traffic."""
-    deadline = time.monotonic() + timeout
-    last = server.counts()
-    since = time.monotonic()
-    while time.monotonic() - since < quiet:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the server was still sending after {timeout}s")
-        time.sleep(0.05)
-        now = server.counts()
-        if now["get_object_bytes"] != last["get_object_bytes"]:
-            last, since = now, time.monotonic()
-    return last

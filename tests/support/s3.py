@@ -12,9 +12,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import s3fs
 
@@ -36,6 +37,52 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class S3ServerError(RuntimeError):
     """The server did not start, or answered the control endpoint badly."""
+
+
+class StillBusyError(RuntimeError):
+    """What ``until_quiet`` watched kept changing until its deadline."""
+
+
+T = TypeVar("T")
+
+
+def until_quiet(
+    sample: Callable[[], T],
+    key: Callable[[T], object] = lambda value: value,
+    *,
+    quiet: float = 0.5,
+    timeout: float = 60.0,
+    what: str = "the server",
+) -> T:
+    """The last ``sample()`` once ``key`` of it stayed the same for ``quiet`` seconds.
+
+    Background fetches (readahead, prefetch) go on after a read returns, so a byte count
+    taken at once would miss some; the one place tests and the bench wait for them to
+    stop. Polled every 50 ms against a deadline; ``StillBusyError`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last = sample()
+    since = time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            raise StillBusyError(f"{what} was still busy after {timeout:g} s")
+        time.sleep(0.05)
+        now = sample()
+        if key(now) != key(last):
+            since = time.monotonic()
+        last = now
+    return last
+
+
+def settled_counts(server: S3Server, quiet: float = 0.5, timeout: float = 60.0) -> dict[str, Any]:
+    """The server's counts once its GetObject bytes stayed the same for ``quiet`` seconds
+    (background fetches done); ``StillBusyError`` after ``timeout`` seconds of traffic."""
+    return until_quiet(
+        server.counts,
+        lambda counts: counts["get_object_bytes"],
+        quiet=quiet,
+        timeout=timeout,
+        what="the S3 server",
+    )
 
 
 class S3Server:
