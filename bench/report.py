@@ -16,6 +16,7 @@ ORDER = {
     "webdataset": 4,
     "ratarmount": 5,
     "local+dl": 6,
+    "local+warm": 7,
 }
 EPOCH_ORDER = {"-": 0, "cold": 1, "warm": 2, "remount": 3}
 METRICS = (
@@ -263,6 +264,26 @@ def sampler_targets(table: Checks) -> None:
             "—",
             None,
         )
+    own = _find(rows, "local+warm", "decode", workers, "-")
+    if own is not None:
+        add(
+            f"decode w{workers} local while `shardfs warm` downloads the shards / local: the "
+            "ceiling with shardfs's own fetch path, its CPU and the server's taken from the "
+            "same two cores (context)",
+            own["vs_local"],
+            "—",
+            None,
+        )
+        for contender in ("shardfs", "shardfs-shard", "shardfs-uniform"):
+            cold = _find(rows, contender, "decode", workers, "cold")
+            if cold is not None:
+                value = cold["images_per_s"]["median"] / own["images_per_s"]["median"]
+                add(
+                    f"decode w{workers} {contender} cold / local+warm ceiling (context, unpaired)",
+                    value,
+                    "—",
+                    None,
+                )
     paired("shardfs-shard", "raw", "cold", "vs_peak", 0.85)
     for contender in ("shardfs-shard", "shardfs-uniform"):
         runs = [r for r in rows if r["contender"] == contender and r["epoch"] == "cold"]
