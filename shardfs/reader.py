@@ -13,8 +13,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from .block_fills import BlockFills, Completion, Fetch
 from .cache import EVICT_ANY, EVICT_NONE, BlockCache, BlockKey, NoRoom, shard_key
 from .files_ahead import FilesAhead
+from .local_blocks import LocalBlocks
 from .readahead import MemoryReadahead, Prefetcher
 from .stats import Stats
 from .store import ShardInfo, Store
@@ -40,9 +42,9 @@ class RangeReader(Protocol):
 class DirectReader:
     """Every read is one ranged GET on the store (``--no-cache``)."""
 
-    def __init__(self, store: Store, stats: Stats | None = None, *, retries: int = 4) -> None:
+    def __init__(self, store: Store, stats: Stats, *, retries: int = 4) -> None:
         self.store = store
-        self.stats = stats if stats is not None else Stats()
+        self.stats = stats
         self.retries = retries
 
     def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
@@ -66,7 +68,9 @@ class CachedReader:
     """Reads through the persistent block cache: each block of a shard is fetched once.
 
     A miss fetches its whole block in the reader's thread (one GET), or with
-    ``split_misses`` only the bytes asked for, completing the block in the background. With a
+    ``split_misses`` only the bytes asked for, completing the block in the background
+    (``block_fills``). Each block that becomes local, stored or first found cached, is
+    published once on ``local_blocks`` (the kernel pusher listens there). With a
     ``Prefetcher``, the first read inside a shard also schedules the rest of that shard.
     While the cache is paused (full or read-only disk), blocks already cached are still
     served, and misses fetch only what is read plus a little readahead kept in memory.
@@ -89,6 +93,7 @@ class CachedReader:
         prefetcher: Prefetcher | None = None,
         split_misses: bool = False,
         dataset_bytes: int | None = None,
+        local_blocks: LocalBlocks | None = None,
     ) -> None:
         self.split_misses = split_misses
         # None: plain LRU, any block may be evicted for a miss (readers outside a mount).
@@ -99,6 +104,7 @@ class CachedReader:
         self.store = store
         self.cache = cache
         self.stats = stats
+        self._fills = BlockFills(cache, stats)
         self.retries = retries
         self.prefetcher = prefetcher
         self.block_size = cache.config.block_size
@@ -106,11 +112,9 @@ class CachedReader:
         self._scheduled: set[str] = set()
         self._lock = threading.Lock()
         # Told once per block when the block is first known to be on local disk (stored by
-        # this process, or hit): the FUSE adapter pushes its files into the kernel's cache.
-        # The bytes come along when the block was just stored by this process (else None).
-        self.on_block: Callable[[ShardInfo, int, int, bytes | None], None] | None = None
+        # this process, or hit), with its bytes when this process just stored it.
+        self.local_blocks = local_blocks if local_blocks is not None else LocalBlocks()
         self._announced: set[tuple[str, int]] = set()
-        self._shards_by_key: dict[str, ShardInfo] = {}
         self._memory = MemoryReadahead()
         self._ahead = FilesAhead()
         self._cache_full = (-1.0, False)  # (when checked, whether the cache was full)
@@ -122,28 +126,22 @@ class CachedReader:
         self._unread_prefetched: set[tuple[str, int]] = set()
         # Blocks a readahead GET for several blocks is bringing, not yet stored.
         self._coming: dict[tuple[str, int], threading.Event] = {}
-        cache.on_stored = self._stored
-
-    def _stored(self, key: BlockKey, block: bytes) -> None:
-        shard = self._shards_by_key.get(key.shard)
-        if shard is not None:
-            self._announce(shard, key.shard, key.index, block)
 
     def _announce(
         self, shard: ShardInfo, skey: str, index: int, block: bytes | None = None
     ) -> None:
-        callback = self.on_block
-        if callback is None or (skey, index) in self._announced:
+        """Publish that a block is local, once per block (while anyone listens)."""
+        if not self.local_blocks.listening or (skey, index) in self._announced:
             return
         with self._lock:
             if (skey, index) in self._announced:
                 return
             self._announced.add((skey, index))
         start = index * self.block_size
-        callback(shard, start, start + self._block_len(shard, index), block)
+        self.local_blocks.publish(shard, start, start + self._block_len(shard, index), block)
 
     def _announce_if_local(self, shard: ShardInfo, skey: str, index: int) -> None:
-        unknown = self.on_block is not None and (skey, index) not in self._announced
+        unknown = self.local_blocks.listening and (skey, index) not in self._announced
         if unknown and self.cache.contains(BlockKey(skey, index)):
             self._announce(shard, skey, index)
 
@@ -152,10 +150,9 @@ class CachedReader:
         if key is None:
             key = shard_key_of(self.store, shard, self.block_size)
             self._keys[shard] = key
-            self._shards_by_key[key] = shard
         return key
 
-    def _fetch_range(self, shard: ShardInfo, index: int) -> Callable[[int, int], bytes]:
+    def _fetch_range(self, shard: ShardInfo, index: int) -> Fetch:
         base = index * self.block_size
 
         def fetch(start: int, end: int) -> bytes:
@@ -196,31 +193,47 @@ class CachedReader:
             self._first_read(skey, index, block_len)
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
             hi -= block_start
-            fetch_range = self._fetch_range(shard, index)
+            fetch = self._fetch_range(shard, index)
             if self.prefetcher is not None and self.split_misses:
-                data = self.cache.get_split(
-                    key,
-                    lo,
-                    hi,
-                    block_len,
-                    fetch_range,
-                    self.prefetcher.run_soon,
-                    evict_before=evict_before,
+                data, rest = self._fills.read_split(
+                    key, lo, hi, block_len, fetch, evict_before=evict_before
                 )
+                if rest is not None:
+                    self._complete_later(shard, skey, index, rest)
             else:
-                whole = functools.partial(fetch_range, 0, block_len)
                 try:
-                    data = self.cache.get(key, lo, hi, block_len, whole, evict_before=evict_before)
+                    data, stored = self._fills.read(
+                        key, lo, hi, block_len, fetch, evict_before=evict_before
+                    )
                 except NoRoom:  # the room went to another fetch meanwhile
                     self.stats.add(range_reads=1)
-                    data = self._read_uncached(
-                        shard, skey, block_start + lo, block_start + hi, extent_end
+                    data, stored = (
+                        self._read_uncached(
+                            shard, skey, block_start + lo, block_start + hi, extent_end
+                        ),
+                        None,
                     )
+                if stored is not None:
+                    self._announce(shard, skey, index, stored)
             pieces.append(data)
             self._announce_if_local(shard, skey, index)
         if self.prefetcher is not None and skey not in self._scheduled and not self.follow_hint:
             self.read_ahead(shard, after=last)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _complete_later(self, shard: ShardInfo, skey: str, index: int, rest: Completion) -> None:
+        """Have a fill thread complete a split miss's block, then publish it."""
+
+        def complete() -> None:
+            block = rest()
+            if block is not None:
+                self._announce(shard, skey, index, block)
+
+        assert self.prefetcher is not None
+        try:
+            self.prefetcher.run_soon(complete)
+        except Exception:
+            complete()  # it holds the block's claim: it must run
 
     def _first_read(self, skey: str, index: int, block_len: int) -> None:
         """Count a prefetched block as read the first time a read touches it."""
@@ -450,7 +463,7 @@ class CachedReader:
                 end += 1
             return min(shard.size, end * size)
 
-        def fetcher(index: int) -> Callable[[int, int], bytes]:
+        def fetcher(index: int) -> Fetch:
             def fetch_range(lo: int, hi: int) -> bytes:
                 start = index * size
                 data = got.get("data")
@@ -505,16 +518,16 @@ class CachedReader:
         if event is not None:
             event.wait(self.store.config.read_timeout)
 
-    def _prefetch_one(
-        self, shard: ShardInfo, skey: str, index: int, fetch_range: Callable[[int, int], bytes]
-    ) -> bool:
+    def _prefetch_one(self, shard: ShardInfo, skey: str, index: int, fetch: Fetch) -> bool:
         block_len = self._block_len(shard, index)
         key = BlockKey(skey, index)
         with self._lock:  # before the store: a read may come as soon as it lands
             self._unread_prefetched.add((skey, index))
-        stored = self.cache.prefetch(key, block_len, fetch_range)
+        block = self._fills.prefetch(key, block_len, fetch)
+        stored = block is not None
         if stored:
             self.stats.add(prefetched_bytes=block_len)
+            self._announce(shard, skey, index, block)
         else:
             with self._lock:
                 read_meanwhile = (skey, index) not in self._unread_prefetched
