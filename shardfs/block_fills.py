@@ -10,12 +10,19 @@ Three kinds, one per way a block is brought:
 - ``read_split``: a read misses and fetches only its own bytes; the rest of the block is a
   task that holds the claim until it has completed and stored the block;
 - ``prefetch``: a whole block ahead of need, only when it can be kept.
+
+Beside them, two small pieces of the reader's miss policy: ``ColdClock`` (which blocks a
+store may evict when the cache is smaller than the data) and ``Arrivals`` (blocks that a
+readahead GET for several blocks is bringing, which a read waits for instead of fetching).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
 
 from .cache import EVICT_ANY, EVICT_NONE, BlockCache, BlockKey, Claim, NoRoom
@@ -185,3 +192,68 @@ class BlockFills:
                     raise ValueError(f"assembled {len(block)} bytes for a block of {block_len}")
                 stored = self.cache.put(claim, block, evict_before=evict_before, unread=True)
                 return block if stored else None
+
+
+class ColdClock:
+    """When a block counts as cold, for a cache smaller than the data: no read has used it
+    while the reader served ``horizon`` bytes (an epoch's worth). None: plain LRU."""
+
+    def __init__(self, horizon: int | None) -> None:
+        self.horizon = horizon
+        self._served = 0
+        self._clock: deque[tuple[float, int]] = deque([(time.time(), 0)])
+        self._lock = threading.Lock()
+
+    def tick(self, length: int) -> float:
+        """Count ``length`` bytes read; the wall time before which a block unused is cold
+        (``EVICT_ANY`` without a horizon, ``EVICT_NONE`` before a horizon was served)."""
+        horizon = self.horizon
+        if horizon is None:
+            return EVICT_ANY
+        now = time.time()
+        with self._lock:
+            self._served += length
+            served = self._served
+            if length == 0:
+                return self._cutoff(served, horizon)
+            clock = self._clock
+            if served - clock[-1][1] >= max(1, horizon // 64):
+                clock.append((now, served))
+            # Keep one reading at or before ``served - horizon``: the cold cutoff.
+            while len(clock) > 1 and clock[1][1] <= served - horizon:
+                clock.popleft()
+            return self._cutoff(served, horizon)
+
+    def _cutoff(self, served: int, horizon: int) -> float:
+        when, at = self._clock[0]
+        return when if at <= served - horizon else EVICT_NONE
+
+
+class Arrivals:
+    """Blocks a running readahead GET is bringing: a read of one waits (up to ``timeout``)
+    for it to be stored rather than fetch the same bytes again."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._coming: dict[tuple[str, int], threading.Event] = {}
+
+    def expect(self, skey: str, indices: range) -> None:
+        with self._lock:
+            for index in indices:
+                self._coming.setdefault((skey, index), threading.Event())
+
+    def arrived(self, skey: str, *indices: int) -> None:
+        with self._lock:
+            events = [self._coming.pop((skey, index), None) for index in indices]
+        for event in events:
+            if event is not None:
+                event.set()
+
+    def wait(self, skey: str, index: int) -> None:
+        if not self._coming:
+            return
+        with self._lock:
+            event = self._coming.get((skey, index))
+        if event is not None:
+            event.wait(self.timeout)

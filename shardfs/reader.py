@@ -9,12 +9,11 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from .block_fills import BlockFills, Completion, Fetch
-from .cache import EVICT_ANY, EVICT_NONE, BlockCache, BlockKey, NoRoom, shard_key
+from .block_fills import Arrivals, BlockFills, ColdClock, Completion, Fetch
+from .cache import EVICT_ANY, BlockCache, BlockKey, NoRoom, shard_key
 from .files_ahead import FilesAhead
 from .local_blocks import LocalBlocks
 from .readahead import MemoryReadahead, Prefetcher
@@ -98,9 +97,7 @@ class CachedReader:
         self.split_misses = split_misses
         # None: plain LRU, any block may be evicted for a miss (readers outside a mount).
         self.dataset_bytes = dataset_bytes
-        self._served = 0
-        self._clock: deque[tuple[float, int]] = deque([(time.time(), 0)])
-        self._clock_lock = threading.Lock()
+        self._cold = ColdClock(dataset_bytes)
         self.store = store
         self.cache = cache
         self.stats = stats
@@ -125,7 +122,7 @@ class CachedReader:
         # prefetched-but-unread statistic).
         self._unread_prefetched: set[tuple[str, int]] = set()
         # Blocks a readahead GET for several blocks is bringing, not yet stored.
-        self._coming: dict[tuple[str, int], threading.Event] = {}
+        self._coming = Arrivals(store.config.read_timeout)
 
     def _announce(
         self, shard: ShardInfo, skey: str, index: int, block: bytes | None = None
@@ -189,7 +186,7 @@ class CachedReader:
             if not waited and not self.cache.contains(key):
                 waited = True
                 self.stats.add(reads_waited_on_network=1)
-                self._wait_if_coming(skey, index)
+                self._coming.wait(skey, index)
             self._first_read(skey, index, block_len)
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
             hi -= block_start
@@ -246,26 +243,7 @@ class CachedReader:
 
     def _tick(self, length: int) -> float:
         """Count ``length`` bytes read; the wall time before which a block unused is cold."""
-        horizon = self.dataset_bytes
-        if horizon is None:
-            return EVICT_ANY
-        now = time.time()
-        with self._clock_lock:
-            self._served += length
-            served = self._served
-            if length == 0:
-                return self._cutoff(served, horizon)
-            clock = self._clock
-            if served - clock[-1][1] >= max(1, horizon // 64):
-                clock.append((now, served))
-            # Keep one reading at or before ``served - horizon``: the cold cutoff.
-            while len(clock) > 1 and clock[1][1] <= served - horizon:
-                clock.popleft()
-            return self._cutoff(served, horizon)
-
-    def _cutoff(self, served: int, horizon: int) -> float:
-        when, at = self._clock[0]
-        return when if at <= served - horizon else EVICT_NONE
+        return self._cold.tick(length)
 
     def _over_budget(
         self, shard: ShardInfo, skey: str, first: int, last: int, evict_before: float
@@ -474,7 +452,7 @@ class CachedReader:
                     end = stretch_end(index)
                     # Reads of the later blocks wait for this GET and their store, rather
                     # than fetch the same bytes again.
-                    self._expect(skey, range(index + 1, -(-end // size)))
+                    self._coming.expect(skey, range(index + 1, -(-end // size)))
                     data = self.store.read_range(shard, start, end, retries=self.retries)
                     self.stats.add(store_requests=1, bytes_fetched=len(data))
                     got["data"], got["start"], begin = data, start, start
@@ -489,34 +467,13 @@ class CachedReader:
                     try:
                         stored |= self._prefetch_one(shard, skey, index, fetcher(index))
                     finally:
-                        self._arrived(skey, index)
+                        self._coming.arrived(skey, index)
             finally:
-                self._arrived(skey, *indices)  # a failed GET: nobody waits on it any more
+                self._coming.arrived(skey, *indices)  # a failed GET: nobody waits on it any more
                 got.clear()
             return stored
 
         return task
-
-    def _expect(self, skey: str, indices: range) -> None:
-        with self._lock:
-            for index in indices:
-                self._coming.setdefault((skey, index), threading.Event())
-
-    def _arrived(self, skey: str, *indices: int) -> None:
-        with self._lock:
-            events = [self._coming.pop((skey, index), None) for index in indices]
-        for event in events:
-            if event is not None:
-                event.set()
-
-    def _wait_if_coming(self, skey: str, index: int) -> None:
-        """A block that a running readahead GET is bringing: wait for it to be stored."""
-        if not self._coming:
-            return
-        with self._lock:
-            event = self._coming.get((skey, index))
-        if event is not None:
-            event.wait(self.store.config.read_timeout)
 
     def _prefetch_one(self, shard: ShardInfo, skey: str, index: int, fetch: Fetch) -> bool:
         block_len = self._block_len(shard, index)
