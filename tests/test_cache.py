@@ -110,7 +110,7 @@ def open_cache(cache_dir: Path) -> Iterator[Callable[..., BlockCache]]:
     """Opens BlockCache instances on ``cache_dir`` (small blocks, no min_free); closes them."""
     opened: list[BlockCache] = []
 
-    def make(**overrides: Any) -> BlockCache:
+    def make(ledger_connect: Any = None, **overrides: Any) -> BlockCache:
         settings: dict[str, Any] = {
             "cache_dir": cache_dir,
             "size": "64M",
@@ -119,7 +119,8 @@ def open_cache(cache_dir: Path) -> Iterator[Callable[..., BlockCache]]:
             "chunk_size": CHUNK,
             **overrides,
         }
-        cache = BlockCache(CacheConfig(**settings), Stats())
+        seam = {} if ledger_connect is None else {"ledger_connect": ledger_connect}
+        cache = BlockCache(CacheConfig(**settings), Stats(), **seam)
         opened.append(cache)
         return cache
 
@@ -933,15 +934,34 @@ def test_failed_rename_leaves_usage_matching_the_disk(
     assert cache_info(cache.root)["blocks"] == 1
 
 
-class FailingConnection:
-    """A sqlite connection whose statements starting with ``fail_on`` raise, once."""
+class LedgerFaults:
+    """Statements of a cache's ledger made to fail, through the ``ledger_connect`` seam of
+    ``BlockCache``: the next statement starting with ``once`` fails (once), and every one
+    starting with ``always`` fails while it is set. Keeps every connection it opened."""
 
-    def __init__(self, conn: Any, fail_on: str) -> None:
-        self.conn, self.fail_on = conn, fail_on
+    def __init__(self) -> None:
+        self.once = ""
+        self.always = ""
+        self.connections: list[sqlite3.Connection] = []
+
+    def connect(self, path: Path) -> Any:
+        conn = shardfs.cache.ledger.open_connection(path)
+        self.connections.append(conn)
+        return FaultyConnection(conn, self)
+
+
+class FaultyConnection:
+    """A ledger connection that fails the statements its ``LedgerFaults`` names."""
+
+    def __init__(self, conn: sqlite3.Connection, faults: LedgerFaults) -> None:
+        self.conn, self.faults = conn, faults
 
     def execute(self, sql: str, *args: Any) -> Any:
-        if self.fail_on and sql.startswith(self.fail_on):
-            self.fail_on = ""
+        faults = self.faults
+        if faults.always and sql.startswith(faults.always):
+            raise sqlite3.OperationalError("disk I/O error")
+        if faults.once and sql.startswith(faults.once):
+            faults.once = ""
             raise sqlite3.OperationalError("disk I/O error")
         return self.conn.execute(sql, *args)
 
@@ -953,9 +973,10 @@ def test_database_error_inside_a_transaction_does_not_wedge_the_cache(
     open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(shardfs.cache.health, "_DEGRADED_RETRY_S", 0.0)
-    cache, source = open_cache(), Source()
+    faults = LedgerFaults()
+    cache, source = open_cache(ledger_connect=faults.connect), Source()
     source.get(cache, 0)
-    cache._local.conn = FailingConnection(cache._local.conn, "UPDATE total SET bytes = bytes +")
+    faults.once = "UPDATE total SET bytes = bytes +"
     assert source.get(cache, 1) == source.block(1)
     assert cache.stats.cache_write_errors == 1
     assert cache.usage() == ENCODED == disk_bytes(cache)
@@ -1292,26 +1313,17 @@ def test_waiters_share_a_block_that_could_not_be_stored(
     assert cache.degraded
 
 
-class AlwaysFailingConnection(FailingConnection):
-    """A sqlite connection whose statements starting with ``fail_on`` always raise."""
-
-    def execute(self, sql: str, *args: Any) -> Any:
-        if sql.startswith(self.fail_on):
-            raise sqlite3.OperationalError("disk I/O error")
-        return self.conn.execute(sql, *args)
-
-
 def test_an_unreadable_ledger_total_never_lets_a_block_past_the_bound(
     open_cache: Callable[..., BlockCache],
 ) -> None:
     """With the ledger's total unreadable, the cache cannot know its usage: it admits no
     block (the reader still gets its bytes), instead of taking the usage for -1 bytes."""
-    cache, source = open_cache(size=str(2 * ENCODED)), Source()
+    faults = LedgerFaults()
+    cache, source = open_cache(size=str(2 * ENCODED), ledger_connect=faults.connect), Source()
     source.get(cache, 0)
     source.get(cache, 1)
     assert cache.usage() == 2 * ENCODED == cache.limit()
-    healthy = cache._local.conn
-    cache._local.conn = AlwaysFailingConnection(healthy, "SELECT bytes FROM total")
+    faults.always = "SELECT bytes FROM total"
     try:
         assert cache.usage() == 2 * ENCODED  # reported: the last total the ledger gave
         assert cache.room_for(BLOCK, EVICT_ANY) is False
@@ -1319,7 +1331,7 @@ def test_an_unreadable_ledger_total_never_lets_a_block_past_the_bound(
             get(cache, BlockKey(KEY, 2), 0, BLOCK, BLOCK, source.fetcher(2), evict_before=0.0)
         assert source.get(cache, 3) == source.block(3)  # served, not kept
     finally:
-        cache._local.conn = healthy
+        faults.always = ""
     assert source.calls == [0, 1, 3]
     assert [p.name for p in block_files(cache)] == ["0", "1"]
     assert cache.usage() == 2 * ENCODED == disk_bytes(cache) == cache.limit()
@@ -1331,7 +1343,8 @@ def test_closing_the_cache_closes_every_threads_ledger_connection(
 ) -> None:
     """Each thread that used the cache has its own SQLite connection; close() closes them
     all, not only the calling thread's (issue 13 item 3)."""
-    cache, source = open_cache(), Source()
+    faults = LedgerFaults()
+    cache, source = open_cache(ledger_connect=faults.connect), Source()
     barrier = threading.Barrier(4)
 
     def use(index: int) -> None:
@@ -1343,11 +1356,9 @@ def test_closing_the_cache_closes_every_threads_ledger_connection(
         thread.start()
     for thread in threads:
         thread.join(30)
-    ledger = cache._ledger
-    assert ledger.open_connections >= 4
-    connections = list(ledger._connections)
+    connections = faults.connections
+    assert len(connections) >= 4
     cache.close()
-    assert ledger.open_connections == 0
     for conn in connections:
         with pytest.raises(sqlite3.ProgrammingError):
             conn.execute("SELECT 1")

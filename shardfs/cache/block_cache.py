@@ -18,7 +18,7 @@ import os
 import shutil
 import sqlite3
 import struct
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, overload
 
@@ -33,7 +33,7 @@ from .block_format import (
 )
 from .claims import Claim, Claims, LockFile, claim_block
 from .health import DiskHealth, disk_wide
-from .ledger import Ledger
+from .ledger import Ledger, open_connection
 from .open_blocks import OpenBlocks
 from .space import EVICT_ANY, EVICT_NONE, Space
 from .writer import AtomicWriter
@@ -55,7 +55,15 @@ class BlockCache:
     puts it (``shardfs.block_fills``), as mountpoint-s3's caching part stream does around
     its ``DataCache``."""
 
-    def __init__(self, config: CacheConfig, stats: Stats) -> None:
+    def __init__(
+        self,
+        config: CacheConfig,
+        stats: Stats,
+        *,
+        ledger_connect: Callable[[Path], sqlite3.Connection] = open_connection,
+    ) -> None:
+        """``ledger_connect`` opens each thread's ledger connection (tests pass one whose
+        statements fail, to play a failing disk under the ledger)."""
         self.config = config
         self.stats = stats
         self.root = config.cache_dir
@@ -68,7 +76,9 @@ class BlockCache:
         self.max_bytes = resolve_cache_size(config.size, disk.total)
         self._health = DiskHealth(self.stats)
         self._locks = LockFile(self.root)
-        self._ledger = Ledger(self.root, self._locks, self.max_bytes, config.min_free)
+        self._ledger = Ledger(
+            self.root, self._locks, self.max_bytes, config.min_free, connect=ledger_connect
+        )
         self._prepare()
         self._claims = Claims()
         self._open = OpenBlocks()
@@ -76,11 +86,6 @@ class BlockCache:
         self._space = Space(self._ledger, self._open, self.stats, config.chunk_size)
         self._closed = False
         self._writer.remove_stale()
-
-    # Tests of a failing ledger swap this thread's connection for a failing one.
-    @property
-    def _local(self) -> threading.local:
-        return self._ledger.local
 
     # -- public -------------------------------------------------------------------------
 
