@@ -94,7 +94,7 @@ def process_running(pid: int) -> bool:
 
 
 class ControlServer:
-    """Answers ``stats`` on a unix socket from a daemon thread."""
+    """Answers ``stats`` on a unix socket from a thread of its own, joined by ``close``."""
 
     def __init__(self, mountpoint: Path, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.path = socket_path(mountpoint)
@@ -127,8 +127,14 @@ class ControlServer:
                     log.exception("control request failed")
 
     def close(self) -> None:
+        """Stop answering and wait for the thread. A bare close would leave the thread in
+        ``accept`` (closing a socket does not wake a thread waiting on it); shutting the
+        listening socket down does."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
+        self._thread.join()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -91,6 +91,66 @@ _PARENT_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _DAEMON_STOP_GRACE = 10.0  # seconds a stopped daemon gets to unmount before SIGKILL
 
 
+class _StopSignals:
+    """SIGINT and SIGTERM while the parent waits for its daemon. Until ``arm`` (the child
+    is being started, so it cannot be named yet) they are held back; from then on, and for
+    one held back, they raise ``_Stopped``. Leaving the block restores the old handlers."""
+
+    def __init__(self) -> None:
+        self._armed = False
+        self._pending: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        for number in _PARENT_STOP_SIGNALS:
+            self._previous[number] = signal.signal(number, self._on_signal)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if not self._armed:
+            self._pending.append(signum)
+            return
+        raise _Stopped(signum)
+
+    def arm(self) -> None:
+        self._armed = True
+        if self._pending:
+            raise _Stopped(self._pending[0])
+
+
+class _ProgressLines:
+    """Shows what the daemon reports on the ready channel until ``ready`` or ``error``."""
+
+    def __init__(self, show_progress: bool) -> None:
+        self.show_progress = show_progress
+        self.bar: Any = None
+
+    def follow(self, pipe: Iterable[str]) -> tuple[str, str] | None:
+        """Show progress, warnings and notes; return the final (kind, text), or None when
+        the daemon closed the channel without one."""
+        for line in pipe:
+            kind, _, text = line.rstrip("\n").partition(" ")
+            if kind == "progress" and self.show_progress:
+                done, total, done_bytes, total_bytes = (int(x) for x in text.split())
+                self.bar = update_progress_bar(self.bar, done, total, done_bytes, total_bytes)
+            elif kind == "warn":
+                _print_line(self.bar, f"shardfs: warning: {text}")
+            elif kind == "note":
+                _print_line(self.bar, f"shardfs: {text}")
+            elif kind in ("ready", "error"):
+                return kind, text
+        return None
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def spawn_daemon(
     argv: Sequence[str],
     mountpoint: Path,
@@ -106,89 +166,88 @@ def spawn_daemon(
     that fails shows its traceback here (from its log)."""
     from .config import LOGS_KEPT
 
-    read_fd, write_fd = os.pipe()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     named_by_pid = log_path.name.startswith("mount-starting-")
     if named_by_pid:
         _prune_logs(log_path.parent, LOGS_KEPT - 1)
-    previous = {number: signal.getsignal(number) for number in _PARENT_STOP_SIGNALS}
-
-    pending: list[int] = []
+    lines = _ProgressLines(show_progress)
     child: subprocess.Popen[bytes] | None = None
-
-    def on_signal(signum: int, _frame: object) -> None:
-        if child is None:  # inside Popen: stop once the child can be named
-            pending.append(signum)
-            return
-        raise _Stopped(signum)
-
-    bar: Any = None
+    read_fd, write_fd = os.pipe()
     try:
-        for number in _PARENT_STOP_SIGNALS:
-            signal.signal(number, on_signal)
-        with open(log_path, "ab") as log_file:
-            log_start = log_file.tell()
-            child = subprocess.Popen(
-                [sys.executable, "-m", "shardfs", *argv, "--foreground", "--ready-fd",
-                 str(write_fd)],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                pass_fds=(write_fd,),
-                start_new_session=True,
-            )  # fmt: skip
-        if pending:
-            raise _Stopped(pending[0])
-        if named_by_pid:
-            named = log_path.with_name(f"mount-{child.pid}.log")
-            os.replace(log_path, named)  # the daemon keeps writing to the same file
-            log_path = named
-        os.close(write_fd)
-        write_fd = -1
-        with os.fdopen(read_fd, "r") as pipe:
-            read_fd = -1
-            for line in pipe:
-                kind, _, text = line.rstrip("\n").partition(" ")
-                if kind == "progress" and show_progress:
-                    done, total, done_bytes, total_bytes = (int(x) for x in text.split())
-                    bar = update_progress_bar(bar, done, total, done_bytes, total_bytes)
-                elif kind == "warn":
-                    _print_line(bar, f"shardfs: warning: {text}")
-                elif kind == "note":
-                    _print_line(bar, f"shardfs: {text}")
-                elif kind == "ready":
-                    return 0, text
-                elif kind == "error":
-                    code, _, message = text.partition(" ")
-                    if verbose:
-                        _show_daemon_traceback(child, log_path, log_start)
-                    return int(code), message
-        status = child.wait()
-        if verbose:
-            _show_daemon_traceback(child, log_path, log_start)
-        return 1, (
-            f"the mount daemon exited with status {status} before it was ready; see {log_path}"
-        )
-    except _Stopped as stopped:
-        if bar is not None:
-            bar.close()
-            bar = None
-        if child is not None:
-            _stop_daemon(child, mountpoint)
-        name = signal.Signals(stopped.signum).name
-        return 128 + stopped.signum, (
-            f"interrupted ({name}) before the mount was ready; stopped the mount daemon, "
-            "nothing is mounted"
-        )
+        with _StopSignals() as signals:
+            try:
+                child, log_start = _start_child(argv, log_path, write_fd)
+                signals.arm()
+                if named_by_pid:
+                    log_path = _name_log_by_pid(log_path, child.pid)
+                os.close(write_fd)
+                write_fd = -1
+                with os.fdopen(read_fd, "r") as pipe:
+                    read_fd = -1
+                    outcome = lines.follow(pipe)
+                return _daemon_outcome(outcome, child, log_path, log_start, verbose=verbose)
+            except _Stopped as stopped:
+                lines.close()
+                if child is not None:
+                    _stop_daemon(child, mountpoint)
+                name = signal.Signals(stopped.signum).name
+                return 128 + stopped.signum, (
+                    f"interrupted ({name}) before the mount was ready; stopped the mount "
+                    "daemon, nothing is mounted"
+                )
     finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
         for fd in (read_fd, write_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        if bar is not None:
-            bar.close()
+        lines.close()
+
+
+def _start_child(
+    argv: Sequence[str], log_path: Path, write_fd: int
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The daemon, in a session of its own, logging to ``log_path``; returns it and where
+    its part of the log starts."""
+    with open(log_path, "ab") as log_file:
+        log_start = log_file.tell()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "shardfs", *argv, "--foreground", "--ready-fd",
+             str(write_fd)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )  # fmt: skip
+    return child, log_start
+
+
+def _name_log_by_pid(log_path: Path, pid: int) -> Path:
+    named = log_path.with_name(f"mount-{pid}.log")
+    os.replace(log_path, named)  # the daemon keeps writing to the same file
+    return named
+
+
+def _daemon_outcome(
+    outcome: tuple[str, str] | None,
+    child: subprocess.Popen[bytes],
+    log_path: Path,
+    log_start: int,
+    *,
+    verbose: bool,
+) -> tuple[int, str]:
+    """(exit code, summary line) from what the daemon said last on the ready channel."""
+    if outcome is not None and outcome[0] == "ready":
+        return 0, outcome[1]
+    if outcome is not None:  # error
+        code, _, message = outcome[1].partition(" ")
+        if verbose:
+            _show_daemon_traceback(child, log_path, log_start)
+        return int(code), message
+    status = child.wait()
+    if verbose:
+        _show_daemon_traceback(child, log_path, log_start)
+    return 1, f"the mount daemon exited with status {status} before it was ready; see {log_path}"
 
 
 def _stop_daemon(child: subprocess.Popen[bytes], mountpoint: Path) -> None:

@@ -7,33 +7,28 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import stat
 import threading
 import time
-from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import NamedTuple
 
 from . import placement
-from .config import MountConfig, ReadConfig
-from .errors import (
-    IsADirError,
-    NoSuchAttributeError,
-    NotADirError,
-    NotFoundError,
-    UsageError,
-)
-from .readahead import HintedOrder
+from .attributes import AttributeRule, Attributes, Owner
+from .config import ReadConfig
+from .errors import IsADirError, NoSuchAttributeError, NotADirError, NotFoundError
+from .nodes import ROOT_INO, Node
+from .order_hints import OrderHints
 from .reader import CachedReader, RangeReader
 from .stats import Stats
 from .store import ShardInfo
 from .tar import MemberKind
-from .views import ROOT_INO, Node, View, st_mode
+from .views import View
 
 log = logging.getLogger(__name__)
+
+# Owner is imported from here by mount (the core is built with one).
+__all__ = ["XATTR_OFFSET", "XATTR_SHARD", "Entry", "Owner", "ShardFileSystem"]
 
 
 class Entry(NamedTuple):
@@ -54,46 +49,6 @@ XATTR_OFFSET = "user.shardfs.offset"
 _FILE_XATTRS = (XATTR_SHARD, XATTR_OFFSET)
 
 
-@dataclass(frozen=True)
-class Owner:
-    """Who owns every file and folder, and their permission bits.
-
-    uid, gid: default the mounting process's. file_mode, dir_mode: permission bits of
-    every regular file and every folder; None keeps ``views.st_mode``'s rule (read-only
-    for everyone, plus a file's own execute bits). Symlinks always show 0o777."""
-
-    uid: int = field(default_factory=os.getuid)
-    gid: int = field(default_factory=os.getgid)
-    file_mode: int | None = None
-    dir_mode: int | None = None
-
-    @classmethod
-    def of(cls, config: MountConfig) -> Owner:
-        return cls(
-            uid=os.getuid() if config.uid is None else config.uid,
-            gid=os.getgid() if config.gid is None else config.gid,
-            file_mode=config.file_mode,
-            dir_mode=config.dir_mode,
-        )
-
-    def mode_rule(self) -> Callable[[int, int], int]:
-        """``(kind, stored mode) -> st_mode``: ``views.st_mode`` with the overrides."""
-        if self.file_mode is None and self.dir_mode is None:
-            return st_mode
-        file_mode, dir_mode = self.file_mode, self.dir_mode
-
-        @lru_cache(maxsize=256)
-        def rule(kind: int, mode: int) -> int:
-            shown = st_mode(kind, mode)
-            if dir_mode is not None and stat.S_ISDIR(shown):
-                return stat.S_IFDIR | dir_mode
-            if file_mode is not None and stat.S_ISREG(shown):
-                return stat.S_IFREG | file_mode
-            return shown
-
-        return rule
-
-
 @dataclass
 class _OpenFile:
     """An open file: the node plus the last window of its bytes fetched from the store."""
@@ -104,57 +59,12 @@ class _OpenFile:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-@dataclass
-class _Table:
-    """The placement table of the view, built once: its bytes and the row of each inode."""
-
-    fingerprint: str
-    data: bytes
-    rows: int
-    row_of_ino: array[int]  # 'i': table row of each inode, -1 for none
-    shard_ids: list[int]  # table shard id -> view shard id
-    shards: array[int]  # table shard id of each row
-    offsets: array[int]
-    sizes: array[int]
-
-
-FILES_AHEAD = 128
-"""Hint positions whose files are queued ahead of the furthest read: while the cache is
-full they are fetched as ranges (at most ``files_ahead.DEFAULT_BUDGET`` bytes held)."""
-
-
-@dataclass
-class _ActiveHint:
-    """An order hint being followed: each row's position in it, and the block plan."""
-
-    epoch: int
-    position_of_row: array[int]  # 'i': first position of each row in the hint, -1 if absent
-    plan: HintedOrder
-    rows: Sequence[int]  # the hint's rows, in reading order
-    files_queued: int = 0  # hint positions below this had their files queued
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-@dataclass
-class _HintParts:
-    """A hint whose chunks are still arriving."""
-
-    buffer: bytearray
-    offsets: set[int] = field(default_factory=set)
-    received: int = 0
-
-
-_HINT_PARTS = 4  # hints being received at once (one per sender, normally one)
-
-
 class ShardFileSystem:
     """A read-only tree over a materialised view, reading bytes through a RangeReader.
 
     Two virtual files sit at the root, found by lookup and never listed (see
     ``shardfs.placement``): the placement table, and the hint file that takes the order in
-    which this node will read, which the core then reads ahead in."""
-
-    BLOCK_SIZE = 1 << 17  # st_blksize: the I/O size readers are told to prefer
+    which this node will read, which the core then reads ahead in (``OrderHints``)."""
 
     def __init__(
         self,
@@ -175,15 +85,10 @@ class ShardFileSystem:
         owner = owner if owner is not None else Owner()
         self.uid = owner.uid
         self.gid = owner.gid
-        self._mode = owner.mode_rule()
-        self._mount_time = int(time.time())
+        self.shown = AttributeRule(owner, int(time.time()))
         self.table_ino = view.max_ino + 1
         self.hint_ino = view.max_ino + 2
-        self._table: _Table | None = None
-        self._table_lock = threading.Lock()
-        self._hint: _ActiveHint | None = None
-        self._hint_parts: dict[bytes, _HintParts] = {}
-        self._hint_lock = threading.Lock()
+        self.hints = OrderHints(view, reader, self.stats)
         # One bit per inode: files already served or pushed (for egress amplification).
         self._delivered = bytearray(view.max_ino // 8 + 1)
 
@@ -191,207 +96,32 @@ class ShardFileSystem:
 
     def _virtual(self, ino: int) -> Node | None:
         if ino == self.table_ino:
-            size = len(self.table().data)
+            size = len(self.hints.table().data)
         elif ino != self.hint_ino:
             return None
         else:
             size = 0
-        return Node(ino, MemberKind.FILE, -1, 0, size, 0o444, self._mount_time, "")
+        return Node(ino, MemberKind.FILE, -1, 0, size, 0o444, self.shown.mount_time, "")
 
     def is_virtual(self, node: Node) -> bool:
         return node.ino in (self.table_ino, self.hint_ino)
 
-    def table(self) -> _Table:
-        """The placement table, built at its first use and kept for the mount's life."""
-        with self._table_lock:
-            if self._table is None:
-                started = time.monotonic()
-                self._table = self._build_table()
-                log.info(
-                    "placement table: %d rows, %d bytes in %.2f s",
-                    self._table.rows,
-                    len(self._table.data),
-                    time.monotonic() - started,
-                )
-            return self._table
-
-    def _build_table(self) -> _Table:
-        view = self.view
-        shard_ids = sorted(view.shards)
-        dense = {sid: i for i, sid in enumerate(shard_ids)}
-        row_of_ino = array("i", [-1]) * (view.max_ino + 1)
-        inos = array("i")
-        rows = []
-        for path, node in view.files():
-            inos.append(node.ino)
-            rows.append((path, dense[node.shard], node.offset, node.size))
-        for row, ino in enumerate(inos):
-            row_of_ino[ino] = row
-        names = [view.shards[sid].name for sid in shard_ids]
-        fingerprint, data = placement.encode_table(names, rows)
-        return _Table(
-            fingerprint,
-            data,
-            len(rows),
-            row_of_ino,
-            shard_ids,
-            array("i", (shard for _, shard, _, _ in rows)),
-            array("q", (offset for _, _, offset, _ in rows)),
-            array("q", (size for _, _, _, size in rows)),
-        )
-
     def take_hint_chunk(self, chunk: bytes) -> None:
-        """One ioctl of an order hint (``placement.hint_chunks``). UsageError (EINVAL) when
-        the hint is for another table or malformed; the last chunk starts following it."""
-        try:
-            hint_id, total, offset, data = placement.parse_chunk(chunk)
-        except ValueError as exc:
-            raise UsageError(f"order hint refused: {exc}") from None
-        table = self.table()
-        if offset == 0:
-            fingerprint = placement.hint_fingerprint(data)
-            if fingerprint != table.fingerprint:
-                raise UsageError(
-                    f"order hint refused: it is for table {fingerprint}, "
-                    f"this mount's is {table.fingerprint}"
-                )
-        with self._hint_lock:
-            parts = self._hint_parts.get(hint_id)
-            if parts is None:
-                if offset != 0:
-                    raise UsageError("order hint refused: a chunk came before its first one")
-                while len(self._hint_parts) >= _HINT_PARTS:
-                    self._hint_parts.pop(next(iter(self._hint_parts)))
-                parts = self._hint_parts[hint_id] = _HintParts(bytearray(total))
-            if len(parts.buffer) != total:
-                raise UsageError("order hint refused: chunks disagree on its length")
-            if offset not in parts.offsets:
-                parts.offsets.add(offset)
-                parts.received += len(data)
-                parts.buffer[offset : offset + len(data)] = data
-            if parts.received < total:
-                return
-            del self._hint_parts[hint_id]
-        self.take_hint(bytes(parts.buffer))
-
-    def take_hint(self, payload: bytes) -> None:
-        """Follow a whole order hint: UsageError (EINVAL) if it is not one for this table.
-        The block plan is made on a thread of its own (a second for 1.28M rows)."""
-        table = self.table()
-        try:
-            hint = placement.decode_hint(payload)
-        except ValueError as exc:
-            raise UsageError(f"order hint refused: {exc}") from None
-        if hint.fingerprint != table.fingerprint:
-            raise UsageError(
-                f"order hint refused: it is for table {hint.fingerprint}, "
-                f"this mount's is {table.fingerprint}"
-            )
-        if hint.rows and not 0 <= min(hint.rows) <= max(hint.rows) < table.rows:
-            raise UsageError("order hint refused: it names rows the table does not have")
-        self.stats.add(hints_taken=1)
-        threading.Thread(
-            target=self._follow, args=(table, hint), name="shardfs-hint", daemon=True
-        ).start()
+        """One ioctl of an order hint (``OrderHints.take_chunk``)."""
+        self.hints.take_chunk(chunk)
 
     def follow_hint(self, hint: placement.Hint) -> None:
         """Follow a decoded, checked hint now (on this thread)."""
-        self._follow(self.table(), hint)
-
-    def _follow(self, table: _Table, hint: placement.Hint) -> None:
-        reader = self.reader
-        block_size = reader.block_size if isinstance(reader, CachedReader) else 1 << 20
-        position_of_row = array("i", [-1]) * table.rows
-        blocks: list[tuple[int, int]] = []
-        first_use: list[int] = []
-        seen: set[tuple[int, int]] = set()
-        shards, offsets, sizes = table.shards, table.offsets, table.sizes
-        for position, row in enumerate(hint.rows):
-            if position_of_row[row] >= 0:
-                continue
-            position_of_row[row] = position
-            offset = offsets[row]
-            shard = shards[row]
-            for index in range(
-                offset // block_size, (offset + max(sizes[row], 1) - 1) // block_size + 1
-            ):
-                if (shard, index) not in seen:
-                    seen.add((shard, index))
-                    blocks.append((shard, index))
-                    first_use.append(position)
-        plan = HintedOrder(blocks, first_use)
-        active = self._hint = _ActiveHint(hint.epoch, position_of_row, plan, hint.rows)
-        log.info(
-            "following an order hint: epoch %d, %d reads over %d blocks",
-            hint.epoch,
-            len(hint.rows),
-            len(blocks),
-        )
-        if isinstance(reader, CachedReader):
-            reader.follow_hint = True
-        self._queue(table, plan.start())
-        self._queue_files(table, active, 0)
-
-    def _queue(self, table: _Table, blocks: list[tuple[int, int]]) -> None:
-        if blocks and isinstance(self.reader, CachedReader):
-            shards = self.view.shards
-            ids = table.shard_ids
-            self.reader.prefetch_blocks([(shards[ids[shard]], index) for shard, index in blocks])
-
-    def _note_read(self, node: Node) -> None:
-        """A read of ``node``: count it if hinted, and move the hint's window forward."""
-        hint = self._hint
-        table = self._table
-        if hint is None or table is None or node.ino >= len(table.row_of_ino):
-            return
-        row = table.row_of_ino[node.ino]
-        if row < 0:
-            return
-        position = hint.position_of_row[row]
-        if position < 0:
-            return
-        self.stats.add(hinted_reads=1)
-        if position > hint.plan.furthest:
-            self._queue(table, hint.plan.reached(position))
-        if position + FILES_AHEAD > hint.files_queued:
-            self._queue_files(table, hint, position)
-
-    def _queue_files(self, table: _Table, hint: _ActiveHint, position: int) -> None:
-        """Queue the files the readers will ask for next, ``FILES_AHEAD`` hint positions
-        past ``position``: while the cache is full, the reader fetches them as ranges."""
-        reader = self.reader
-        if not isinstance(reader, CachedReader) or not reader.wants_files_ahead():
-            return  # later reads ask again: the window has not moved
-        with hint.lock:
-            first = max(hint.files_queued, position + 1 if position else 0)
-            upto = min(len(hint.rows), position + FILES_AHEAD)
-            if upto <= first:
-                return
-            hint.files_queued = upto
-        shards, ids = self.view.shards, table.shard_ids
-        extents = []
-        for row in hint.rows[first:upto]:
-            start = table.offsets[row]
-            shard = shards[ids[table.shards[row]]]
-            extents.append((shard, start, start + table.sizes[row]))
-        reader.prefetch_files(extents)
+        self.hints.follow(hint)
 
     def _virtual_read(self, node: Node, offset: int, size: int) -> bytes:
         if node.ino == self.table_ino:
-            return self.table().data[offset : offset + size]
+            return self.hints.table().data[offset : offset + size]
         return b""
 
-    def stat_fields(self, node: Node) -> tuple[int, int, int, int, int]:
-        """(mode, link count, size, 512-byte blocks, mtime) of a node; with ``uid``,
-        ``gid`` and ``BLOCK_SIZE`` that is everything ``stat`` shows."""
-        size = node.size
-        return (
-            self._mode(node.kind, node.mode),
-            2 if node.is_dir else 1,
-            size,
-            (size + 511) // 512,
-            node.mtime or self._mount_time,
-        )
+    def attributes(self, node: Node) -> Attributes:
+        """Everything ``stat`` shows of a node (``AttributeRule.of``)."""
+        return self.shown.of(node)
 
     def listing(self, folder: Node, full_from: int = 0) -> list[Entry]:
         """Every name of ``folder`` with what ``stat`` shows of it, "." and ".." first, in
@@ -399,16 +129,16 @@ class ShardFileSystem:
         listing may hand the kernel their attributes); "." and ".." never are."""
         if not folder.is_dir:
             raise NotADirError(f"inode {folder.ino}")
-        mount_time = self._mount_time
+        mount_time = self.shown.mount_time
         directory = int(MemberKind.DIRECTORY)
-        mode_of = self._mode
+        mode_of = self.shown.mode
         dir_mode = mode_of(directory, 0)
         entries = [
             Entry(b".", folder.ino, dir_mode, 2, 0, 0, 0, False),
             Entry(b"..", self.view.parent_of(folder.ino), dir_mode, 2, 0, 0, 0, False),
         ]
         append = entries.append
-        # The fields of ``stat_fields``, computed inline: a call per entry costs a tenth of
+        # The fields of ``AttributeRule.of``, computed inline: a call per entry costs a tenth of
         # a listing (measured); test_listing_shows_what_stat_shows keeps the two equal.
         for name, ino, kind, size, mode, mtime in self.view.listing_rows(folder.ino):
             is_dir = kind == directory
@@ -459,7 +189,7 @@ class ShardFileSystem:
         span = self._span(node, offset, size)
         if span is None:
             return b""
-        self._note_read(node)
+        self.hints.note_read(node)
         data = self.reader.read(*span, node.offset + node.size)
         self._served(node, len(data))
         return data
@@ -473,7 +203,7 @@ class ShardFileSystem:
             return b""
         data = self.reader.read_local(*span)
         if data is not None:
-            self._note_read(node)
+            self.hints.note_read(node)
             self._served(node, len(data))
         return data
 
@@ -544,7 +274,7 @@ class ShardFileSystem:
             return b""
         if node.shard < 0:
             return self._virtual_read(node, offset, size)
-        self._note_read(node)
+        self.hints.note_read(node)
         with opened.lock:
             data = self._read_window(opened, offset, end, size)
         self._served(node, len(data))

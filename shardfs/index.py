@@ -24,16 +24,16 @@ from pathlib import Path
 
 from .atomic import replacing
 from .config import IndexConfig
-from .errors import CorruptShardError, IndexFileError, UnsafeMemberError
+from .errors import CorruptShardError, IndexFileError
+from .members import LABEL_EXTENSIONS, MAX_LABEL_BYTES, MemberRow, parse_label, split_key
+from .shard_scan import BlockSink, scan_shard
 from .store import ShardInfo, Store
-from .tar import MemberKind, Readable, TarMember, iter_members
+from .tar import MemberKind
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 SIDECAR_NAME = ".shardfs-index.sqlite"
-LABEL_EXTENSIONS = frozenset({"cls", "json"})
-MAX_LABEL_BYTES = 64 << 10
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -59,234 +59,8 @@ CREATE TABLE IF NOT EXISTS members (
 CREATE INDEX IF NOT EXISTS members_by_shard ON members (shard);
 """
 
-MemberRow = tuple[str, int, int, int, int, int, str, "int | None"]
-"""(path, data offset, size, mode, mtime, kind, link target, label)."""
-
 Progress = Callable[[int, int, int, int], None]
 """Called with (shards done, shards total, bytes done, bytes total)."""
-
-
-def split_key(path: str) -> tuple[str, str]:
-    """webdataset's sample key and extension: the basename splits at its first dot."""
-    directory, base = posixpath.split(path)
-    stem, dot, ext = base.partition(".")
-    key = posixpath.join(directory, stem) if directory else stem
-    return key, ext if dot else ""
-
-
-# What a member path may be. Linux limits, which FUSE could not serve beyond anyway: a
-# component of at most NAME_MAX bytes, a path of at most PATH_MAX - 1 bytes. The depth bound
-# is ours: no real dataset nests 256 folders, and a bound keeps every walk over a path short.
-MAX_NAME_BYTES = 255
-MAX_PATH_BYTES = 4095
-MAX_PATH_DEPTH = 256
-# Labels are class indices: non-negative and small enough for a C int everywhere downstream.
-MAX_LABEL = 2**31 - 1
-_LABEL_FIELDS = ("label", "cls", "class", "target")
-
-
-def _shown(text: str) -> str:
-    """A member path for an error message: repr'd, and cut short if it is huge."""
-    return repr(text) if len(text) <= 200 else repr(text[:200]) + "..."
-
-
-def _check_name(raw: str, what: str, shard: str, offset: int) -> bytes:
-    """The UTF-8 bytes of a name the filesystem can present, or UnsafeMemberError.
-
-    The tar parser decodes names with ``surrogateescape``, so a name that was not valid
-    UTF-8 arrives holding lone surrogates and fails to encode here. A NUL would cut the
-    name short in every C interface (the kernel would list a name that cannot be opened).
-    """
-    try:
-        encoded = raw.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UnsafeMemberError(shard, offset, f"{what} {_shown(raw)} is not valid UTF-8") from None
-    if b"\0" in encoded:
-        raise UnsafeMemberError(shard, offset, f"{what} {_shown(raw)} contains a NUL byte")
-    if len(encoded) > MAX_PATH_BYTES:
-        raise UnsafeMemberError(
-            shard, offset, f"{what} {_shown(raw)} is longer than {MAX_PATH_BYTES} bytes"
-        )
-    return encoded
-
-
-def normalize_member_path(raw: str, shard: str, offset: int) -> str:
-    """A member path made relative and clean; anything the mount cannot present is refused.
-
-    Refused with UnsafeMemberError (the shard is bad): absolute paths, '..' components,
-    names that are not valid UTF-8 or hold a NUL, a path over ``MAX_PATH_BYTES`` bytes, a
-    component over ``MAX_NAME_BYTES`` bytes, and more than ``MAX_PATH_DEPTH`` components.
-    """
-    _check_name(raw, "member path", shard, offset)
-    if raw.startswith("/"):
-        raise UnsafeMemberError(shard, offset, f"member path {_shown(raw)} is absolute")
-    parts = []
-    for part in raw.split("/"):
-        if part in ("", "."):
-            continue
-        if part == "..":
-            raise UnsafeMemberError(shard, offset, f"member path {_shown(raw)} escapes the mount")
-        if len(part.encode()) > MAX_NAME_BYTES:
-            raise UnsafeMemberError(
-                shard,
-                offset,
-                f"member path {_shown(raw)} has a name longer than {MAX_NAME_BYTES} bytes",
-            )
-        parts.append(part)
-    if len(parts) > MAX_PATH_DEPTH:
-        raise UnsafeMemberError(
-            shard, offset, f"member path {_shown(raw)} is deeper than {MAX_PATH_DEPTH} folders"
-        )
-    return "/".join(parts)
-
-
-def check_symlink_target(target: str, shard: str, offset: int) -> str:
-    """A symlink target as stored: it may point anywhere (the view drops those that leave
-    the mount), but it must be valid UTF-8 without NUL and at most ``MAX_PATH_BYTES``."""
-    _check_name(target, "symlink target", shard, offset)
-    return target
-
-
-def _label_value(value: object) -> int | None:
-    """A label is an int (not a bool) with ``0 <= label <= MAX_LABEL``; else there is none."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LABEL:
-        return value
-    return None
-
-
-def parse_label(ext: str, content: bytes) -> int | None:
-    """The integer label of a ``.cls`` or ``.json`` member, or None if it has none.
-
-    A ``.cls`` holds ASCII digits; a ``.json`` holds an int or an object with one of the
-    ``_LABEL_FIELDS``. Anything else, including a negative or huge number, is no label:
-    the view reports the sample as unlabelled instead of the shard being refused. JSON
-    nested deeper than the interpreter's recursion limit is no label either.
-    """
-    try:
-        text = content.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        return None
-    if ext == "cls":
-        digits = text.lstrip("0")
-        if not (text.isascii() and text.isdigit()) or len(digits) > len(str(MAX_LABEL)):
-            return None
-        return _label_value(int(digits or "0"))
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):  # ValueError covers ints of over 4,300 digits too
-        return None
-    if isinstance(value, dict):
-        for field in _LABEL_FIELDS:
-            label = _label_value(value.get(field))
-            if label is not None:
-                return label
-        return None
-    return _label_value(value)
-
-
-def _wants_content(member: TarMember) -> bool:
-    return (
-        member.kind == MemberKind.FILE
-        and member.size <= MAX_LABEL_BYTES
-        and split_key(member.path)[1].lower() in LABEL_EXTENSIONS
-    )
-
-
-BlockSink = Callable[[ShardInfo, int, bytes], None]
-"""Receives (shard, block index, block bytes) for every whole block a scan streamed."""
-
-
-class _BlockTee:
-    """Passes a shard stream through while cutting it into cache blocks for a sink, so the
-    bytes a scan downloads are not downloaded again when files are read."""
-
-    def __init__(
-        self, stream: Readable, shard: ShardInfo, block_size: int, sink: BlockSink
-    ) -> None:
-        self._stream = stream
-        self._shard = shard
-        self._block_size = block_size
-        self._sink = sink
-        self._buffer = bytearray()
-        self._index = 0
-        self._sink_failed = False
-
-    def read(self, n: int = -1, /) -> bytes:
-        data = self._stream.read(n)
-        self._buffer += data
-        while len(self._buffer) >= self._block_size:
-            self._emit(bytes(self._buffer[: self._block_size]))
-            del self._buffer[: self._block_size]
-        return data
-
-    def finish(self) -> None:
-        """Read the archive's tail padding too, so that the last block is whole."""
-        while self.read(1 << 20):
-            pass
-        if self._buffer and self._index * self._block_size + len(self._buffer) == self._shard.size:
-            self._emit(bytes(self._buffer))
-        self._buffer.clear()
-
-    def _emit(self, block: bytes) -> None:
-        if self._sink_failed:
-            return
-        try:
-            self._sink(self._shard, self._index, block)
-        except (OSError, sqlite3.Error) as exc:
-            # The cache disk failed: the scan goes on (the blocks are an optimisation
-            # here), says so once, and stops handing this shard's blocks over. Any other
-            # error is a bug and is raised.
-            log.warning("not caching the blocks of %s while indexing: %s", self._shard.name, exc)
-            self._sink_failed = True
-        self._index += 1
-
-
-def scan_shard(
-    store: Store,
-    shard: ShardInfo,
-    block_sink: BlockSink | None = None,
-    block_size: int = 0,
-) -> list[MemberRow]:
-    """Stream one shard and return a row per member worth serving; with ``block_sink``, also
-    hand every block of the shard to it."""
-    rows: list[MemberRow] = []
-    shard_dir = posixpath.dirname(shard.name)
-    with store.open_stream(shard) as raw:
-        tee = _BlockTee(raw, shard, block_size, block_sink) if block_sink and block_size else None
-        stream: Readable = tee if tee is not None else raw
-        for member, content in iter_members(stream, shard.name, capture=_wants_content):
-            if member.kind == MemberKind.OTHER:
-                continue
-            path = normalize_member_path(member.path, shard.name, member.header_offset)
-            link = member.linkname
-            if member.kind == MemberKind.HARDLINK:
-                link = normalize_member_path(link, shard.name, member.header_offset)
-            elif member.kind == MemberKind.SYMLINK:
-                link = check_symlink_target(link, shard.name, member.header_offset)
-            if shard_dir:
-                path = posixpath.join(shard_dir, path) if path else shard_dir
-                if member.kind == MemberKind.HARDLINK:
-                    link = posixpath.join(shard_dir, link)
-            if not path:
-                continue  # the archive's own "./" entry
-            label = None
-            if content is not None:
-                label = parse_label(split_key(path)[1].lower(), content)
-            rows.append(
-                (
-                    path,
-                    member.data_offset,
-                    member.size,
-                    member.mode,
-                    member.mtime,
-                    int(member.kind),
-                    link,
-                    label,
-                )
-            )
-        if tee is not None:
-            tee.finish()
-    return rows
 
 
 def fingerprint(shards: list[ShardInfo]) -> str:
@@ -577,15 +351,22 @@ def iter_member_rows(conn: sqlite3.Connection) -> Iterator[tuple[int, MemberRow]
         yield shard, tuple(row)
 
 
+# The member rules (``members``) and ``BlockSink`` are imported from here by pack and dataset.
 __all__ = [
+    "LABEL_EXTENSIONS",
+    "MAX_LABEL_BYTES",
     "SIDECAR_NAME",
     "BadShard",
+    "BlockSink",
     "IndexBuilder",
+    "MemberRow",
+    "Progress",
+    "connect",
+    "create_index",
     "fingerprint",
+    "insert_members",
     "iter_member_rows",
-    "normalize_member_path",
     "parse_label",
-    "scan_shard",
     "split_key",
     "write_sidecar",
 ]

@@ -1,6 +1,7 @@
-"""Putting a mount together: open the dataset, build the reader and the filesystem core,
-serve until unmounted, then stop everything in order (the session first, then background
-threads, the prefetcher, the cache and the store)."""
+"""Putting a mount together: ``Mount`` builds every part of one mount, each given its
+collaborators in its constructor, and starts and stops them in one documented order.
+``run_foreground`` is the daemon's body: lock and check the mountpoint, then serve a Mount.
+Opening the dataset is ``shardfs.dataset``; being a daemon is ``shardfs.daemon``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .cache import BlockCache
@@ -23,8 +25,10 @@ from .config import (
 )
 from .control import ControlServer, lock_mountpoint, pid_file
 from .daemon import ReadyChannel, note_both, warn_both
-from .dataset import open_source
+from .dataset import OpenedSource, open_source
 from .errors import FuseUnavailableError, MountError
+from .filesystem import Owner, ShardFileSystem
+from .fuse.session import FuseSession
 from .index import Progress
 from .mountpoints import check_cache_dir, check_mountpoint, diagnose_fuse_failure
 from .readahead import Prefetcher
@@ -33,92 +37,179 @@ from .stats import Stats
 
 log = logging.getLogger(__name__)
 
+FILLS_GRACE = 30.0
+"""Seconds ``stop`` waits for background fetches after the prefetcher is closed."""
 
-def run_foreground(
-    source: SourceConfig,
-    index_config: IndexConfig,
-    view_config: ViewConfig,
-    mount_config: MountConfig,
-    read_config: ReadConfig,
-    cache_config: CacheConfig,
-    readahead_config: ReadaheadConfig,
-    channel: ReadyChannel,
-    progress: Progress | None,
-) -> None:
-    """Build everything, mount, and serve until unmounted."""
-    from .fuse import session  # imported late: loading libfuse is only needed to serve
+STOP_ORDER = ("session", "control", "background", "prefetcher", "cache", "dataset")
+"""The parts ``Mount.stop`` takes down, in this order (see ``Mount``)."""
 
-    # Held until this process exits (the descriptor is never closed): a second mount of
-    # this mountpoint fails at once while this one scans or serves.
-    lock_mountpoint(mount_config.mountpoint)
-    check_mountpoint(mount_config.mountpoint, nonempty=mount_config.nonempty)
-    check_cache_dir(index_config.cache_dir)
-    stats = Stats()
-    cache = BlockCache(cache_config, stats) if cache_config.enabled else None
-    try:
-        opened = open_source(
-            source,
-            index_config,
-            view_config,
-            progress=progress,
-            warn=lambda text: warn_both(channel, text),
-            notice=lambda text: note_both(channel, text),
-            cache=cache,
+
+@dataclass(frozen=True)
+class MountSettings:
+    """Every configuration one mount is built from (the CLI makes them)."""
+
+    source: SourceConfig
+    index: IndexConfig
+    view: ViewConfig
+    mount: MountConfig
+    read: ReadConfig
+    cache: CacheConfig
+    readahead: ReadaheadConfig
+
+
+class Mount:
+    """The parts of one mount, and the one order in which they start and stop.
+
+    Start (``start``), each part built from the ones before it:
+
+    1. block cache (the index scan streams the blocks it reads into it);
+    2. dataset: store, index and view (``dataset.open_source``);
+    3. prefetcher and reader (over the cache and the store);
+    4. filesystem core (over the view and the reader);
+    5. control socket (answers ``shardfs stats``);
+    6. FUSE session: mount, kernel pusher, request loop. When the kernel's init arrives:
+       pid file, ``ready`` to the waiting parent, the ``--prefetch all`` thread.
+
+    Stop (``stop``), the same parts in the reverse order, with the cache before the store
+    (once open, the dataset no longer uses the cache):
+
+    1. FUSE session: kernel pusher (a push can wait on a read, so reads are still
+       answered), request loop, read workers, then unmount;
+    2. pid file and control socket;
+    3. background threads: the ``--prefetch all`` thread stops between shards and is joined;
+    4. prefetcher: queued readahead is dropped and the fills are waited for, as they hold
+       block claims and open block files;
+    5. block cache: its open files and every thread's ledger connection;
+    6. dataset: the view's database and the scratch folder; the store holds nothing open.
+
+    ``stop`` is idempotent, and after a failed ``start`` it closes exactly the parts built.
+    """
+
+    def __init__(
+        self,
+        settings: MountSettings,
+        stats: Stats,
+        channel: ReadyChannel,
+        progress: Progress | None,
+    ) -> None:
+        self.settings = settings
+        self.stats = stats
+        self.channel = channel
+        self.progress = progress
+        self.cache: BlockCache | None = None
+        self.dataset: OpenedSource | None = None
+        self.prefetcher: Prefetcher | None = None
+        self.reader: RangeReader | None = None
+        self.core: ShardFileSystem | None = None
+        self.control: ControlServer | None = None
+        self.session: FuseSession | None = None
+        self._background: list[threading.Thread] = []
+        self._stopping = threading.Event()  # background threads end at their next step
+        self._stopped = False
+        self._fills_running = False  # a fill outlived the prefetcher's close
+
+    # -- start ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Build and start every part in order; on any failure, stop what was built."""
+        try:
+            self.cache = self._open_cache()
+            self.dataset = self._open_dataset()
+            self.reader = self._build_reader(self.dataset)
+            self.core = ShardFileSystem(
+                self.dataset.view,
+                self.reader,
+                self.settings.read,
+                self.stats,
+                owner=Owner.of(self.settings.mount),
+            )
+            self.control = ControlServer(self.settings.mount.mountpoint, self.snapshot)
+            # With the block cache, reads are cheap enough to serve without open handles.
+            self.session = FuseSession(
+                self.core, self.settings.mount, self._on_ready, keep_handles=self.cache is None
+            )
+            self._mount(self.session)
+        except BaseException:
+            self.stop()
+            raise
+
+    def serve(self) -> None:
+        """Start, serve until unmounted or signalled, then stop."""
+        try:
+            self.start()
+            assert self.session is not None
+            self.session.wait()
+        finally:
+            self.stop()
+
+    def _open_cache(self) -> BlockCache | None:
+        config = self.settings.cache
+        return BlockCache(config, self.stats) if config.enabled else None
+
+    def _open_dataset(self) -> OpenedSource:
+        return open_source(
+            self.settings.source,
+            self.settings.index,
+            self.settings.view,
+            progress=self.progress,
+            warn=lambda text: warn_both(self.channel, text),
+            notice=lambda text: note_both(self.channel, text),
+            cache=self.cache,
         )
-    except BaseException:
-        if cache is not None:
-            cache.close()
-        raise
-    from .filesystem import Owner, ShardFileSystem
 
-    reader: RangeReader
-    prefetcher = None
-    if cache is not None:
-        if readahead_config.prefetch != "none":
-            prefetcher = Prefetcher(readahead_config.streams)
-        reader = cached = CachedReader(
-            opened.store,
-            cache,
-            stats,
-            retries=read_config.retries,
-            prefetcher=prefetcher,
-            split_misses=readahead_config.miss_fetch == "range",
-            dataset_bytes=sum(shard.size for shard in opened.view.shards.values()),
+    def _build_reader(self, dataset: OpenedSource) -> RangeReader:
+        """The reader over the store: through the block cache (with the prefetcher, kept
+        in ``self.prefetcher``) when there is one, else straight from the store."""
+        read = self.settings.read
+        if self.cache is None:
+            return DirectReader(dataset.store, self.stats, retries=read.retries)
+        readahead = self.settings.readahead
+        if readahead.prefetch != "none":
+            self.prefetcher = Prefetcher(readahead.streams)
+        return CachedReader(
+            dataset.store,
+            self.cache,
+            self.stats,
+            retries=read.retries,
+            prefetcher=self.prefetcher,
+            split_misses=readahead.miss_fetch == "range",
+            dataset_bytes=sum(shard.size for shard in dataset.view.shards.values()),
         )
-    else:
-        reader = DirectReader(opened.store, stats, retries=read_config.retries)
-    core = ShardFileSystem(
-        opened.view,
-        reader,
-        read_config,
-        stats,
-        owner=Owner.of(mount_config),
-    )
-    pid_path = pid_file(mount_config.mountpoint)
 
-    def snapshot() -> dict[str, Any]:
-        values = stats.snapshot()
-        values.update(
-            source=source.url,
-            mountpoint=str(mount_config.mountpoint),
-            layout=opened.view.layout,
-            files=opened.view.report.files,
-            dataset_bytes=opened.view.report.bytes,
-            cache_enabled=cache is not None,
-            cache_dir=str(cache_config.cache_dir),
-            block_size=cache_config.block_size,
-            cache_bytes_used=cache.usage() if cache else 0,
-            cache_bytes_limit=cache.limit() if cache else 0,
-        )
-        return values
+    def _mount(self, session: FuseSession) -> None:
+        """Start the session; a mount that fails says why, as one line."""
+        try:
+            session.start()
+        except RuntimeError as exc:
+            mountpoint = self.settings.mount.mountpoint
+            allow_other = self.settings.mount.allow_other
+            cause = diagnose_fuse_failure(mountpoint, allow_other=allow_other)
+            if cause is not None:
+                raise FuseUnavailableError(f"{mountpoint}: cannot mount: {cause}") from exc
+            raise MountError(f"{mountpoint}: FUSE mount failed ({exc})") from exc
 
-    control = ControlServer(mount_config.mountpoint, snapshot)
+    def _on_ready(self) -> None:
+        """The kernel's init arrived (on the FUSE loop's thread): the mount is usable."""
+        assert self.dataset is not None
+        mountpoint = self.settings.mount.mountpoint
+        pid_file(mountpoint).write_text(str(os.getpid()))
+        log.info("mounted %s at %s", self.settings.source.url, mountpoint)
+        view = self.dataset.view
+        self.channel.send("ready", f"{view.report.files} {view.layout}")
+        if isinstance(self.reader, CachedReader) and self.settings.readahead.prefetch == "all":
+            reader, shards = self.reader, list(view.shards.values())
 
-    served = threading.Event()
+            def prefetch_all() -> None:
+                for shard in shards:
+                    if self._stopping.is_set():
+                        return
+                    reader.read_ahead(shard)
 
-    background: list[threading.Thread] = []  # joined before anything they use is closed
+            self._in_background("shardfs-prefetch-all", prefetch_all)
 
-    def in_background(name: str, work: Callable[[], object]) -> None:
+    def _in_background(self, name: str, work: Callable[[], object]) -> None:
+        """Run ``work`` on a thread that ``stop`` joins (it should watch ``_stopping``)."""
+
         def run() -> None:
             try:
                 work()
@@ -126,38 +217,100 @@ def run_foreground(
                 log.exception("%s failed", name)
 
         thread = threading.Thread(target=run, name=name, daemon=True)
-        background.append(thread)
+        self._background.append(thread)
         thread.start()
 
-    def on_ready() -> None:
-        pid_path.write_text(str(os.getpid()))
-        log.info("mounted %s at %s", source.url, mount_config.mountpoint)
-        channel.send("ready", f"{opened.view.report.files} {opened.view.layout}")
-        if prefetcher is not None and readahead_config.prefetch == "all":
-            shards = list(opened.view.shards.values())
-            in_background("shardfs-prefetch-all", lambda: [cached.read_ahead(s) for s in shards])
-        served.set()
+    def snapshot(self) -> dict[str, Any]:
+        """What ``shardfs stats`` shows: the counters plus what this mount is."""
+        assert self.dataset is not None
+        cache, config, view = self.cache, self.settings.cache, self.dataset.view
+        values = self.stats.snapshot()
+        values.update(
+            source=self.settings.source.url,
+            mountpoint=str(self.settings.mount.mountpoint),
+            layout=view.layout,
+            files=view.report.files,
+            dataset_bytes=view.report.bytes,
+            cache_enabled=cache is not None,
+            cache_dir=str(config.cache_dir),
+            block_size=config.block_size,
+            cache_bytes_used=cache.usage() if cache else 0,
+            cache_bytes_limit=cache.limit() if cache else 0,
+        )
+        return values
 
-    try:
-        # With the block cache, reads are cheap enough to serve without open handles.
-        session.serve(core, mount_config, on_ready, keep_handles=cache is None)
-    except RuntimeError as exc:  # the mount itself failed (a stopped loop returns normally)
-        if not served.is_set():
-            mountpoint = mount_config.mountpoint
-            cause = diagnose_fuse_failure(mountpoint, allow_other=mount_config.allow_other)
-            if cause is not None:
-                raise FuseUnavailableError(f"{mountpoint}: cannot mount: {cause}") from exc
-            raise MountError(f"{mountpoint}: FUSE mount failed ({exc})") from exc
-        raise
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            pid_path.unlink()
-        control.close()
-        for thread in background:
+    # -- stop -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop every part that was built, in ``STOP_ORDER``, each once (see the class).
+
+        A part that fails to stop is logged and the others still stop; the first such
+        error is raised at the end."""
+        self._stopping.set()
+        if self._stopped:
+            return
+        self._stopped = True
+        steps = {
+            "session": self._stop_session,
+            "control": self._stop_control,
+            "background": self._stop_background,
+            "prefetcher": self._stop_prefetcher,
+            "cache": self._stop_cache,
+            "dataset": self._stop_dataset,
+        }
+        failures: list[Exception] = []
+        for name in STOP_ORDER:
+            try:
+                steps[name]()
+            except Exception as exc:
+                log.exception("stopping the %s failed", name)
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+    def _stop_session(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+
+    def _stop_control(self) -> None:
+        if self.session is not None:  # only a session writes the pid file
+            with contextlib.suppress(FileNotFoundError):
+                pid_file(self.settings.mount.mountpoint).unlink()
+        if self.control is not None:
+            self.control.close()
+
+    def _stop_background(self) -> None:
+        for thread in self._background:
             thread.join()
-        if prefetcher is not None:
-            prefetcher.close()
-        if cache is not None:
-            cache.close()
-        opened.close()
-    log.info("unmounted %s", mount_config.mountpoint)
+
+    def _stop_prefetcher(self) -> None:
+        if self.prefetcher is None:
+            return
+        self.prefetcher.close(FILLS_GRACE)
+        if not self.prefetcher.wait_idle(FILLS_GRACE):
+            # A fill still runs and uses the cache's files: leave them to the process's exit
+            # rather than close them under it.
+            log.warning("background fetches still running after %.0f s", FILLS_GRACE)
+            self._fills_running = True
+
+    def _stop_cache(self) -> None:
+        if self.cache is not None and not self._fills_running:
+            self.cache.close()
+
+    def _stop_dataset(self) -> None:
+        if self.dataset is not None:
+            self.dataset.close()
+
+
+def run_foreground(
+    settings: MountSettings, channel: ReadyChannel, progress: Progress | None
+) -> None:
+    """Be the daemon: take the mountpoint, check it, and serve a Mount until unmounted."""
+    mountpoint = settings.mount.mountpoint
+    # Held until this process exits (the descriptor is never closed): a second mount of
+    # this mountpoint fails at once while this one scans or serves.
+    lock_mountpoint(mountpoint)
+    check_mountpoint(mountpoint, nonempty=settings.mount.nonempty)
+    check_cache_dir(settings.index.cache_dir)
+    Mount(settings, Stats(), channel, progress).serve()
+    log.info("unmounted %s", mountpoint)

@@ -12,7 +12,7 @@ numbers are bounded before they are converted (a size must fit a signed 64-bit i
 pax number may have at most ``_MAX_PAX_DIGITS`` significant digits, and an mtime outside
 the signed 64-bit range is clamped into it, since a timestamp is only shown). Names are
 decoded with ``surrogateescape`` and never refused here; what may be presented as a path
-is the index's decision (``shardfs.index.normalize_member_path``).
+is the index's decision (``shardfs.members.normalize_member_path``).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ _GNU_LONGLINK = ord("K")
 _PAX_LOCAL = (ord("x"), ord("X"))  # 'X' is Solaris' name for the same thing
 _PAX_GLOBAL = ord("g")
 _GNU_SPARSE = ord("S")
+_EXTENSIONS = frozenset((_GNU_LONGNAME, _GNU_LONGLINK, *_PAX_LOCAL))
 
 
 class _Reader:
@@ -223,6 +224,39 @@ def _pax_mtime(value: bytes, shard: str, offset: int) -> int:
     return _clamp_time(int(exact.to_integral_value(rounding=decimal.ROUND_FLOOR)))
 
 
+class _Extensions:
+    """Extension headers (GNU long name and link, pax) seen since the last member: they
+    apply to the next real header, whose ``header_offset`` is the first of them."""
+
+    __slots__ = ("first_offset", "long_link", "long_name", "pax")
+
+    def __init__(self) -> None:
+        self.first_offset = -1
+        self.long_name: bytes | None = None
+        self.long_link: bytes | None = None
+        self.pax: dict[bytes, bytes] | None = None
+
+    def read(self, reader: _Reader, typeflag: int, size: int, shard: str, offset: int) -> None:
+        """Take the extension header at ``offset`` and its data."""
+        if size > _MAX_EXTENSION_SIZE:
+            raise CorruptShardError(shard, offset, "extension header too large")
+        data = reader.read(size)
+        if len(data) < size or not reader.skip(-size % BLOCK_SIZE):
+            raise CorruptShardError(shard, reader.pos, "truncated member data")
+        if self.first_offset < 0:
+            self.first_offset = offset
+        if typeflag == _GNU_LONGNAME:
+            self.long_name = _cstr(data)
+        elif typeflag == _GNU_LONGLINK:
+            self.long_link = _cstr(data)
+        else:
+            parsed = _parse_pax(data, shard, offset)
+            if self.pax is None:
+                self.pax = parsed
+            else:
+                self.pax.update(parsed)
+
+
 def iter_members(
     stream: Readable,
     shard: str,
@@ -237,118 +271,115 @@ def iter_members(
     after its data has been read, so a truncated member raises instead of being listed.
     """
     reader = _Reader(stream)
-    # Extension headers seen since the last member; they apply to the next real header.
-    first_offset = -1
-    long_name: bytes | None = None
-    long_link: bytes | None = None
-    pax: dict[bytes, bytes] | None = None
-
+    pending = _Extensions()
     while True:
         offset = reader.pos
         block = reader.read(BLOCK_SIZE)
         if len(block) < BLOCK_SIZE or block == _ZERO_BLOCK:
             if block and len(block) < BLOCK_SIZE:
                 raise CorruptShardError(shard, offset, "truncated header")
-            if first_offset >= 0:
+            if pending.first_offset >= 0:
                 raise CorruptShardError(shard, offset, "extension header without a member")
             return  # end-of-archive marker, or a clean EOF from a writer that omits it
         _check_checksum(block, shard, offset)
-
         typeflag = block[156]
         size = _number(block[124:136], "size", shard, offset)
         if not 0 <= size <= INT64_MAX:
             raise CorruptShardError(shard, offset, "invalid number in header field size")
-
-        if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK) or typeflag in _PAX_LOCAL:
-            if size > _MAX_EXTENSION_SIZE:
-                raise CorruptShardError(shard, offset, "extension header too large")
-            data = reader.read(size)
-            if len(data) < size or not reader.skip(-size % BLOCK_SIZE):
-                raise CorruptShardError(shard, reader.pos, "truncated member data")
-            if first_offset < 0:
-                first_offset = offset
-            if typeflag == _GNU_LONGNAME:
-                long_name = _cstr(data)
-            elif typeflag == _GNU_LONGLINK:
-                long_link = _cstr(data)
-            else:
-                parsed = _parse_pax(data, shard, offset)
-                if pax is None:
-                    pax = parsed
-                else:
-                    pax.update(parsed)
+        if typeflag in _EXTENSIONS:
+            pending.read(reader, typeflag, size, shard, offset)
             continue
         if typeflag == _PAX_GLOBAL:
             # Global defaults (comments, charset) never change where data lives; skip them.
             if not reader.skip(size + (-size % BLOCK_SIZE)):
                 raise CorruptShardError(shard, reader.pos, "truncated member data")
             continue
-
-        header_offset = offset if first_offset < 0 else first_offset
         if typeflag == _GNU_SPARSE and block[482]:
-            # Old GNU sparse: the sparse map continues in extra blocks before the data.
-            while True:
-                ext_offset = reader.pos
-                ext = reader.read(BLOCK_SIZE)
-                if len(ext) < BLOCK_SIZE:
-                    raise CorruptShardError(shard, ext_offset, "truncated header")
-                if not ext[504]:
-                    break
+            _skip_sparse_map(reader, shard)
+        member = _member(block, typeflag, size, reader.pos, pending, shard, offset)
+        if pending.first_offset >= 0:
+            pending = _Extensions()  # used up by this member
+        yield member, _data(reader, member, capture, shard)
 
-        mode = _number(block[100:108], "mode", shard, offset) & 0o7777
-        mtime = _clamp_time(_number(block[136:148], "mtime", shard, offset))
-        if long_name is not None:
-            name = long_name
-        else:
-            name = _cstr(block[0:100])
-            if block[257:263] == _USTAR_MAGIC:
-                prefix = _cstr(block[345:500])
-                if prefix:
-                    name = prefix + b"/" + name
-        kind = _KINDS.get(typeflag, MemberKind.OTHER)
+
+def _skip_sparse_map(reader: _Reader, shard: str) -> None:
+    """Old GNU sparse: the sparse map continues in extra blocks before the data."""
+    while True:
+        ext_offset = reader.pos
+        ext = reader.read(BLOCK_SIZE)
+        if len(ext) < BLOCK_SIZE:
+            raise CorruptShardError(shard, ext_offset, "truncated header")
+        if not ext[504]:
+            return
+
+
+def _member(
+    block: bytes,
+    typeflag: int,
+    size: int,
+    data_offset: int,
+    pending: _Extensions,
+    shard: str,
+    offset: int,
+) -> TarMember:
+    """The member a header block describes, with the extension headers before it applied."""
+    header_offset = offset if pending.first_offset < 0 else pending.first_offset
+    mode = _number(block[100:108], "mode", shard, offset) & 0o7777
+    mtime = _clamp_time(_number(block[136:148], "mtime", shard, offset))
+    if pending.long_name is not None:
+        name = pending.long_name
+    else:
+        name = _cstr(block[0:100])
+        if block[257:263] == _USTAR_MAGIC:
+            prefix = _cstr(block[345:500])
+            if prefix:
+                name = prefix + b"/" + name
+    kind = _KINDS.get(typeflag, MemberKind.OTHER)
+    linkname = b""
+    if kind is MemberKind.SYMLINK or kind is MemberKind.HARDLINK:
+        linkname = pending.long_link if pending.long_link is not None else _cstr(block[157:257])
+    pax = pending.pax
+    if pax is not None:
+        if value := pax.get(b"path"):
+            name = value
+        if value := pax.get(b"GNU.sparse.name"):
+            name = value  # pax sparse 0.1/1.0 keep the real name here
+        if value := pax.get(b"linkpath"):
+            linkname = value
+        if value := pax.get(b"size"):
+            size = _pax_size(value, shard, header_offset)
+        if value := pax.get(b"mtime"):
+            mtime = _pax_mtime(value, shard, header_offset)
+        if any(key.startswith(b"GNU.sparse.") for key in pax):
+            # pax sparse: the data is a sparse map plus fragments, not the file.
+            kind = MemberKind.OTHER
+    if kind is MemberKind.FILE and typeflag in _OLD_REGULAR and name.endswith(b"/"):
+        kind = MemberKind.DIRECTORY  # v7 had no directory type, only a trailing slash
+    if kind is not MemberKind.SYMLINK and kind is not MemberKind.HARDLINK:
         linkname = b""
-        if kind is MemberKind.SYMLINK or kind is MemberKind.HARDLINK:
-            linkname = long_link if long_link is not None else _cstr(block[157:257])
+    return TarMember(
+        path=_decode(name),
+        header_offset=header_offset,
+        data_offset=data_offset,
+        size=size,
+        mode=mode,
+        mtime=mtime,
+        kind=kind,
+        linkname=_decode(linkname) if linkname else "",
+    )
 
-        if pax is not None:
-            if value := pax.get(b"path"):
-                name = value
-            if value := pax.get(b"GNU.sparse.name"):
-                name = value  # pax sparse 0.1/1.0 keep the real name here
-            if value := pax.get(b"linkpath"):
-                linkname = value
-            if value := pax.get(b"size"):
-                size = _pax_size(value, shard, header_offset)
-            if value := pax.get(b"mtime"):
-                mtime = _pax_mtime(value, shard, header_offset)
-            if any(key.startswith(b"GNU.sparse.") for key in pax):
-                # pax sparse: the data is a sparse map plus fragments, not the file.
-                kind = MemberKind.OTHER
-        if kind is MemberKind.FILE and typeflag in _OLD_REGULAR and name.endswith(b"/"):
-            kind = MemberKind.DIRECTORY  # v7 had no directory type, only a trailing slash
-        if kind is not MemberKind.SYMLINK and kind is not MemberKind.HARDLINK:
-            linkname = b""
 
-        member = TarMember(
-            path=_decode(name),
-            header_offset=header_offset,
-            data_offset=reader.pos,
-            size=size,
-            mode=mode,
-            mtime=mtime,
-            kind=kind,
-            linkname=_decode(linkname) if linkname else "",
-        )
-        first_offset = -1
-        long_name = long_link = None
-        pax = None
-
-        content: bytes | None = None
-        padding = -size % BLOCK_SIZE
-        if capture is not None and capture(member):
-            content = reader.read(size)
-            if len(content) < size or not reader.skip(padding):
-                raise CorruptShardError(shard, reader.pos, "truncated member data")
-        elif not reader.skip(size + padding):
+def _data(
+    reader: _Reader, member: TarMember, capture: Callable[[TarMember], bool] | None, shard: str
+) -> bytes | None:
+    """Read past the member's data (and padding): returned if ``capture`` wants it."""
+    size = member.size
+    padding = -size % BLOCK_SIZE
+    if capture is not None and capture(member):
+        content = reader.read(size)
+        if len(content) < size or not reader.skip(padding):
             raise CorruptShardError(shard, reader.pos, "truncated member data")
-        yield member, content
+        return content
+    if not reader.skip(size + padding):
+        raise CorruptShardError(shard, reader.pos, "truncated member data")
+    return None

@@ -240,12 +240,41 @@ def _locate(paths: Sequence[str]) -> tuple[_Table | None, str | None]:
         table = placement.read_placement(root)
     except OSError as exc:
         return None, f"the mount at {root} has no placement table ({exc.strerror or exc})"
+    relative = _relative_paths(paths, root)
     try:
-        rows = np.asarray(table.rows_of(_relative_paths(paths, root)), dtype=np.int64)
+        rows = _rows_by_hash(table.paths, relative)
+        if rows is None:  # two table paths share a hash: match them by name
+            rows = np.asarray(table.rows_of(relative), dtype=np.int64)
     except (KeyError, ValueError) as exc:
         return None, f"a sample is not in the table of the mount at {root}: {exc}"
-    shards = np.asarray(table.shards, dtype=np.int64)
+    shards = np.frombuffer(table.shards, dtype=np.intc).astype(np.int64)
     return _Table(root, table, rows, shards[rows]), None
+
+
+def _rows_by_hash(table_paths: Sequence[str], wanted: Sequence[str]) -> IntArray | None:
+    """The table row of each wanted path (KeyError if one is absent), matched by 64-bit
+    string hash with two sorts. A dict of the table's paths takes about 1.5 s for 1.28M
+    samples, nearly all of it lookups that miss the CPU cache (ImageFolder's order is not
+    the table's); sorted hashes take about 0.4 s. None when two table paths share a hash.
+    A wanted path that is absent but shares the hash of a table path (odds about 1e-7 at
+    1.28M x 1.28M) would get that row: the sampler would read it with the wrong shard's
+    locality, never yield a wrong or a missing sample."""
+    have = np.fromiter(map(hash, table_paths), dtype=np.int64, count=len(table_paths))
+    want = np.fromiter(map(hash, wanted), dtype=np.int64, count=len(wanted))
+    by_have = np.argsort(have)
+    have_sorted = have[by_have]
+    if len(have_sorted) > 1 and bool((have_sorted[1:] == have_sorted[:-1]).any()):
+        return None
+    by_want = np.argsort(want)
+    want_sorted = want[by_want]
+    found = np.searchsorted(have_sorted, want_sorted)  # sorted queries: cache-friendly
+    found[found == len(have_sorted)] = 0
+    missing = np.flatnonzero(have_sorted[found] != want_sorted) if len(have_sorted) else by_want
+    if len(missing):
+        raise KeyError(wanted[int(by_want[missing[0]])])
+    rows = np.empty(len(wanted), dtype=np.int64)
+    rows[by_want] = by_have[found]
+    return rows
 
 
 def _detect_world(

@@ -27,12 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import ShardfsError
-from shardfs.index import (
-    IndexBuilder,
-    check_symlink_target,
-    normalize_member_path,
-    parse_label,
-)
+from shardfs.index import IndexBuilder
+from shardfs.members import check_symlink_target, normalize_member_path, parse_label
 from shardfs.store import Store
 from shardfs.tar import MemberKind, iter_members
 from shardfs.views import View, build_view

@@ -22,16 +22,9 @@ from support.tarbuild import (
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, IndexFileError, UnsafeMemberError
-from shardfs.index import (
-    SIDECAR_NAME,
-    IndexBuilder,
-    fingerprint,
-    normalize_member_path,
-    parse_label,
-    scan_shard,
-    split_key,
-    write_sidecar,
-)
+from shardfs.index import SIDECAR_NAME, IndexBuilder, fingerprint, write_sidecar
+from shardfs.members import normalize_member_path, parse_label, split_key
+from shardfs.shard_scan import scan_shard
 from shardfs.store import Store
 from shardfs.tar import MemberKind
 from shardfs.views import build_view

@@ -484,7 +484,7 @@ def test_a_tree_pack_sidecar_agrees_with_a_scan_on_labels(tmp_path: Path) -> Non
     """Label files packed as plain tree members (``k.cls``) must get the same label in the
     sidecar as a scan of the shard gives them, or a mount would pick a different view with
     and without the sidecar."""
-    from shardfs.index import scan_shard
+    from shardfs.shard_scan import scan_shard
     from shardfs.store import Store
 
     src = tmp_path / "src"

@@ -16,6 +16,7 @@ from shardfs.torch import (
     NodePlan,
     ShardSampler,
     World,
+    _rows_by_hash,
     per_rank_length,
     plan_node,
     plan_rank,
@@ -258,3 +259,17 @@ def test_state_from_another_run_is_refused(tmp_path: Path) -> None:
         sampler.load_state_dict(state)
     with pytest.raises(ValueError, match="not a ShardSampler state"):
         sampler.load_state_dict({"yielded": 3})
+
+
+def test_rows_are_matched_by_hash_like_a_dict_of_the_table() -> None:
+    rng = random.Random(3)
+    table = [f"c{rng.randrange(50)}/f{n}.jpg" for n in range(5000)]
+    wanted = rng.sample(table, 3000)  # a subset (train/ of a mount that also holds val/)
+    rows = _rows_by_hash(table, wanted)
+    assert rows is not None
+    assert [table[row] for row in rows.tolist()] == wanted
+    with pytest.raises(KeyError, match=r"c1/absent\.jpg"):
+        _rows_by_hash(table, [*wanted[:10], "c1/absent.jpg"])
+    with pytest.raises(KeyError):
+        _rows_by_hash([], ["a.jpg"])
+    assert _rows_by_hash([*table, table[7]], wanted) is None  # shared hash: the dict decides

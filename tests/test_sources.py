@@ -347,7 +347,7 @@ def test_shard_replaced_on_the_http_server_fails_never_mixes(
 def test_select_splits_root_and_names(
     url: str, root: str, names: tuple[str, ...] | None, globs: tuple[str, ...] | None
 ) -> None:
-    from shardfs.store import select
+    from shardfs.source_urls import select
 
     selection = select(url)
     assert (selection.root, selection.names, selection.globs) == (root, names, globs)
@@ -366,7 +366,7 @@ def test_select_splits_root_and_names(
     ],
 )
 def test_glob_regex(pattern: str, matches: list[str], misses: list[str]) -> None:
-    from shardfs.store import glob_regex
+    from shardfs.source_urls import glob_regex
 
     regex = glob_regex(pattern)
     assert [m for m in matches if not regex.fullmatch(m)] == []
@@ -375,7 +375,7 @@ def test_glob_regex(pattern: str, matches: list[str], misses: list[str]) -> None
 
 def test_a_wildcard_in_the_bucket_is_a_usage_error() -> None:
     from shardfs.errors import UsageError
-    from shardfs.store import select
+    from shardfs.source_urls import select
 
     with pytest.raises(UsageError, match="bucket or host"):
         select("s3://b*/x.tar")

@@ -24,7 +24,9 @@ from shardfs.errors import (
 )
 from shardfs.presigned import PresignedRanges
 from shardfs.responses import PreconditionFailed, TransientError
-from shardfs.store import ShardInfo, Store, expand_braces, translate_errors
+from shardfs.source_urls import expand_braces
+from shardfs.store import ShardInfo, Store
+from shardfs.store_client import translate_errors
 
 # --- brace patterns ---------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from shardfs.errors import ShardfsError, UnsafeMemberError
-from shardfs.index import normalize_member_path, parse_label
+from shardfs.members import normalize_member_path, parse_label
 from shardfs.tar import MemberKind, iter_members
 
 SHARD = "prop.tar"

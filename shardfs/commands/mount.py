@@ -250,7 +250,7 @@ def _serve(
     """Be the daemon: mount and serve until unmounted, telling the waiting parent (if any)
     about progress, readiness or the error that stopped the mount."""
     from ..daemon import ReadyChannel
-    from ..mount import run_foreground
+    from ..mount import MountSettings, run_foreground
 
     channel = ReadyChannel(args.ready_fd)
     progress: Progress | None
@@ -262,17 +262,16 @@ def _serve(
     else:
         progress = progress_printer()
     try:
-        run_foreground(
-            source,
-            indexing,
-            view,
-            config,
-            ReadConfig(),
-            cache_config(args, indexing.cache_dir),
-            readahead_config(args),
-            channel,
-            progress,
+        settings = MountSettings(
+            source=source,
+            index=indexing,
+            view=view,
+            mount=config,
+            read=ReadConfig(),
+            cache=cache_config(args, indexing.cache_dir),
+            readahead=readahead_config(args),
         )
+        run_foreground(settings, channel, progress)
     except ShardfsError as exc:
         channel.send("error", f"{exc.exit_code} {exc}")
         raise

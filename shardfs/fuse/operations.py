@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from .. import placement
+from ..attributes import BLOCK_SIZE
 from ..config import MountConfig
 from ..errors import NotFoundError, ShardfsError
 from ..filesystem import ShardFileSystem
@@ -117,16 +118,17 @@ class FuseOperations:
     # -- helpers -------------------------------------------------------------------------
 
     def _stat(self, node: Node, target: libfuse.Stat) -> None:
-        mode, nlink, size, blocks, mtime = self.core.stat_fields(node)
-        target.st_ino = node.ino
-        target.st_mode = mode
-        target.st_nlink = nlink
-        target.st_uid = self.core.uid
-        target.st_gid = self.core.gid
-        target.st_size = size
-        target.st_blksize = self.core.BLOCK_SIZE
-        target.st_blocks = blocks
-        target.st_atim.tv_sec = target.st_mtim.tv_sec = target.st_ctim.tv_sec = mtime
+        """Copy what the core shows of ``node`` (``attributes.AttributeRule``) into ``target``."""
+        shown = self.core.attributes(node)
+        target.st_ino = shown.ino
+        target.st_mode = shown.mode
+        target.st_nlink = shown.nlink
+        target.st_uid = shown.uid
+        target.st_gid = shown.gid
+        target.st_size = shown.size
+        target.st_blksize = shown.blksize
+        target.st_blocks = shown.blocks
+        target.st_atim.tv_sec = target.st_mtim.tv_sec = target.st_ctim.tv_sec = shown.mtime
 
     def _entry(self, node: Node) -> libfuse.EntryParam:
         entry = libfuse.EntryParam()
@@ -272,9 +274,10 @@ class FuseOperations:
         if packed is None:  # packed whole at the first request; later ones are slices
             entries = self.core.listing(listing.folder, _FULL_ENTRY_MIN_SIZE)
             self.core.stats.add(folders_listed=1)
+            shown = self.core.shown
             packed = listing.packed[plus] = dirents.pack(
-                entries, plus=plus, uid=self.core.uid, gid=self.core.gid,
-                blksize=self.core.BLOCK_SIZE, timeout=self.timeout,
+                entries, plus=plus, uid=shown.uid, gid=shown.gid,
+                blksize=BLOCK_SIZE, timeout=self.timeout,
             )  # fmt: skip
         data, records = packed.reply(offset, size)
         self._reply_buf(req, data, len(data))

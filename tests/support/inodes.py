@@ -6,7 +6,7 @@ and walk to them here, so they exercise the same calls the kernel's lookups make
 from __future__ import annotations
 
 from shardfs.filesystem import ShardFileSystem
-from shardfs.views import ROOT_INO, Node
+from shardfs.nodes import ROOT_INO, Node
 
 
 def resolve(fs: ShardFileSystem, path: str) -> Node:
@@ -21,16 +21,16 @@ def resolve(fs: ShardFileSystem, path: str) -> Node:
 def stat_of(fs: ShardFileSystem, path: str) -> dict[str, int]:
     """What ``stat`` shows of ``path``: the fields the adapter copies into its reply."""
     node = resolve(fs, path)
-    mode, nlink, size, blocks, mtime = fs.stat_fields(node)
+    shown = fs.attributes(node)
     return {
-        "st_ino": node.ino,
-        "st_mode": mode,
-        "st_nlink": nlink,
-        "st_size": size,
-        "st_blocks": blocks,
-        "st_mtime": mtime,
-        "st_uid": fs.uid,
-        "st_gid": fs.gid,
+        "st_ino": shown.ino,
+        "st_mode": shown.mode,
+        "st_nlink": shown.nlink,
+        "st_size": shown.size,
+        "st_blocks": shown.blocks,
+        "st_mtime": shown.mtime,
+        "st_uid": shown.uid,
+        "st_gid": shown.gid,
     }
 
 

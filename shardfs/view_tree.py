@@ -1,0 +1,181 @@
+"""The tree a view build writes: presented entries are staged, de-duplicated (the later
+shard and the later member win) and written with stable inodes, then unsafe symlinks are
+dropped; ``ViewReport`` counts what the build found."""
+
+from __future__ import annotations
+
+import posixpath
+import sqlite3
+from dataclasses import dataclass, field
+
+from .nodes import ROOT_INO
+from .symlink_walk import MAX_LINK_HOPS, End, LinkJudge
+from .tar import MemberKind
+
+
+@dataclass
+class ViewReport:
+    """What building a view found; warnings name a few examples of each problem.
+
+    The ``auto_*`` fields keep why ``auto`` chose raw, so that every mount can say so."""
+
+    layout: str = "raw"  # the layout built
+    requested: str = "raw"  # the layout asked for: auto, raw or imagefolder
+    files: int = 0
+    directories: int = 0
+    bytes: int = 0
+    duplicates: int = 0
+    labeled: int = 0  # images with a label (the imagefolder tree's files)
+    labeled_shards: int = 0  # shards holding them
+    unlabeled: int = 0  # images without a label, left out of an imagefolder tree
+    auto_unlabeled: int = 0  # images without a label that made auto choose raw
+    auto_example: str = ""  # one of them: "KEY.EXT in SHARD"
+    ignored: int = 0
+    dropped_links: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        if len(self.examples) < 5:
+            self.examples.append(text)
+
+
+class TreeWriter:
+    """Stages presented entries, then writes the de-duplicated tree with stable inodes."""
+
+    def __init__(self, conn: sqlite3.Connection, report: ViewReport, now: int) -> None:
+        self.conn = conn
+        self.report = report
+        self.now = now
+        self.dirs: dict[str, int] = {"": ROOT_INO}
+        self.dir_rows: list[tuple[int, str, int, int]] = [(0, "", 0o755, now)]
+        self.batch: list[tuple[int, str, int, int, int, int, int, int, str]] = []
+        self._folder_paths: dict[int, str] = {}
+        conn.execute(
+            "CREATE TEMP TABLE staged (seq INTEGER PRIMARY KEY, parent INTEGER, name TEXT, "
+            "kind INTEGER, shard INTEGER, offset INTEGER, size INTEGER, mode INTEGER, "
+            "mtime INTEGER, link TEXT)"
+        )
+
+    def directory(self, path: str, mode: int = 0o755, mtime: int | None = None) -> int:
+        ino = self.dirs.get(path)
+        if ino is not None:
+            if mtime is not None:
+                above, name, _, _ = self.dir_rows[ino - 1]
+                self.dir_rows[ino - 1] = (above, name, mode | 0o500, mtime)
+            return ino
+        # Climb to the nearest folder that exists, then create downwards: a loop, not a
+        # recursion, so a member path of thousands of components cannot exhaust the stack.
+        missing = [path]
+        parent_path = posixpath.dirname(path)
+        found = self.dirs.get(parent_path)
+        while found is None:
+            if parent_path == missing[-1]:  # "/" is its own dirname
+                raise ValueError(f"folder path {path!r} is not relative")
+            missing.append(parent_path)
+            parent_path = posixpath.dirname(parent_path)
+            found = self.dirs.get(parent_path)
+        parent = found
+        for depth, folder in enumerate(reversed(missing), start=1):
+            ino = len(self.dir_rows) + 1
+            self.dirs[folder] = ino
+            if depth == len(missing):  # the folder asked for; those above are implied
+                row = (parent, posixpath.basename(folder), mode | 0o500, mtime or self.now)
+            else:
+                row = (parent, posixpath.basename(folder), 0o755 | 0o500, self.now)
+            self.dir_rows.append(row)
+            parent = ino
+        return parent
+
+    def entry(
+        self,
+        path: str,
+        kind: MemberKind,
+        shard: int,
+        offset: int,
+        size: int,
+        mode: int,
+        mtime: int,
+        link: str = "",
+    ) -> None:
+        parent_path, name = posixpath.split(path)
+        parent = self.directory(parent_path)
+        self.batch.append((parent, name, int(kind), shard, offset, size, mode, mtime, link))
+        if len(self.batch) >= 50_000:
+            self.flush()
+
+    def flush(self) -> None:
+        self.conn.executemany(
+            "INSERT INTO staged (parent, name, kind, shard, offset, size, mode, mtime, link) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            self.batch,
+        )
+        self.batch.clear()
+
+    def finish(self, shard_names: dict[int, str]) -> None:
+        self.flush()
+        conn = self.conn
+        conn.executemany(
+            "INSERT INTO nodes VALUES (?, ?, ?, ?, 0, 0, 0, ?, ?, '')",
+            (
+                (ino, parent, name, int(MemberKind.DIRECTORY), mode, mtime)
+                for ino, (parent, name, mode, mtime) in enumerate(self.dir_rows, start=1)
+            ),
+        )
+        conn.execute("CREATE INDEX temp.staged_by_name ON staged (parent, name, seq)")
+        for parent, name, count, shard in conn.execute(
+            "SELECT parent, name, COUNT(*), MAX(shard) FROM staged "
+            "GROUP BY parent, name HAVING COUNT(*) > 1 LIMIT 5"
+        ):
+            self.report.note(
+                f"duplicate path {self._path_of(parent, name)!r} ({count} copies; "
+                f"the one in {shard_names.get(shard, '?')} wins)"
+            )
+        # The newest copy of each path wins; paths that are also directories lose to them.
+        conn.execute(
+            "INSERT INTO nodes (parent, name, kind, shard, offset, size, mode, mtime, link) "
+            "SELECT s.parent, s.name, s.kind, s.shard, s.offset, s.size, s.mode, s.mtime, s.link "
+            "FROM staged s WHERE s.seq = (SELECT MAX(t.seq) FROM staged t "
+            "WHERE t.parent = s.parent AND t.name = s.name) "
+            "AND NOT EXISTS (SELECT 1 FROM nodes d WHERE d.parent = s.parent AND d.name = s.name) "
+            "ORDER BY s.parent, s.name"
+        )
+        staged = conn.execute("SELECT COUNT(*) FROM staged").fetchone()[0]
+        conn.execute("DROP TABLE staged")
+        conn.execute("CREATE UNIQUE INDEX nodes_by_name ON nodes (parent, name)")
+        winners = conn.execute(
+            "SELECT COUNT(*) FROM nodes WHERE kind != ?", (int(MemberKind.DIRECTORY),)
+        ).fetchone()[0]
+        self._drop_unsafe_links()
+        files, total = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM nodes WHERE kind != ?",
+            (int(MemberKind.DIRECTORY),),
+        ).fetchone()
+        self.report.duplicates = staged - winners
+        self.report.files = files
+        self.report.bytes = total
+        self.report.directories = len(self.dir_rows)
+        conn.execute("CREATE INDEX nodes_by_place ON nodes (shard, offset)")
+
+    def _drop_unsafe_links(self) -> None:
+        """Leave out every symlink of the finished tree that the kernel, following it, would
+        walk out of the mount (or that loops): see :class:`LinkJudge`."""
+        parents = [0] + [parent for parent, _, _, _ in self.dir_rows]
+        judge = LinkJudge(self.conn, parents)
+        dropped = judge.unsafe_links()
+        if not dropped:
+            return
+        self.report.dropped_links += len(dropped)
+        for link in dropped[:5]:
+            why = (
+                "leads outside the mount"
+                if link.end == End.ESCAPES
+                else f"loops or follows more than {MAX_LINK_HOPS} links"
+            )
+            path = self._path_of(link.parent, link.name)
+            self.report.note(f"symlink {path!r} -> {link.target!r} {why}")
+        self.conn.executemany("DELETE FROM nodes WHERE ino = ?", ((link.ino,) for link in dropped))
+
+    def _path_of(self, parent: int, name: str) -> str:
+        if len(self._folder_paths) != len(self.dirs):
+            self._folder_paths = {ino: path for path, ino in self.dirs.items()}
+        return posixpath.join(self._folder_paths.get(parent, "?"), name)
