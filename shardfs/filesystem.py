@@ -227,9 +227,14 @@ class ShardFileSystem:
     ) -> None:
         """Have ``callback(shard, start, end, block)`` told when a block of bytes becomes
         local (once per block; ``block`` holds its bytes when they were just fetched, else
-        None); None stops it. Only reads through the block cache have blocks."""
+        None); None stops every such callback. Only reads through the block cache have
+        blocks: the callback subscribes to the reader's ``local_blocks`` events."""
         if isinstance(self.reader, CachedReader):
-            self.reader.on_block = callback
+            events = self.reader.local_blocks
+            if callback is None:
+                events.clear()
+            else:
+                events.subscribe(callback)
 
     def files_within(self, shard: ShardInfo, start: int, end: int) -> list[Node]:
         """Files lying wholly inside bytes ``[start, end)`` of ``shard``."""

@@ -9,12 +9,13 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from .cache import EVICT_ANY, EVICT_NONE, BlockCache, BlockKey, NoRoom, shard_key
+from .block_fills import Arrivals, BlockFills, ColdClock, Completion, Fetch
+from .cache import EVICT_ANY, BlockCache, BlockKey, NoRoom, shard_key
 from .files_ahead import FilesAhead
+from .local_blocks import LocalBlocks
 from .readahead import MemoryReadahead, Prefetcher
 from .stats import Stats
 from .store import ShardInfo, Store
@@ -40,9 +41,9 @@ class RangeReader(Protocol):
 class DirectReader:
     """Every read is one ranged GET on the store (``--no-cache``)."""
 
-    def __init__(self, store: Store, stats: Stats | None = None, *, retries: int = 4) -> None:
+    def __init__(self, store: Store, stats: Stats, *, retries: int = 4) -> None:
         self.store = store
-        self.stats = stats if stats is not None else Stats()
+        self.stats = stats
         self.retries = retries
 
     def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
@@ -66,7 +67,9 @@ class CachedReader:
     """Reads through the persistent block cache: each block of a shard is fetched once.
 
     A miss fetches its whole block in the reader's thread (one GET), or with
-    ``split_misses`` only the bytes asked for, completing the block in the background. With a
+    ``split_misses`` only the bytes asked for, completing the block in the background
+    (``block_fills``). Each block that becomes local, stored or first found cached, is
+    published once on ``local_blocks`` (the kernel pusher listens there). With a
     ``Prefetcher``, the first read inside a shard also schedules the rest of that shard.
     While the cache is paused (full or read-only disk), blocks already cached are still
     served, and misses fetch only what is read plus a little readahead kept in memory.
@@ -89,16 +92,16 @@ class CachedReader:
         prefetcher: Prefetcher | None = None,
         split_misses: bool = False,
         dataset_bytes: int | None = None,
+        local_blocks: LocalBlocks | None = None,
     ) -> None:
         self.split_misses = split_misses
         # None: plain LRU, any block may be evicted for a miss (readers outside a mount).
         self.dataset_bytes = dataset_bytes
-        self._served = 0
-        self._clock: deque[tuple[float, int]] = deque([(time.time(), 0)])
-        self._clock_lock = threading.Lock()
+        self._cold = ColdClock(dataset_bytes)
         self.store = store
         self.cache = cache
         self.stats = stats
+        self._fills = BlockFills(cache, stats)
         self.retries = retries
         self.prefetcher = prefetcher
         self.block_size = cache.config.block_size
@@ -106,11 +109,9 @@ class CachedReader:
         self._scheduled: set[str] = set()
         self._lock = threading.Lock()
         # Told once per block when the block is first known to be on local disk (stored by
-        # this process, or hit): the FUSE adapter pushes its files into the kernel's cache.
-        # The bytes come along when the block was just stored by this process (else None).
-        self.on_block: Callable[[ShardInfo, int, int, bytes | None], None] | None = None
+        # this process, or hit), with its bytes when this process just stored it.
+        self.local_blocks = local_blocks if local_blocks is not None else LocalBlocks()
         self._announced: set[tuple[str, int]] = set()
-        self._shards_by_key: dict[str, ShardInfo] = {}
         self._memory = MemoryReadahead()
         self._ahead = FilesAhead()
         self._cache_full = (-1.0, False)  # (when checked, whether the cache was full)
@@ -121,29 +122,23 @@ class CachedReader:
         # prefetched-but-unread statistic).
         self._unread_prefetched: set[tuple[str, int]] = set()
         # Blocks a readahead GET for several blocks is bringing, not yet stored.
-        self._coming: dict[tuple[str, int], threading.Event] = {}
-        cache.on_stored = self._stored
-
-    def _stored(self, key: BlockKey, block: bytes) -> None:
-        shard = self._shards_by_key.get(key.shard)
-        if shard is not None:
-            self._announce(shard, key.shard, key.index, block)
+        self._coming = Arrivals(store.config.read_timeout)
 
     def _announce(
         self, shard: ShardInfo, skey: str, index: int, block: bytes | None = None
     ) -> None:
-        callback = self.on_block
-        if callback is None or (skey, index) in self._announced:
+        """Publish that a block is local, once per block (while anyone listens)."""
+        if not self.local_blocks.listening or (skey, index) in self._announced:
             return
         with self._lock:
             if (skey, index) in self._announced:
                 return
             self._announced.add((skey, index))
         start = index * self.block_size
-        callback(shard, start, start + self._block_len(shard, index), block)
+        self.local_blocks.publish(shard, start, start + self._block_len(shard, index), block)
 
     def _announce_if_local(self, shard: ShardInfo, skey: str, index: int) -> None:
-        unknown = self.on_block is not None and (skey, index) not in self._announced
+        unknown = self.local_blocks.listening and (skey, index) not in self._announced
         if unknown and self.cache.contains(BlockKey(skey, index)):
             self._announce(shard, skey, index)
 
@@ -152,10 +147,9 @@ class CachedReader:
         if key is None:
             key = shard_key_of(self.store, shard, self.block_size)
             self._keys[shard] = key
-            self._shards_by_key[key] = shard
         return key
 
-    def _fetch_range(self, shard: ShardInfo, index: int) -> Callable[[int, int], bytes]:
+    def _fetch_range(self, shard: ShardInfo, index: int) -> Fetch:
         base = index * self.block_size
 
         def fetch(start: int, end: int) -> bytes:
@@ -192,35 +186,51 @@ class CachedReader:
             if not waited and not self.cache.contains(key):
                 waited = True
                 self.stats.add(reads_waited_on_network=1)
-                self._wait_if_coming(skey, index)
+                self._coming.wait(skey, index)
             self._first_read(skey, index, block_len)
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
             hi -= block_start
-            fetch_range = self._fetch_range(shard, index)
+            fetch = self._fetch_range(shard, index)
             if self.prefetcher is not None and self.split_misses:
-                data = self.cache.get_split(
-                    key,
-                    lo,
-                    hi,
-                    block_len,
-                    fetch_range,
-                    self.prefetcher.run_soon,
-                    evict_before=evict_before,
+                data, rest = self._fills.read_split(
+                    key, lo, hi, block_len, fetch, evict_before=evict_before
                 )
+                if rest is not None:
+                    self._complete_later(shard, skey, index, rest)
             else:
-                whole = functools.partial(fetch_range, 0, block_len)
                 try:
-                    data = self.cache.get(key, lo, hi, block_len, whole, evict_before=evict_before)
+                    data, stored = self._fills.read(
+                        key, lo, hi, block_len, fetch, evict_before=evict_before
+                    )
                 except NoRoom:  # the room went to another fetch meanwhile
                     self.stats.add(range_reads=1)
-                    data = self._read_uncached(
-                        shard, skey, block_start + lo, block_start + hi, extent_end
+                    data, stored = (
+                        self._read_uncached(
+                            shard, skey, block_start + lo, block_start + hi, extent_end
+                        ),
+                        None,
                     )
+                if stored is not None:
+                    self._announce(shard, skey, index, stored)
             pieces.append(data)
             self._announce_if_local(shard, skey, index)
         if self.prefetcher is not None and skey not in self._scheduled and not self.follow_hint:
             self.read_ahead(shard, after=last)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _complete_later(self, shard: ShardInfo, skey: str, index: int, rest: Completion) -> None:
+        """Have a fill thread complete a split miss's block, then publish it."""
+
+        def complete() -> None:
+            block = rest()
+            if block is not None:
+                self._announce(shard, skey, index, block)
+
+        assert self.prefetcher is not None
+        try:
+            self.prefetcher.run_soon(complete)
+        except Exception:
+            complete()  # it holds the block's claim: it must run
 
     def _first_read(self, skey: str, index: int, block_len: int) -> None:
         """Count a prefetched block as read the first time a read touches it."""
@@ -233,26 +243,7 @@ class CachedReader:
 
     def _tick(self, length: int) -> float:
         """Count ``length`` bytes read; the wall time before which a block unused is cold."""
-        horizon = self.dataset_bytes
-        if horizon is None:
-            return EVICT_ANY
-        now = time.time()
-        with self._clock_lock:
-            self._served += length
-            served = self._served
-            if length == 0:
-                return self._cutoff(served, horizon)
-            clock = self._clock
-            if served - clock[-1][1] >= max(1, horizon // 64):
-                clock.append((now, served))
-            # Keep one reading at or before ``served - horizon``: the cold cutoff.
-            while len(clock) > 1 and clock[1][1] <= served - horizon:
-                clock.popleft()
-            return self._cutoff(served, horizon)
-
-    def _cutoff(self, served: int, horizon: int) -> float:
-        when, at = self._clock[0]
-        return when if at <= served - horizon else EVICT_NONE
+        return self._cold.tick(length)
 
     def _over_budget(
         self, shard: ShardInfo, skey: str, first: int, last: int, evict_before: float
@@ -450,7 +441,7 @@ class CachedReader:
                 end += 1
             return min(shard.size, end * size)
 
-        def fetcher(index: int) -> Callable[[int, int], bytes]:
+        def fetcher(index: int) -> Fetch:
             def fetch_range(lo: int, hi: int) -> bytes:
                 start = index * size
                 data = got.get("data")
@@ -461,7 +452,7 @@ class CachedReader:
                     end = stretch_end(index)
                     # Reads of the later blocks wait for this GET and their store, rather
                     # than fetch the same bytes again.
-                    self._expect(skey, range(index + 1, -(-end // size)))
+                    self._coming.expect(skey, range(index + 1, -(-end // size)))
                     data = self.store.read_range(shard, start, end, retries=self.retries)
                     self.stats.add(store_requests=1, bytes_fetched=len(data))
                     got["data"], got["start"], begin = data, start, start
@@ -476,45 +467,24 @@ class CachedReader:
                     try:
                         stored |= self._prefetch_one(shard, skey, index, fetcher(index))
                     finally:
-                        self._arrived(skey, index)
+                        self._coming.arrived(skey, index)
             finally:
-                self._arrived(skey, *indices)  # a failed GET: nobody waits on it any more
+                self._coming.arrived(skey, *indices)  # a failed GET: nobody waits on it any more
                 got.clear()
             return stored
 
         return task
 
-    def _expect(self, skey: str, indices: range) -> None:
-        with self._lock:
-            for index in indices:
-                self._coming.setdefault((skey, index), threading.Event())
-
-    def _arrived(self, skey: str, *indices: int) -> None:
-        with self._lock:
-            events = [self._coming.pop((skey, index), None) for index in indices]
-        for event in events:
-            if event is not None:
-                event.set()
-
-    def _wait_if_coming(self, skey: str, index: int) -> None:
-        """A block that a running readahead GET is bringing: wait for it to be stored."""
-        if not self._coming:
-            return
-        with self._lock:
-            event = self._coming.get((skey, index))
-        if event is not None:
-            event.wait(self.store.config.read_timeout)
-
-    def _prefetch_one(
-        self, shard: ShardInfo, skey: str, index: int, fetch_range: Callable[[int, int], bytes]
-    ) -> bool:
+    def _prefetch_one(self, shard: ShardInfo, skey: str, index: int, fetch: Fetch) -> bool:
         block_len = self._block_len(shard, index)
         key = BlockKey(skey, index)
         with self._lock:  # before the store: a read may come as soon as it lands
             self._unread_prefetched.add((skey, index))
-        stored = self.cache.prefetch(key, block_len, fetch_range)
+        block = self._fills.prefetch(key, block_len, fetch)
+        stored = block is not None
         if stored:
             self.stats.add(prefetched_bytes=block_len)
+            self._announce(shard, skey, index, block)
         else:
             with self._lock:
                 read_meanwhile = (skey, index) not in self._unread_prefetched

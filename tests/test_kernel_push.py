@@ -20,6 +20,7 @@ from shardfs.filesystem import ShardFileSystem
 from shardfs.fuse.pushes import _PUSH_RETRIES, KernelPusher
 from shardfs.index import IndexBuilder
 from shardfs.reader import DirectReader
+from shardfs.stats import Stats
 from shardfs.store import ShardInfo
 from shardfs.views import Node, View, build_view
 
@@ -78,7 +79,7 @@ def core(tmp_path: Path) -> AllLocal:
     out = tmp_path / "view.sqlite"
     build_view(index, out, ViewConfig(layout="raw"), lambda _folder: None)
     view = View(out)
-    core = AllLocal(view, DirectReader(store))
+    core = AllLocal(view, DirectReader(store, Stats()))
     core.looked_up = Counter()
     return core
 

@@ -8,11 +8,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.mounts import wait_for
 from support.tarbuild import memory_url, put
 
+from shardfs.block_fills import BlockFills, Fetch
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.readahead import Prefetcher
@@ -32,6 +34,24 @@ def cache(tmp_path: Path) -> Iterator[BlockCache]:
     block_cache = BlockCache(config, Stats())
     yield block_cache
     block_cache.close()
+
+
+def never(start: int, end: int) -> bytes:
+    raise AssertionError(f"fetched [{start}, {end}) of a block the cache holds")
+
+
+def split_read(
+    cache: BlockCache, key: BlockKey, start: int, end: int, fetch: Fetch, run_later: Any
+) -> bytes:
+    """A split miss as the reader makes it: its bytes now, the rest handed to ``run_later``."""
+    data, rest = BlockFills(cache, cache.stats).read_split(key, start, end, BLOCK, fetch)
+    if rest is not None:
+        run_later(rest)
+    return data
+
+
+def whole_read(cache: BlockCache, key: BlockKey, fetch: Fetch = never) -> bytes:
+    return BlockFills(cache, cache.stats).read(key, 0, BLOCK, BLOCK, fetch)[0]
 
 
 class RangeSource:
@@ -182,7 +202,7 @@ def test_streams_must_be_positive() -> None:
         Prefetcher(0)
 
 
-# -- split demand reads and prefetch in the cache ---------------------------------------
+# -- split demand reads and prefetch: the reader's fills of the cache ----------------------
 
 
 def test_split_read_fetches_only_the_asked_bytes_first_then_completes_the_block(
@@ -192,14 +212,14 @@ def test_split_read_fetches_only_the_asked_bytes_first_then_completes_the_block(
     source = RangeSource(data)
     later: list[object] = []
     key = BlockKey(KEY, 0)
-    got = cache.get_split(key, 1000, 1200, BLOCK, source, later.append)
+    got = split_read(cache, key, 1000, 1200, source, later.append)
     assert got == data[1000:1200]
     assert source.calls == [(1000, 1200)]  # the reader waited for its own bytes only
     assert not cache.path_of(key).exists()
     (fill,) = later
     fill()  # type: ignore[operator]
     assert source.calls == [(1000, 1200), (0, 1000), (1200, BLOCK)]
-    assert cache.get(key, 0, BLOCK, BLOCK, lambda: b"never") == data
+    assert whole_read(cache, key) == data
     assert cache.stats.cache_misses == 1 and cache.stats.cache_hits == 1
 
 
@@ -210,12 +230,11 @@ def test_split_read_at_block_edges_fetches_no_empty_ranges(
     data = random.Random(2).randbytes(BLOCK)
     source = RangeSource(data)
     assert (
-        cache.get_split(BlockKey(KEY, 1), start, end, BLOCK, source, lambda f: f())
-        == (data[start:end])
+        split_read(cache, BlockKey(KEY, 1), start, end, source, lambda f: f()) == (data[start:end])
     )
     assert all(a < b for a, b in source.calls)
     assert sum(b - a for a, b in source.calls) == BLOCK  # each byte once
-    assert cache.get(BlockKey(KEY, 1), 0, BLOCK, BLOCK, lambda: b"") == data
+    assert whole_read(cache, BlockKey(KEY, 1)) == data
 
 
 def test_a_second_reader_waits_for_the_fill_instead_of_fetching_again(
@@ -231,8 +250,8 @@ def test_a_second_reader_waits_for_the_fill_instead_of_fetching_again(
         fills.append(thread)
         thread.start()
 
-    first = cache.get_split(key, 0, 100, BLOCK, source, run_later)
-    second = cache.get_split(key, 2000, 2100, BLOCK, source, run_later)
+    first = split_read(cache, key, 0, 100, source, run_later)
+    second = split_read(cache, key, 2000, 2100, source, run_later)
     for thread in fills:
         thread.join()
     assert (first, second) == (data[0:100], data[2000:2100])
@@ -252,11 +271,11 @@ def test_a_failed_fill_stores_nothing_and_lets_the_next_read_refetch(
         return data[start:end]
 
     key = BlockKey(KEY, 3)
-    assert cache.get_split(key, 100, 200, BLOCK, flaky, lambda f: f()) == data[100:200]
+    assert split_read(cache, key, 100, 200, flaky, lambda f: f()) == data[100:200]
     assert not cache.path_of(key).exists()
-    assert cache.get_split(key, 100, 200, BLOCK, flaky, lambda f: f()) == data[100:200]
+    assert split_read(cache, key, 100, 200, flaky, lambda f: f()) == data[100:200]
     assert cache.path_of(key).exists()
-    assert cache.get(key, 0, BLOCK, BLOCK, lambda: b"") == data
+    assert whole_read(cache, key) == data
 
 
 def test_prefetch_skips_cached_blocks_and_never_evicts(tmp_path: Path) -> None:
@@ -266,12 +285,15 @@ def test_prefetch_skips_cached_blocks_and_never_evicts(tmp_path: Path) -> None:
     cache = BlockCache(config, Stats())
     try:
         data = random.Random(5).randbytes(BLOCK)
-        fetched = [cache.prefetch(BlockKey(KEY, i), BLOCK, RangeSource(data)) for i in range(5)]
-        assert fetched.count(True) >= 2
-        assert fetched[-1] is False  # the bound was reached: readahead stops
+        fills = BlockFills(cache, cache.stats)
+        fetched = [fills.prefetch(BlockKey(KEY, i), BLOCK, RangeSource(data)) for i in range(5)]
+        assert fetched[0] == fetched[1] == data  # stored, and handed back to announce
+        assert fetched[-1] is None  # the bound was reached: readahead stops
         assert cache.stats.blocks_evicted == 0
         assert cache.usage() <= cache.limit()
-        assert cache.prefetch(BlockKey(KEY, 0), BLOCK, RangeSource(data)) is False
+        source = RangeSource(data)
+        assert fills.prefetch(BlockKey(KEY, 0), BLOCK, source) is None
+        assert source.calls == []
     finally:
         cache.close()
 

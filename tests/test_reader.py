@@ -4,7 +4,9 @@ block once and never mixes versions or locations of a shard."""
 
 from __future__ import annotations
 
+import logging
 import random
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import shardfs.cache.claims
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.errors import ShardChangedError
+from shardfs.local_blocks import LocalBlocks
 from shardfs.readahead import Prefetcher
 from shardfs.reader import RUN_BLOCKS, CachedReader, DirectReader, RangeReader
 from shardfs.stats import Stats
@@ -63,7 +66,7 @@ def only_shard(store: Store) -> ShardInfo:
 
 
 READERS: dict[str, Callable[[Store, BlockCache], RangeReader]] = {
-    "direct": lambda store, cache: DirectReader(store, retries=1),
+    "direct": lambda store, cache: DirectReader(store, Stats(), retries=1),
     "cached": lambda store, cache: CachedReader(store, cache, cache.stats, retries=1),
 }
 
@@ -137,7 +140,7 @@ def test_cached_reader_fetches_each_block_once(block_cache: BlockCache) -> None:
 def test_direct_reader_counts_every_request() -> None:
     data = payload()
     store = memory_store({"a.tar": data})
-    reader = DirectReader(store, retries=1)
+    reader = DirectReader(store, Stats(), retries=1)
     shard = only_shard(store)
     for _ in range(3):
         assert reader.read(shard, 10, 5000) == data[10:5000]
@@ -315,3 +318,98 @@ def test_hinted_blocks_of_interleaved_shards_are_fetched_in_runs(block_cache: Bl
             start = index * BLOCK
             assert reader.read(shard, start, start + BLOCK) == shards[shard.name][start:][:BLOCK]
     assert block_cache.stats.snapshot()["store_requests"] == 2
+
+
+# -- blocks that become local, published once each -------------------------------------------
+
+Told = tuple[str, int, int, bytes | None]
+
+
+def listen(events: LocalBlocks) -> list[Told]:
+    told: list[Told] = []
+    lock = threading.Lock()
+
+    def listener(shard: ShardInfo, start: int, end: int, block: bytes | None) -> None:
+        with lock:
+            told.append((shard.name, start, end, block))
+
+    events.subscribe(listener)
+    return told
+
+
+@pytest.mark.parametrize("how", ["block", "split", "readahead"])
+def test_each_block_stored_is_published_once_with_its_bytes(
+    block_cache: BlockCache, how: str
+) -> None:
+    """Whichever fill stores a block (a whole-block miss, the rest of a split miss, a
+    readahead run), its listeners hear of it once, with the bytes, from the reader."""
+    data = payload()
+    store = memory_store({"a.tar": data})
+    shard = only_shard(store)
+    events = LocalBlocks()
+    told = listen(events)
+    prefetcher = Prefetcher(1) if how != "block" else None
+    reader = CachedReader(
+        store,
+        block_cache,
+        block_cache.stats,
+        retries=1,
+        prefetcher=prefetcher,
+        split_misses=how == "split",
+        local_blocks=events,
+    )
+    try:
+        assert reader.read(shard, BLOCK + 10, BLOCK + 20) == data[BLOCK + 10 : BLOCK + 20]
+        if prefetcher is not None:
+            assert prefetcher.wait_idle(30)
+        assert reader.read(shard, 0, SIZE) == data
+        if prefetcher is not None:
+            assert prefetcher.wait_idle(30)
+    finally:
+        if prefetcher is not None:
+            prefetcher.close()
+    blocks = [(i * BLOCK, min(SIZE, (i + 1) * BLOCK)) for i in range(6)]
+    assert sorted((start, end) for _, start, end, _ in told) == blocks  # once each
+    for name, start, end, block in told:
+        assert name == "a.tar"
+        assert block == data[start:end]  # stored by this process: the bytes come along
+    assert block_cache.stats.bytes_fetched == SIZE
+
+
+def test_a_block_found_cached_is_published_without_bytes(block_cache: BlockCache) -> None:
+    data = payload()
+    store = memory_store({"a.tar": data})
+    shard = only_shard(store)
+    CachedReader(store, block_cache, block_cache.stats, retries=1).read(shard, 0, 10)
+    events = LocalBlocks()
+    told = listen(events)
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1, local_blocks=events)
+    assert reader.read(shard, 5, 50) == data[5:50]
+    assert reader.read(shard, 50, 90) == data[50:90]
+    assert told == [("a.tar", 0, BLOCK, None)]
+
+
+def test_a_failing_listener_costs_neither_the_read_nor_the_block(
+    block_cache: BlockCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A listener's error is its own: logged, while the read gets its bytes, the block stays
+    cached, and the other listeners are told."""
+    data = payload()
+    store = memory_store({"a.tar": data})
+    shard = only_shard(store)
+    events = LocalBlocks()
+
+    def failing(shard: ShardInfo, start: int, end: int, block: bytes | None) -> None:
+        raise OSError("the pusher is gone")
+
+    events.subscribe(failing)
+    told = listen(events)
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1, local_blocks=events)
+    with caplog.at_level(logging.ERROR, logger="shardfs.local_blocks"):
+        assert reader.read(shard, 0, 100) == data[:100]
+    assert [r.getMessage() for r in caplog.records] == ["a listener for local blocks failed"]
+    assert told == [("a.tar", 0, BLOCK, data[:BLOCK])]
+    assert len(block_files(block_cache)) == 1
+    assert block_cache.stats.cache_write_errors == 0 and not block_cache.degraded
+    assert reader.read(shard, 0, BLOCK) == data[:BLOCK]
+    assert block_cache.stats.store_requests == 1  # read back from disk, not fetched again

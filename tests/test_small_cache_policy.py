@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shardfs.block_fills import BlockFills
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.reader import CachedReader
@@ -190,12 +191,17 @@ def test_prefetched_blocks_evicted_unread_are_counted(tmp_path: Path, folder: Pa
     cache = open_cache(tmp_path, 0.25, stats)
     try:
         first = CachedReader(store, cache, stats, retries=1)
+        fills = BlockFills(cache, stats)
         # Blocks fetched ahead of need (no read touches them) until the cache is full.
         for shard in store.list_shards():
             for index in range(BLOCKS_PER_SHARD):
                 key = BlockKey(first.shard_key(shard), index)
-                fetch = first._fetch_range(shard, index)
-                cache.prefetch(key, BLOCK, fetch)
+
+                def fetch(lo: int, hi: int, shard: ShardInfo = shard, index: int = index) -> bytes:
+                    base = index * BLOCK
+                    return store.read_range(shard, base + lo, base + hi, retries=1)
+
+                fills.prefetch(key, BLOCK, fetch)
         assert stats.evicted_unread_bytes == 0
         held = stats.prefetched_blocks
         assert held > 0

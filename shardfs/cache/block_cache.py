@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
 import logging
 import os
 import shutil
 import sqlite3
 import struct
-import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal, overload
 
 from ..config import CacheConfig, resolve_cache_size
 from ..stats import Stats
@@ -32,9 +31,9 @@ from .block_format import (
     block_header,
     read_data,
 )
-from .claims import Claims, LockFile, slot_of
+from .claims import Claim, Claims, LockFile, claim_block
 from .health import DiskHealth, disk_wide
-from .ledger import Ledger
+from .ledger import Ledger, open_connection
 from .open_blocks import OpenBlocks
 from .space import EVICT_ANY, EVICT_NONE, Space
 from .writer import AtomicWriter
@@ -43,16 +42,30 @@ log = logging.getLogger(__name__)
 
 
 class NoRoom(Exception):
-    """The block would fit only by evicting blocks that are not cold: it is not fetched
-    (``BlockCache.get``); the caller fetches the bytes it needs without caching them."""
+    """The block would fit only by evicting blocks that are not cold: whoever claimed it
+    fetches nothing, and readers fetch the bytes they need without caching them."""
 
 
 class BlockCache:
-    """Shard-aligned blocks on disk, shared safely by every mount that uses the same folder."""
+    """Shard-aligned blocks on disk, shared safely by every mount that uses the same folder.
 
-    def __init__(self, config: CacheConfig, stats: Stats | None = None) -> None:
+    A store of blocks and nothing more: it looks blocks up (``peek``), hands out claims
+    (``claim``), stores what a claim's owner brings (``put``), and keeps the bound (room,
+    eviction). It never fetches: the reader decides what to fetch on a miss, brings it and
+    puts it (``shardfs.block_fills``), as mountpoint-s3's caching part stream does around
+    its ``DataCache``."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        stats: Stats,
+        *,
+        ledger_connect: Callable[[Path], sqlite3.Connection] = open_connection,
+    ) -> None:
+        """``ledger_connect`` opens each thread's ledger connection (tests pass one whose
+        statements fail, to play a failing disk under the ledger)."""
         self.config = config
-        self.stats = stats if stats is not None else Stats()
+        self.stats = stats
         self.root = config.cache_dir
         self.blocks_dir = self.root / "blocks"
         self._blocks_prefix = f"{self.blocks_dir}/"
@@ -63,65 +76,84 @@ class BlockCache:
         self.max_bytes = resolve_cache_size(config.size, disk.total)
         self._health = DiskHealth(self.stats)
         self._locks = LockFile(self.root)
-        self._ledger = Ledger(self.root, self._locks, self.max_bytes, config.min_free)
+        self._ledger = Ledger(
+            self.root, self._locks, self.max_bytes, config.min_free, connect=ledger_connect
+        )
         self._prepare()
         self._claims = Claims()
         self._open = OpenBlocks()
         self._writer = AtomicWriter(self.tmp_dir)
         self._space = Space(self._ledger, self._open, self.stats, config.chunk_size)
-        # Told every block this process stores (key and bytes), once it is in place on disk.
-        self.on_stored: Callable[[BlockKey, bytes], None] | None = None
         self._closed = False
         self._writer.remove_stale()
 
-    # Tests of a failing ledger swap this thread's connection for a failing one.
-    @property
-    def _local(self) -> threading.local:
-        return self._ledger.local
-
     # -- public -------------------------------------------------------------------------
 
-    def get(
+    @overload
+    def claim(self, key: BlockKey, *, wait: Literal[True] = ...) -> Claim: ...
+
+    @overload
+    def claim(self, key: BlockKey, *, wait: bool) -> Claim | None: ...
+
+    def claim(self, key: BlockKey, *, wait: bool = True) -> Claim | None:
+        """The one right in this process, and across mounts, to fetch and store ``key``.
+
+        The owner looks at the disk again (``peek``) before fetching: another mount may have
+        stored the block while it waited for the slot. When another thread of this process
+        holds it: None at once unless ``wait``; else, once that thread is done, a waiter's
+        claim (``owner`` False, ``shared`` the block if it was not stored) or its failure
+        raised. A demand read (``wait``) of a block whose fetch failed a moment ago fails
+        at once with the same error."""
+        return claim_block(self._claims, self._locks, key, wait=wait)
+
+    def put(
         self,
-        key: BlockKey,
-        start: int,
-        end: int,
-        block_len: int,
-        fetch: Callable[[], bytes],
+        claim: Claim | BlockKey,
+        block: bytes,
         *,
         evict_before: float = EVICT_ANY,
-    ) -> bytes:
-        """Bytes ``[start, end)`` of a block of ``block_len`` bytes; fetched once on a miss.
+        unread: bool = False,
+    ) -> bool:
+        """Store the block of a claim its caller owns; returns whether it is there now.
 
-        Storing it may evict only blocks last used before ``evict_before`` (a wall time);
-        when those would not make room, nothing is fetched and ``NoRoom`` is raised."""
-        while True:
-            data = self._load(key, start, end, block_len)
-            if data is not None:
-                self.stats.add(cache_hits=1)
-                return data
-            flight, owner = self._claims.open_flight(key)
-            if not owner:
-                shared = flight.outcome()
-                if shared is not None:  # fetched but not stored (degraded): share the bytes
-                    self.stats.add(cache_hits=1)
-                    return shared[start:end]
-                continue  # stored (by that thread or another mount): read it from disk
-            try:
-                self._claims.raise_recent_failure(key)
-                data, flight.block = self._fetch_and_store(
-                    key, start, end, block_len, fetch, evict_before
-                )
-                return data
-            except NoRoom as exc:
-                flight.error = exc  # waiters fetch their bytes as ranges too
-                raise
-            except Exception as exc:
-                flight.error = exc  # waiters fail with it too, instead of refetching in turn
-                self._claims.remember_failure(key, exc)
-                raise
-            finally:
-                self._claims.release(key)
+        Storing may evict only blocks last used before ``evict_before`` (a wall time).
+        ``unread``: fetched ahead of any read (counted if evicted before a read uses it).
+        A bare key (a block downloaded anyway) is ``offer``: the index scan's sink still
+        passes one (``shardfs.dataset``)."""
+        if isinstance(claim, BlockKey):
+            return self.offer(claim, block)
+        if not claim.owner or not claim.held:
+            raise ValueError(f"put of block {claim.key.index} without owning its claim")
+        return self._store(claim.key, block, evict_before=evict_before, unread=unread)
+
+    def offer(self, key: BlockKey, block: bytes) -> bool:
+        """Store a block that was downloaded anyway (an index scan), unless it is cached,
+        in flight, or would need evicting; returns True if stored."""
+        if not self.accepts(key):
+            return False
+        with self.reserving(len(block), EVICT_NONE) as reserved:
+            if not reserved:
+                return False
+            claim = self.claim(key, wait=False)
+            if claim is None:
+                return False
+            with claim:
+                return not self.contains(key) and self.put(claim, block, evict_before=EVICT_NONE)
+
+    def accepts(self, key: BlockKey) -> bool:
+        """Whether a block fetched now could be kept: caching is on, the block is not cached,
+        and its path can hold one (a block that cannot be kept is not worth fetching ahead)."""
+        if self.degraded:
+            return False
+        path = self._block_path(key)
+        return not self._health.is_bad(path) and not os.path.lexists(path)
+
+    def reserving(
+        self, block_len: int, evict_before: float
+    ) -> contextlib.AbstractContextManager[bool]:
+        """Hold room for a block while it is fetched and stored (``Space.reserving``):
+        yields whether room was found; ``EVICT_ANY`` always finds it."""
+        return self._space.reserving(block_len, evict_before)
 
     @property
     def degraded(self) -> bool:
@@ -147,119 +179,6 @@ class BlockCache:
             self.stats.add(cache_hits=1)
         return data
 
-    def get_split(
-        self,
-        key: BlockKey,
-        start: int,
-        end: int,
-        block_len: int,
-        fetch_range: Callable[[int, int], bytes],
-        run_later: Callable[[Callable[[], None]], None],
-        *,
-        evict_before: float = EVICT_ANY,
-    ) -> bytes:
-        """Like ``get``, but a miss fetches only ``[start, end)`` for the reader and hands the
-        rest of the block to ``run_later``, so a cold read never waits for a whole block."""
-        while True:
-            data = self._load(key, start, end, block_len)
-            if data is not None:
-                self.stats.add(cache_hits=1)
-                return data
-            if not self._claims.claim(key):
-                continue
-            slot = slot_of(key)
-            try:
-                self._locks.lock(slot)
-            except BaseException:
-                self._claims.release(key)
-                raise
-            try:
-                data = self._load(key, start, end, block_len)  # another mount fetched it
-                if data is not None:
-                    self.stats.add(cache_hits=1)
-                    self._unlock_and_release(key, slot)
-                    return data
-                needed = fetch_range(start, end)
-                self.stats.add(cache_misses=1)
-            except Exception as exc:
-                self._unlock_and_release(key, slot, exc)
-                raise
-            except BaseException:
-                self._unlock_and_release(key, slot)
-                raise
-            fill = functools.partial(
-                self._complete, key, slot, start, end, block_len, needed, fetch_range, evict_before
-            )
-            try:
-                run_later(fill)
-            except Exception:
-                fill()
-            return needed
-
-    def _complete(
-        self,
-        key: BlockKey,
-        slot: int,
-        start: int,
-        end: int,
-        block_len: int,
-        needed: bytes,
-        fetch_range: Callable[[int, int], bytes],
-        evict_before: float,
-    ) -> None:
-        """Fetch the rest of a block around ``needed`` and store it; then let others in."""
-        try:
-            before = fetch_range(0, start) if start else b""
-            after = fetch_range(end, block_len) if end < block_len else b""
-            self._store(key, before + needed + after, expected=block_len, evict_before=evict_before)
-        except Exception as exc:
-            log.warning("could not complete block %s/%d: %s", key.shard, key.index, exc)
-        finally:
-            self._unlock_and_release(key, slot)
-
-    def prefetch(
-        self,
-        key: BlockKey,
-        block_len: int,
-        fetch_range: Callable[[int, int], bytes],
-        *,
-        evict_before: float = EVICT_NONE,
-    ) -> bool:
-        """Fetch a whole block ahead of need. Returns False, fetching nothing, when the block
-        is cached or in flight, when it would not fit without evicting a block used since
-        ``evict_before`` (by default: without evicting anything), or while caching is paused
-        (a block that cannot be kept is not worth fetching ahead)."""
-        if self.degraded or self._unusable(key):
-            return False
-        with self._space.reserving(block_len, evict_before) as reserved:
-            return reserved and self._prefetch_claimed(key, block_len, fetch_range, evict_before)
-
-    def _prefetch_claimed(
-        self,
-        key: BlockKey,
-        block_len: int,
-        fetch_range: Callable[[int, int], bytes],
-        evict_before: float,
-    ) -> bool:
-        if not self._claims.claim(key, wait=False):
-            return False
-        try:
-            with self._locks.holding(slot_of(key)):
-                if os.path.exists(self._block_path(key)):
-                    return False
-                block = fetch_range(0, block_len)
-                self.stats.add(prefetched_blocks=1)
-                return self._store(
-                    key, block, expected=block_len, evict_before=evict_before, unread=True
-                )
-        finally:
-            self._claims.release(key)
-
-    def _unusable(self, key: BlockKey) -> bool:
-        """Cached already, or a path that cannot hold a block."""
-        path = self._block_path(key)
-        return self._health.is_bad(path) or os.path.lexists(path)
-
     def in_flight(self, key: BlockKey) -> bool:
         """Whether a thread of this process is fetching the block now."""
         return self._claims.in_flight(key)
@@ -267,28 +186,6 @@ class BlockCache:
     def contains(self, key: BlockKey) -> bool:
         """Whether the block's file is on disk (not verified)."""
         return os.path.exists(self._block_path(key))
-
-    def put(self, key: BlockKey, block: bytes) -> bool:
-        """Store a block that was downloaded anyway (an index scan), unless it is cached,
-        in flight, or would need evicting; returns True if stored."""
-        if self.degraded or self._unusable(key):
-            return False
-        with self._space.reserving(len(block), EVICT_NONE) as reserved:
-            if not reserved or not self._claims.claim(key, wait=False):
-                return False
-            try:
-                with self._locks.holding(slot_of(key)):
-                    if os.path.exists(self._block_path(key)):
-                        return False
-                    return self._store(key, block, evict_before=EVICT_NONE)
-            finally:
-                self._claims.release(key)
-
-    def _unlock_and_release(self, key: BlockKey, slot: int, error: Exception | None = None) -> None:
-        try:
-            self._locks.unlock(slot)
-        finally:
-            self._claims.release(key, error)
 
     def room_for(self, block_len: int, evict_before: float = EVICT_NONE) -> bool:
         """Whether a block of ``block_len`` bytes fits under the bound now, counting as free
@@ -378,51 +275,13 @@ class BlockCache:
             os.unlink(path)
         self._ledger.forget(path)
 
-    # -- fetching and writing ----------------------------------------------------------
-
-    def _fetch_and_store(
-        self,
-        key: BlockKey,
-        start: int,
-        end: int,
-        block_len: int,
-        fetch: Callable[[], bytes],
-        evict_before: float,
-    ) -> tuple[bytes, bytes | None]:
-        """Bytes ``[start, end)``, and the fetched block when it could not be stored (for the
-        threads waiting on it); else None."""
-        with self._locks.holding(slot_of(key)):
-            data = self._load(key, start, end, block_len)  # another mount may have fetched it
-            if data is not None:
-                self.stats.add(cache_hits=1)
-                return data, None
-            with self._space.reserving(block_len, evict_before) as reserved:
-                if not reserved:
-                    raise NoRoom(key)
-                block = fetch()
-                self.stats.add(cache_misses=1)
-                if len(block) != block_len:
-                    raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
-                stored = self._store(key, block, evict_before=evict_before)
-        return block[start:end], None if stored else block
+    # -- writing ----------------------------------------------------------------------
 
     def _store(
-        self,
-        key: BlockKey,
-        block: bytes,
-        *,
-        expected: int | None = None,
-        evict_before: float = EVICT_ANY,
-        unread: bool = False,
+        self, key: BlockKey, block: bytes, *, evict_before: float, unread: bool = False
     ) -> bool:
         """Write a block into the cache, evicting only blocks last used before
-        ``evict_before``; returns whether it is there now. ``unread``: fetched ahead of any
-        read (counted if it is evicted before a read uses it).
-
-        ``on_stored`` is told once the block is in place, outside the write's error
-        handling: an error of the observer reaches the caller and never costs the block."""
-        if expected is not None and len(block) != expected:
-            raise ValueError(f"assembled {len(block)} bytes for a block of {expected}")
+        ``evict_before``; returns whether it is there now."""
         if self._health.degraded:
             return False
         final = self.path_of(key)
@@ -430,12 +289,7 @@ class BlockCache:
             return False
         if not self._ledger.ready and not self._prepare():
             return False
-        if not self._write_block(key, block, final, evict_before, unread):
-            return False
-        announce = self.on_stored
-        if announce is not None:
-            announce(key, block)
-        return True
+        return self._write_block(key, block, final, evict_before, unread)
 
     def _write_block(
         self, key: BlockKey, block: bytes, final: Path, evict_before: float, unread: bool

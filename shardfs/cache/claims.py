@@ -3,6 +3,9 @@
 Within the process, the first thread to miss a block owns its flight; the others wait on it
 and share its outcome. Across processes (several mounts of one cache folder), the owner also
 holds a byte of the ``locks`` file that stands for the block (one of ``LOCK_SLOTS``).
+
+Both are held through one handle, a ``Claim``, which its owner may pass to a task on another
+thread (the rest of a block fetched after the bytes a reader waits on).
 """
 
 from __future__ import annotations
@@ -86,22 +89,31 @@ def slot_of(key: BlockKey) -> int:
 
 
 class LockFile:
-    """The ``locks`` file of a cache folder: one byte per slot, locked across processes."""
+    """The ``locks`` file of a cache folder: one byte per slot, locked across processes.
+
+    Closing it drops every lock this process held; a claim released afterwards (a fill that
+    outlived the cache) unlocks nothing, and never an fd number reused meanwhile."""
 
     def __init__(self, root: Path) -> None:
         self.fd = open_lock_file(root)
+        self._closed = False
 
     def lock(self, slot: int) -> None:
+        if self._closed:
+            raise OSError(errno.EBADF, "the block cache is closed")
         lock_byte(self.fd, slot)
 
     def unlock(self, slot: int) -> None:
-        unlock_byte(self.fd, slot)
+        if not self._closed:
+            unlock_byte(self.fd, slot)
 
     def holding(self, slot: int) -> contextlib.AbstractContextManager[None]:
         return holding(self.fd, slot)
 
     def close(self) -> None:
-        os.close(self.fd)
+        if not self._closed:
+            self._closed = True
+            os.close(self.fd)
 
 
 class Flight:
@@ -175,3 +187,96 @@ class Claims:
             for old in [k for k, (_, until) in self._failed.items() if until <= now]:
                 del self._failed[old]
             self._failed[key] = (exc, now + _FAILURE_HOLD_S)
+
+
+class Claim:
+    """The right to fetch and store one block: this process's flight of it and, across
+    processes, its slot of the ``locks`` file.
+
+    A claim either *owns* the block (``owner``; release it once, on any thread, with
+    ``release`` or by leaving its ``with``), or is what a waiter got once the owner finished:
+    then ``shared`` holds the owner's block if it could not be stored, and ``release`` does
+    nothing. The owner tells its waiters about a failure with ``fail``; they raise it instead
+    of fetching the block again in turn."""
+
+    __slots__ = ("_claims", "_flight", "_locks", "_slot", "key", "owner")
+
+    def __init__(
+        self,
+        key: BlockKey,
+        flight: Flight,
+        *,
+        owner: bool,
+        claims: Claims | None = None,
+        locks: LockFile | None = None,
+    ) -> None:
+        self.key = key
+        self.owner = owner
+        self._flight = flight
+        self._claims = claims
+        self._locks = locks
+        self._slot = slot_of(key)
+
+    @property
+    def shared(self) -> bytes | None:
+        """For a waiter: the block its owner fetched but could not store (else None)."""
+        return None if self.owner else self._flight.block
+
+    @property
+    def held(self) -> bool:
+        """Whether this handle still owns the block (not released yet)."""
+        return self._claims is not None
+
+    def share(self, block: bytes) -> None:
+        """Hand the fetched block to the waiters (it could not be stored)."""
+        self._flight.block = block
+
+    def fail(self, exc: Exception, *, hold: bool = False) -> None:
+        """Make the waiters raise ``exc``; ``hold``: fail new reads of the block at once for
+        a moment too (a store that does not answer is not asked again at once)."""
+        if self._flight.error is None:
+            self._flight.error = exc
+        if hold and self._claims is not None:
+            self._claims.remember_failure(self.key, exc)
+
+    def release(self) -> None:
+        """Let others in: unlock the slot, end the flight (waiters wake). Idempotent."""
+        claims, locks = self._claims, self._locks
+        if claims is None or locks is None:
+            return
+        self._claims = self._locks = None
+        try:
+            locks.unlock(self._slot)
+        finally:
+            claims.release(self.key)
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def claim_block(claims: Claims, locks: LockFile, key: BlockKey, *, wait: bool) -> Claim | None:
+    """Claim ``key``: its flight in this process, then its slot across processes.
+
+    Another thread of this process has it: None at once unless ``wait``; else wait for it
+    and get a waiter's claim (or its failure raised). ``wait`` is a read that needs the
+    block: a fetch of it that failed a moment ago fails it at once (``_FAILURE_HOLD_S``)."""
+    flight, owner = claims.open_flight(key)
+    if not owner:
+        if not wait:
+            return None
+        flight.outcome()
+        return Claim(key, flight, owner=False)
+    try:
+        if wait:
+            claims.raise_recent_failure(key)
+        locks.lock(slot_of(key))
+    except Exception as exc:
+        claims.release(key, exc)
+        raise
+    except BaseException:
+        claims.release(key)
+        raise
+    return Claim(key, flight, owner=True, claims=claims, locks=locks)

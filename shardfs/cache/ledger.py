@@ -66,7 +66,8 @@ def ledger_damaged(exc: sqlite3.Error, db_path: Path) -> bool:
     return any(p.is_symlink() or (p.exists() and not p.is_file()) for p in paths)
 
 
-def _connect(db_path: Path) -> sqlite3.Connection:
+def open_connection(db_path: Path) -> sqlite3.Connection:
+    """A connection to the ledger in autocommit and WAL mode, usable from any thread."""
     conn = sqlite3.connect(db_path, timeout=30, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
@@ -80,7 +81,7 @@ def _connect(db_path: Path) -> sqlite3.Connection:
 def _check_ledger(db_path: Path) -> None:
     """Create the schema if missing and run SQLite's quick check (fast: one pass, no index
     cross-checks); raises sqlite3.DatabaseError when the file is damaged."""
-    conn = _connect(db_path)
+    conn = open_connection(db_path)
     try:
         conn.executescript(_SCHEMA)
         verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
@@ -130,7 +131,7 @@ def rebuild_ledger(root: Path, reason: str) -> int:
     for suffix in ("", "-wal", "-shm", "-journal"):
         remove_any(Path(f"{db_path}{suffix}"))
     rows = list(_scan_block_files(root / "blocks"))
-    conn = _connect(db_path)
+    conn = open_connection(db_path)
     try:
         conn.executescript(_SCHEMA)
         conn.execute("BEGIN IMMEDIATE")
@@ -271,8 +272,17 @@ class Ledger:
     """A mount's view of the ledger: one connection per thread, the bound's arithmetic,
     eviction victims, and the block uses not yet written (flushed every few seconds)."""
 
-    def __init__(self, root: Path, locks: LockFile, max_bytes: int, min_free: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        locks: LockFile,
+        max_bytes: int,
+        min_free: int,
+        *,
+        connect: Callable[[Path], sqlite3.Connection] = open_connection,
+    ) -> None:
         self.root = root
+        self._connect = connect
         self.path = root / LEDGER
         self.max_bytes = max_bytes
         self._min_free = min_free
@@ -319,7 +329,7 @@ class Ledger:
             self._forget(conn)  # rebuilt (this connection sees the old file) or closed
             conn = None
         if conn is None:
-            conn = _connect(self.path)
+            conn = self._connect(self.path)
             with self._connections_lock:
                 self._connections.add(conn)
             self.local.conn = conn

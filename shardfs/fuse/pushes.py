@@ -25,12 +25,14 @@ _PushItem = tuple[ShardInfo, int, int, bytes | None] | int | None
 class KernelPusher:
     """Puts the files of each block that becomes local into the kernel's page cache.
 
-    The block cache tells it when a block is first on local disk (stored by this process,
-    or hit). A thread of its own then stores every file lying wholly in that block with
-    FUSE_NOTIFY_STORE, so readers of those files find their pages cached and send no READ
-    at all. Only inodes the kernel knows (from a lookup or a listing) can be stored: a file
-    whose inode is not known yet waits, and is pushed when a lookup or listing hands the
-    inode to the kernel. Files straddling two blocks are read through the daemon as usual.
+    It listens to the reader's ``local_blocks`` events (through
+    ``ShardFileSystem.watch_local_blocks``): a block is first on local disk (stored by this
+    process, or hit). ``block_local`` only queues; a thread of its own then stores every
+    file lying wholly in that block with FUSE_NOTIFY_STORE, so readers of those files find
+    their pages cached and send no READ at all. Only inodes the kernel knows (from a lookup
+    or a listing) can be stored: a file whose inode is not known yet waits, and is pushed
+    when a lookup or listing hands the inode to the kernel. Files straddling two blocks
+    are read through the daemon as usual.
     """
 
     def __init__(self, core: ShardFileSystem) -> None:
