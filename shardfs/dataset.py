@@ -306,7 +306,7 @@ def open_source(
 
         def sink(shard: ShardInfo, index: int, block: bytes) -> None:
             key = shard_key_of(store, shard, block_cache.config.block_size)
-            block_cache.put(BlockKey(key, index), block)
+            block_cache.offer(BlockKey(key, index), block)
 
     scratch = _Scratch(index_config.cache_dir, warn)
     try:

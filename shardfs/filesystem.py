@@ -70,15 +70,15 @@ class ShardFileSystem:
         self,
         view: View,
         reader: RangeReader,
-        config: ReadConfig | None = None,
-        stats: Stats | None = None,
+        config: ReadConfig,
+        stats: Stats,
         *,
         owner: Owner | None = None,
     ) -> None:
         self.view = view
         self.reader = reader
-        self.config = config or ReadConfig()
-        self.stats = stats if stats is not None else Stats()
+        self.config = config
+        self.stats = stats
         self._handles: dict[int, _OpenFile] = {}
         self._next_handle = itertools.count(1)
         self._handles_lock = threading.Lock()

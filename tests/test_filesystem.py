@@ -30,6 +30,7 @@ from shardfs.placement import (
     encode_hint,
     hint_chunks,
 )
+from shardfs.stats import Stats
 from shardfs.store import ShardInfo
 from shardfs.views import View, build_view
 
@@ -75,7 +76,7 @@ def view(tmp_path: Path) -> View:
 
 def make_fs(view: View, **limits: int) -> tuple[ShardFileSystem, RecordingReader]:
     reader = RecordingReader(SHARDS)
-    return ShardFileSystem(view, reader, ReadConfig(**limits)), reader
+    return ShardFileSystem(view, reader, ReadConfig(**limits), Stats()), reader
 
 
 def read_all(fs: ShardFileSystem, path: str, chunk: int) -> bytes:
@@ -180,7 +181,7 @@ def test_getattr_fields(view: View) -> None:
 
 def test_owner_and_mode_overrides_reach_stat_and_listings(view: View) -> None:
     owner = Owner(uid=1234, gid=5678, file_mode=0o440, dir_mode=0o550)
-    fs = ShardFileSystem(view, RecordingReader(SHARDS), owner=owner)
+    fs = ShardFileSystem(view, RecordingReader(SHARDS), ReadConfig(), Stats(), owner=owner)
     assert (fs.uid, fs.gid) == (1234, 5678)
     for path, mode in [("/", stat.S_IFDIR | 0o550), ("/d", stat.S_IFDIR | 0o550),
                        ("/d/big.bin", stat.S_IFREG | 0o440), ("/empty", stat.S_IFREG | 0o440),
@@ -193,7 +194,9 @@ def test_owner_and_mode_overrides_reach_stat_and_listings(view: View) -> None:
         stat.S_IFDIR | 0o550, stat.S_IFDIR | 0o550,
         stat.S_IFREG | 0o440, stat.S_IFLNK | 0o777, stat.S_IFREG | 0o440,
     ]  # fmt: skip
-    only_files = ShardFileSystem(view, RecordingReader(SHARDS), owner=Owner(file_mode=0o400))
+    only_files = ShardFileSystem(
+        view, RecordingReader(SHARDS), ReadConfig(), Stats(), owner=Owner(file_mode=0o400)
+    )
     assert stat_of(only_files, "/d")["st_mode"] == stat.S_IFDIR | 0o555  # the default rule
     assert stat_of(only_files, "/d/small.bin")["st_mode"] == stat.S_IFREG | 0o400
 

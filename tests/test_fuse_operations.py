@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from support.tarbuild import make_tar, store_with, symlink
 
-from shardfs.config import IndexConfig, MountConfig, ViewConfig
+from shardfs.config import IndexConfig, MountConfig, ReadConfig, ViewConfig
 from shardfs.errors import StoreReadError
 from shardfs.filesystem import XATTR_SHARD, ShardFileSystem
 from shardfs.fuse import binding
 from shardfs.fuse.operations import FuseOperations
 from shardfs.index import IndexBuilder
 from shardfs.reader import DirectReader
+from shardfs.stats import Stats
 from shardfs.store import ShardInfo
 from shardfs.views import ROOT_INO, View, build_view
 
@@ -93,7 +94,7 @@ def view(tmp_path: Path) -> View:
 
 def operations(view: View, *, reader: Any = None, **config: Any) -> tuple[FuseOperations, FakeLib]:
     store = store_with({"a.tar": make_tar([("d/f.bin", DATA), symlink("d/l", "f.bin")])})
-    core = ShardFileSystem(view, reader or DirectReader(store))
+    core = ShardFileSystem(view, reader or DirectReader(store, Stats()), ReadConfig(), Stats())
     lib = FakeLib()
     mount = MountConfig(mountpoint=Path("/unused"), threads=False, **config)
     return FuseOperations(core, mount, lib=lib), lib
@@ -141,7 +142,7 @@ def test_read_answers_the_bytes_and_a_store_failure_with_its_errno(view: View) -
     ops.read(2, node.ino, 4096, len(DATA) - 10, None)
     assert lib.only(2) == ("buf", DATA[-10:])
     store = store_with({"a.tar": b""})
-    failing, failing_lib = operations(view, reader=FailingReader(store))
+    failing, failing_lib = operations(view, reader=FailingReader(store, Stats()))
     failing.read(3, node.ino, 100, 0, None)
     assert failing_lib.only(3) == ("err", errno.EIO)
 

@@ -22,17 +22,19 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, "tests")
     from support.tarbuild import make_tar, store_with
     from shardfs.fuse import session
-    from shardfs.config import IndexConfig, MountConfig, ViewConfig
+    from shardfs.config import IndexConfig, MountConfig, ReadConfig, ViewConfig
     from shardfs.filesystem import ShardFileSystem
     from shardfs.index import IndexBuilder
     from shardfs.reader import DirectReader
+    from shardfs.stats import Stats
     from shardfs.views import View, build_view
 
     work, mountpoint = Path(sys.argv[1]), Path(sys.argv[2])
     store = store_with({"a.tar": make_tar([("f.txt", b"hello")])})
     index = IndexBuilder(store, IndexConfig(cache_dir=work)).build(store.list_shards())
     build_view(index, work / "view.sqlite", ViewConfig(layout="raw"), lambda _folder: None)
-    core = ShardFileSystem(View(work / "view.sqlite"), DirectReader(store))
+    reader = DirectReader(store, Stats())
+    core = ShardFileSystem(View(work / "view.sqlite"), reader, ReadConfig(), Stats())
 
     def on_ready():
         raise PermissionError("cannot write the pid file")

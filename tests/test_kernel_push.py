@@ -15,7 +15,7 @@ from support.inodes import resolve
 from support.mounts import wait_for
 from support.tarbuild import make_tar, store_with
 
-from shardfs.config import IndexConfig, ViewConfig
+from shardfs.config import IndexConfig, ReadConfig, ViewConfig
 from shardfs.filesystem import ShardFileSystem
 from shardfs.fuse.pushes import _PUSH_RETRIES, KernelPusher
 from shardfs.index import IndexBuilder
@@ -79,7 +79,7 @@ def core(tmp_path: Path) -> AllLocal:
     out = tmp_path / "view.sqlite"
     build_view(index, out, ViewConfig(layout="raw"), lambda _folder: None)
     view = View(out)
-    core = AllLocal(view, DirectReader(store, Stats()))
+    core = AllLocal(view, DirectReader(store, Stats()), ReadConfig(), Stats())
     core.looked_up = Counter()
     return core
 

@@ -108,7 +108,7 @@ class BlockCache:
 
     def put(
         self,
-        claim: Claim | BlockKey,
+        claim: Claim,
         block: bytes,
         *,
         evict_before: float = EVICT_ANY,
@@ -118,10 +118,7 @@ class BlockCache:
 
         Storing may evict only blocks last used before ``evict_before`` (a wall time).
         ``unread``: fetched ahead of any read (counted if evicted before a read uses it).
-        A bare key (a block downloaded anyway) is ``offer``: the index scan's sink still
-        passes one (``shardfs.dataset``)."""
-        if isinstance(claim, BlockKey):
-            return self.offer(claim, block)
+        A block downloaded anyway (an index scan) goes through ``offer`` instead."""
         if not claim.owner or not claim.held:
             raise ValueError(f"put of block {claim.key.index} without owning its claim")
         return self._store(claim.key, block, evict_before=evict_before, unread=unread)
