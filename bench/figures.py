@@ -10,7 +10,9 @@ moto's S3 server behind the counting middleware, each measured ``--rounds`` time
   and GETs counted at the server; the first block round also samples bytes fetched (the
   daemon's counter) and files read every 0.2 s, the cold-read timeline;
 - the ioctl every Python ``open()`` sends (``isatty``): microseconds per call on a file of
-  the mount and on the same file on local disk.
+  the mount and on the same file on local disk;
+- the HEAD check of a brace pattern over HTTP: ``HEAD_SHARDS`` one-member tars served by
+  ``python -m http.server`` on loopback, named by ``{000..999}``, listed by ``Store``.
 
 The paired warm ratio is not here: ``make bench`` measures it (bench/run.py, paired
 targets). Writes results/figures.json and results/figures.md (``--out``).
@@ -49,6 +51,7 @@ PREFIX = "data/train"
 READERS = 2  # threads of the cold read, as in docs/design.md
 TIMELINE_EVERY = 0.2  # seconds between samples of the cold-read timeline
 ISATTY_CALLS = 20_000
+HEAD_SHARDS = 1000
 
 
 def log(text: str) -> None:
@@ -232,6 +235,55 @@ class Figures:
                 record["isatty_local_us"] = isatty_us(self.files[0])
             return record
 
+    # -- a brace pattern over HTTP ------------------------------------------------------
+
+    def head_check(self) -> float:
+        """Seconds for ``Store.list_shards`` of ``HEAD_SHARDS`` shards named by a brace
+        pattern over HTTP (one HEAD per shard, no listing)."""
+        import socket
+        import tarfile
+        import urllib.request
+
+        from shardfs.config import SourceConfig
+        from shardfs.store import Store
+
+        folder = self.run_dir / "http-shards"
+        if not folder.exists():
+            folder.mkdir()
+            for number in range(HEAD_SHARDS):
+                with tarfile.open(folder / f"s-{number:03d}.tar", "w") as tar:
+                    tar.addfile(tarfile.TarInfo(f"{number}.txt"))
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        server = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port),
+             "--directory", str(folder)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}/s-000.tar"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    urllib.request.urlopen(url, timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+            last = HEAD_SHARDS - 1
+            pattern = f"http://127.0.0.1:{port}/s-{{000..{last:03d}}}.tar"
+            started = time.perf_counter()
+            shards = Store(SourceConfig(url=pattern)).list_shards()
+            seconds = time.perf_counter() - started
+            if len(shards) != HEAD_SHARDS:
+                raise RuntimeError(f"listed {len(shards)} shards, expected {HEAD_SHARDS}")
+            return seconds
+        finally:
+            server.terminate()
+            server.wait()
+
     # -- the whole run -----------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
@@ -248,7 +300,10 @@ class Figures:
                     f"cold read, --miss-fetch {miss_fetch}: {reads[-1]['seconds']:.2f} s, "
                     f"{reads[-1]['gets']} GETs"
                 )
+        heads = [self.head_check() for _ in range(self.args.rounds)]
+        log(f"HEAD check of {HEAD_SHARDS} shards: " + ", ".join(f"{h:.2f} s" for h in heads))
         return {
+            "head_check_s": heads,
             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "dataset": {
@@ -284,6 +339,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         figures[f"cold_read_{policy}_gets"] = statistics.median(r["gets"] for r in runs)
     block = statistics.median(figures["cold_read_block_s"])
     figures["range_over_block"] = statistics.median(figures["cold_read_range_s"]) / block
+    figures["head_check_s"] = statistics.median(result["head_check_s"])
     first = next(r for r in result["cold_reads"] if "timeline" in r)
     figures["timeline"] = first["timeline"]
     figures["isatty_mount_us"] = first["isatty_mount_us"]
@@ -317,6 +373,8 @@ def markdown(result: dict[str, Any], figures: dict[str, Any]) -> str:
         f"| `range` / `block` cold read time | {figures['range_over_block']:.2f} |",
         f"| `isatty` on the mount / on local disk | {figures['isatty_mount_us']:.1f} µs / "
         f"{figures['isatty_local_us']:.2f} µs |",
+        f"| HEAD check of {HEAD_SHARDS:,} shards named by a brace pattern over HTTP "
+        f"(`python -m http.server`) | {figures['head_check_s']:.2f} s |",
         "",
         "Cold-read timeline (`--miss-fetch block`, first round; bytes the daemon fetched and "
         f"files read, every {TIMELINE_EVERY} s):",
