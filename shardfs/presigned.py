@@ -3,7 +3,7 @@
 s3fs sends every request through aiobotocore and aiohttp, which costs about a core-second
 of Python per 500 MB on this project's machine. A presigned URL lets a plain HTTP client do
 the same GET with far less work per byte. The request carries ``If-Match`` with the indexed
-ETag, and the answer is checked like every other (``responses.checked_body``), so a shard
+ETag, and the answer is checked like every other (``responses.check_answer``), so a shard
 replaced in the store is refused, never served.
 
 Only ``store.Store`` uses this module; a request this path cannot answer goes through s3fs.
@@ -17,13 +17,10 @@ from typing import Any
 
 import urllib3
 
-from .responses import TransientError, checked_body, checks_etag
+from .responses import TransientError, check_answer, check_length, checks_etag, pieces_of
 
 _URL_LIFETIME_S = 3600
 _RENEW_BEFORE_S = 300
-# Bodies are read in pieces this large: each read loops in C until the piece is whole (a
-# stalled socket still times out per receive), and the deadline is checked between pieces.
-_BODY_CHUNK = 4 << 20
 
 
 class PresignedRanges:
@@ -63,9 +60,13 @@ class PresignedRanges:
         except urllib3.exceptions.HTTPError as exc:  # timeouts, resets, refused connections
             raise TransientError(str(exc)) from exc
 
-    def get(self, path: str, start: int, end: int, size: int, etag: str, deadline: float) -> bytes:
+    def get(
+        self, path: str, start: int, end: int, size: int, etag: str, deadline: float, piece: int
+    ) -> list[bytes]:
         """Bytes ``[start, end)`` of the object at ``path`` as indexed (``size``, ``etag``),
-        by ``deadline`` (``time.monotonic()``) or a TransientError."""
+        by ``deadline`` (``time.monotonic()``) or a TransientError; as consecutive pieces of
+        ``piece`` bytes (the last may be shorter), each read from the socket on its own so
+        that no piece is a copy cut from a larger buffer."""
         headers = {"Range": f"bytes={start}-{end - 1}"}
         if checks_etag(etag):
             headers["If-Match"] = f'"{etag}"'
@@ -75,24 +76,30 @@ class PresignedRanges:
             with self._lock:
                 self._urls.pop(path, None)
             response = self._request(path, headers, deadline)
+        what = f"{path} [{start}:{end}]"
         try:
-            data = _read_body(response, deadline) if response.status in (200, 206) else b""
-            body = checked_body(
-                what=f"{path} [{start}:{end}]",
+            check_answer(
+                what=what,
                 status=response.status,
                 content_range=response.headers.get("Content-Range"),
                 etag_header=response.headers.get("ETag"),
-                data=data,
                 start=start,
                 end=end,
                 size=size,
                 etag=etag,
             )
+            if response.status == 206:
+                pieces = _read_pieces(response, end - start, piece, deadline)
+                check_length(what, 206, sum(map(len, pieces)), start, end, size)
+            else:  # the whole object (a server that ignores Range): cut out the range
+                whole = b"".join(_read_pieces(response, size, size, deadline))
+                check_length(what, 200, len(whole), start, end, size)
+                pieces = pieces_of(whole[start:end], piece)
         except BaseException:
             _discard(response)
             raise
         response.release_conn()
-        return body
+        return pieces
 
 
 def _discard(response: Any) -> None:
@@ -101,17 +108,20 @@ def _discard(response: Any) -> None:
     response.release_conn()
 
 
-def _read_body(response: Any, deadline: float) -> bytes:
-    """The whole body, read in pieces so that a trickle cannot outlast the deadline."""
-    parts = []
+def _read_pieces(response: Any, length: int, piece: int, deadline: float) -> list[bytes]:
+    """Up to ``length`` body bytes in pieces of ``piece``, the deadline checked between
+    pieces. Read undecoded: the range is over the stored bytes, whatever their encoding."""
+    pieces = []
+    left = length
     try:
-        while True:
-            piece = response.read(_BODY_CHUNK)
-            if not piece:
+        while left > 0:
+            data = response.read(min(piece, left), decode_content=False)
+            if not data:
                 break
-            parts.append(piece)
-            if time.monotonic() > deadline:
+            pieces.append(data)
+            left -= len(data)
+            if left > 0 and time.monotonic() > deadline:
                 raise TransientError("the read deadline passed while the body arrived")
     except urllib3.exceptions.HTTPError as exc:  # reset, truncated body, stall
         raise TransientError(str(exc)) from exc
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    return pieces

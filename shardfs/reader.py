@@ -425,7 +425,7 @@ class CachedReader:
         covers every block from the first one still needed to the end of the run, as far
         as the blocks are missing and fit; each block is then stored on its own."""
         size = self.block_size
-        got: dict[str, object] = {}
+        got: dict[int, bytes] = {}  # blocks the last GET brought, not yet stored
 
         def stretch_end(index: int) -> int:
             """The end of the bytes worth one GET from block ``index``."""
@@ -443,20 +443,18 @@ class CachedReader:
 
         def fetcher(index: int) -> Fetch:
             def fetch_range(lo: int, hi: int) -> bytes:
-                start = index * size
-                data = got.get("data")
-                begin = got.get("start", 0)
-                assert data is None or isinstance(data, bytes)
-                assert isinstance(begin, int)
-                if data is None or not begin <= start + lo <= start + hi <= begin + len(data):
-                    end = stretch_end(index)
+                block = got.pop(index, None)
+                if block is None:
+                    start, end = index * size, stretch_end(index)
                     # Reads of the later blocks wait for this GET and their store, rather
                     # than fetch the same bytes again.
                     self._coming.expect(skey, range(index + 1, -(-end // size)))
-                    data = self.store.read_range(shard, start, end, retries=self.retries)
-                    self.stats.add(store_requests=1, bytes_fetched=len(data))
-                    got["data"], got["start"], begin = data, start, start
-                return data[start - begin + lo : start - begin + hi]
+                    pieces = self.store.read_pieces(shard, start, end, size, retries=self.retries)
+                    self.stats.add(store_requests=1, bytes_fetched=end - start)
+                    got.clear()
+                    got.update(enumerate(pieces, start=index))
+                    block = got.pop(index)
+                return block if lo == 0 and hi == len(block) else block[lo:hi]
 
             return fetch_range
 

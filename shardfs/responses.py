@@ -73,6 +73,35 @@ def checked_body(
     """The bytes ``[start, end)`` of an object of ``size`` bytes taken from one response, or
     an exception: PreconditionFailed when the object is another version, TransientError when
     the answer does not match the request, OSError for any other status."""
+    check_answer(
+        what=what,
+        status=status,
+        content_range=content_range,
+        etag_header=etag_header,
+        start=start,
+        end=end,
+        size=size,
+        etag=etag,
+        last_modified_header=last_modified_header,
+    )
+    check_length(what, status, len(data), start, end, size)
+    return data if status == 206 else data[start:end]
+
+
+def check_answer(
+    *,
+    what: str,
+    status: int,
+    content_range: str | None,
+    etag_header: str | None,
+    start: int,
+    end: int,
+    size: int,
+    etag: str,
+    last_modified_header: str | None = None,
+) -> None:
+    """What can be checked before the body is read: the status, the version and, on a 206,
+    the range. Returns for a 206 or a 200 (the whole object); raises as ``checked_body``."""
     if etag_header and checks_etag(etag) and comparable_etag(etag_header) != comparable_etag(etag):
         raise PreconditionFailed(f"{what}: ETag {etag_header} is not the indexed {etag}")
     if (
@@ -90,13 +119,9 @@ def checked_body(
             raise WrongLengthError(
                 f"{what}: Content-Range {content_range!r} for bytes {start}-{end - 1}/{size}"
             )
-        if len(data) != end - start:
-            raise WrongLengthError(f"{what}: {len(data)} bytes for a range of {end - start}")
-        return data
+        return
     if status == 200:  # a server that ignores Range sends the whole object
-        if len(data) != size:
-            raise WrongLengthError(f"{what}: {len(data)} bytes for an object of {size}")
-        return data[start:end]
+        return
     if status == 412:
         raise PreconditionFailed(f"{what}: HTTP 412")
     if status == 429 or status >= 500:
@@ -104,3 +129,18 @@ def checked_body(
     if status == 404:
         raise FileNotFoundError(f"{what}: HTTP 404")
     raise OSError(f"{what}: HTTP {status}")
+
+
+def check_length(what: str, status: int, length: int, start: int, end: int, size: int) -> None:
+    """The body's length against the request: the range on a 206, the object on a 200."""
+    if status == 206 and length != end - start:
+        raise WrongLengthError(f"{what}: {length} bytes for a range of {end - start}")
+    if status == 200 and length != size:
+        raise WrongLengthError(f"{what}: {length} bytes for an object of {size}")
+
+
+def pieces_of(data: bytes, piece: int) -> list[bytes]:
+    """``data`` as consecutive pieces of ``piece`` bytes (itself when it is one piece)."""
+    if len(data) <= piece:
+        return [data]
+    return [data[i : i + piece] for i in range(0, len(data), piece)]

@@ -27,7 +27,7 @@ from . import http_ranges, s3_ranges
 from .atomic import replacing
 from .config import SourceConfig
 from .errors import ShardChangedError, ShardfsError, StoreReadError
-from .responses import PreconditionFailed, TransientError, WrongLengthError
+from .responses import PreconditionFailed, TransientError, WrongLengthError, pieces_of
 from .shard_listing import ShardInfo, ShardListing
 from .shard_stream import ShardStream
 from .source_urls import SHARD_SUFFIX, select
@@ -171,6 +171,17 @@ class Store:
         up to ``retries`` attempts and within ``read_timeout`` seconds; then StoreReadError.
         A shard that is another version or gone raises ShardChangedError at once.
         """
+        pieces = self.read_pieces(shard, start, end, max(1, end - start), retries=retries)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def read_pieces(
+        self, shard: ShardInfo, start: int, end: int, piece: int, *, retries: int = 4
+    ) -> list[bytes]:
+        """``read_range`` in one GET, as consecutive pieces of ``piece`` bytes (the last may
+        be shorter): on S3 each piece comes from the socket on its own, so a GET for several
+        blocks yields the blocks without cutting them out of one buffer."""
+        if start >= end:
+            return [b""]
         path = self._path(shard.name)
         deadline = time.monotonic() + self.config.read_timeout
         delay = 0.1
@@ -178,7 +189,7 @@ class Store:
         while True:
             attempt += 1
             try:
-                return self._get_range(path, shard, start, end, deadline)
+                return self._get_pieces(path, shard, start, end, deadline, piece)
             except PreconditionFailed as exc:
                 raise ShardChangedError(f"{shard.name}: changed in the store ({exc})") from exc
             except FileNotFoundError as exc:
@@ -208,37 +219,41 @@ class Store:
         except ShardfsError as exc:
             log.debug("could not check %s against the store: %s", shard.name, exc)
 
-    def _get_range(
-        self, path: str, shard: ShardInfo, start: int, end: int, deadline: float
-    ) -> bytes:
-        """One checked ranged GET: a presigned URL on S3 when that path works, else s3fs;
-        a local file directly; any other store through fsspec."""
+    def _get_pieces(
+        self, path: str, shard: ShardInfo, start: int, end: int, deadline: float, piece: int
+    ) -> list[bytes]:
+        """One checked ranged GET, as pieces: a presigned URL on S3 when that path works,
+        else s3fs; a local file directly; any other store through fsspec."""
         timeout = max(0.05, deadline - time.monotonic())
         if self.protocol in _LOCAL_PROTOCOLS:
-            return _read_local_file(path, shard, start, end)
-        if self.is_http:
-            return http_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
-        if self.protocol not in S3_PROTOCOLS:
-            return self._get_range_fsspec(path, shard, start, end, timeout)
-        fast = self._presigned
-        if fast is not None and time.monotonic() >= self._fast_paused_until:
-            try:
-                data = fast.get(path, start, end, shard.size, shard.etag, deadline)
-            except (PreconditionFailed, TransientError, FileNotFoundError):
-                raise  # another version, a failure read_range retries, or gone for both paths
-            except Exception as exc:
-                timeout = max(0.05, deadline - time.monotonic())
+            data = _read_local_file(path, shard, start, end)
+        elif self.is_http:
+            data = http_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
+        elif self.protocol not in S3_PROTOCOLS:
+            data = self._get_range_fsspec(path, shard, start, end, timeout)
+        else:
+            fast = self._presigned
+            if fast is None or time.monotonic() < self._fast_paused_until:
                 data = s3_ranges.get_range(
                     self.fs, path, start, end, shard.size, shard.etag, timeout
                 )
-                # Only a failure that s3fs does not share is the fast path's own (a 403 on
-                # both, say, is the store's answer, not a reason to stop presigning).
-                self._fast_path_failed(exc)
-                return data
             else:
-                self._fast_failures = 0
-                return data
-        return s3_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
+                try:
+                    pieces = fast.get(path, start, end, shard.size, shard.etag, deadline, piece)
+                except (PreconditionFailed, TransientError, FileNotFoundError):
+                    raise  # another version, a failure to retry, or gone for both paths
+                except Exception as exc:
+                    timeout = max(0.05, deadline - time.monotonic())
+                    data = s3_ranges.get_range(
+                        self.fs, path, start, end, shard.size, shard.etag, timeout
+                    )
+                    # Only a failure that s3fs does not share is the fast path's own (a 403
+                    # on both, say, is the store's answer, not a reason to stop presigning).
+                    self._fast_path_failed(exc)
+                else:
+                    self._fast_failures = 0
+                    return pieces
+        return pieces_of(data, piece)
 
     def _fast_path_failed(self, exc: Exception) -> None:
         """This request goes through s3fs, which checks the same things; after several

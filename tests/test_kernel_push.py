@@ -39,13 +39,17 @@ class FakeSession:
         self.calls: Counter[int] = Counter()
         self.on_refusal = lambda ino: None
 
-    def notify_store(self, ino: int, offset: int, data: bytes) -> int:
+    def notify_store(
+        self, ino: int, offset: int, data: bytes, start: int = 0, length: int | None = None
+    ) -> int:
         self.calls[ino] += 1
         if self.refusals.get(ino, 0) > 0:
             self.refusals[ino] -= 1
             self.on_refusal(ino)
             return -errno.ENOENT
-        self.stored.append((ino, bytes(data)))
+        end = len(data) if length is None else start + length
+        assert 0 <= start <= end <= len(data)
+        self.stored.append((ino, bytes(data[start:end])))
         return 0
 
     def stored_inodes(self) -> list[int]:
@@ -122,6 +126,26 @@ def test_a_push_the_kernel_refuses_at_first_is_retried_until_it_succeeds(core: A
         # Two refusals, two retry passes, then one success; every other file pushed once.
         assert core.looked_up[refused] == 2
         assert session.calls == Counter({**dict.fromkeys(inodes.values(), 1), refused: 3})
+    finally:
+        pusher.stop()
+
+
+def test_files_of_a_block_that_starts_mid_shard_are_pushed_from_their_own_offsets(
+    core: AllLocal,
+) -> None:
+    """A block's bytes are handed to the kernel in place: each file's slice of the block
+    must be its own bytes, whatever the block's offset in the shard."""
+    inodes = _inodes(core)
+    first = min(resolve(core, name).offset for name in FILES if name != "f0.bin")
+    session = FakeSession()
+    pusher = _pusher(core, session)
+    try:
+        for ino in inodes.values():
+            pusher.inode_known(ino)
+        pusher.block_local(_shard(core), first, len(SHARD), SHARD[first:])
+        _fence(pusher, core)
+        expected = {(inodes[n], d) for n, d in FILES.items() if n != "f0.bin"}
+        assert set(session.stored) == expected and len(session.stored) == len(expected)
     finally:
         pusher.stop()
 

@@ -337,13 +337,13 @@ def test_a_miss_fetches_its_block_or_only_its_bytes_first(cache: BlockCache, spl
     store = Store(SourceConfig(url))
     (shard,) = store.list_shards()
     requests: list[tuple[int, int]] = []
-    original = store.read_range
+    original = store.read_pieces
 
-    def recording(s: object, start: int, end: int, *, retries: int = 4) -> bytes:
-        requests.append((start, end))
-        return original(shard, start, end, retries=retries)
+    def recording(s: object, start: int, end: int, piece: int, *, retries: int = 4) -> list[bytes]:
+        requests.append((start, end))  # every ranged read, whole or in pieces, comes here
+        return original(shard, start, end, piece, retries=retries)
 
-    store.read_range = recording  # type: ignore[method-assign]
+    store.read_pieces = recording  # type: ignore[method-assign]
     prefetcher = Prefetcher(1)
     reader = CachedReader(
         store, cache, cache.stats, retries=1, prefetcher=prefetcher, split_misses=split

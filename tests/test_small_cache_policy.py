@@ -31,10 +31,13 @@ class CountingStore(Store):
         super().__init__(SourceConfig(url))
         self.fetched = 0
 
-    def read_range(self, shard: ShardInfo, start: int, end: int, **kwargs: object) -> bytes:
-        data = super().read_range(shard, start, end, **kwargs)  # type: ignore[arg-type]
-        self.fetched += len(data)
-        return data
+    def read_pieces(
+        self, shard: ShardInfo, start: int, end: int, piece: int, *, retries: int = 4
+    ) -> list[bytes]:
+        """Every ranged read, whole or in pieces, comes through here."""
+        pieces = super().read_pieces(shard, start, end, piece, retries=retries)
+        self.fetched += sum(map(len, pieces))
+        return pieces
 
 
 def make_shards(folder: Path, prefix: str = "s", seed: int = 0) -> dict[str, bytes]:

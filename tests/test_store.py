@@ -23,7 +23,7 @@ from shardfs.errors import (
     UsageError,
 )
 from shardfs.presigned import PresignedRanges
-from shardfs.responses import PreconditionFailed, TransientError
+from shardfs.responses import PreconditionFailed, TransientError, WrongLengthError
 from shardfs.source_urls import expand_braces
 from shardfs.store import ShardInfo, Store
 from shardfs.store_client import translate_errors
@@ -166,6 +166,14 @@ def _one_shard() -> tuple[Store, ShardInfo]:
 def test_read_range_exact_bytes(start: int, end: int) -> None:
     store, shard = _one_shard()
     assert store.read_range(shard, start, end) == PAYLOAD[start:end]
+
+
+@pytest.mark.parametrize(("start", "end", "piece"), [(0, 10240, 4096), (100, 612, 512), (5, 6, 9)])
+def test_read_pieces_are_the_range_in_order(start: int, end: int, piece: int) -> None:
+    store, shard = _one_shard()
+    pieces = store.read_pieces(shard, start, end, piece)
+    assert b"".join(pieces) == PAYLOAD[start:end]
+    assert all(len(p) == piece for p in pieces[:-1]) and 0 < len(pieces[-1]) <= piece
 
 
 def test_read_range_on_shortened_object_is_shard_changed() -> None:
@@ -346,7 +354,7 @@ class _FakeResponse:
         self._data = data
         self.headers = headers
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int, decode_content: bool = True) -> bytes:
         data, self._data = self._data[:n], self._data[n:]
         return data
 
@@ -391,14 +399,48 @@ def test_presigned_refusal_after_resigning_is_still_a_changed_shard() -> None:
     fast = _fast()
     fast._pool = _FakePool([403, 412], b"")  # type: ignore[assignment]
     with pytest.raises(PreconditionFailed):
-        fast.get("b/a.tar", 0, 10, 100, "etag-1", time.monotonic() + 5)
+        fast.get("b/a.tar", 0, 10, 100, "etag-1", time.monotonic() + 5, 10)
 
 
 def test_presigned_whole_object_answer_is_cut_to_the_range() -> None:
     body = bytes(range(100))
     fast = _fast()
     fast._pool = _FakePool([200], body)  # type: ignore[assignment]
-    assert fast.get("b/a.tar", 10, 20, 100, "etag-1", time.monotonic() + 5) == body[10:20]
+    assert fast.get("b/a.tar", 10, 20, 100, "etag-1", time.monotonic() + 5, 10) == [body[10:20]]
+    fast._pool = _FakePool([200], body)  # type: ignore[assignment]
+    got = fast.get("b/a.tar", 10, 35, 100, "etag-1", time.monotonic() + 5, 10)
+    assert got == [body[10:20], body[20:30], body[30:35]]
+
+
+@pytest.mark.parametrize(("start", "end", "piece"), [(0, 100, 10), (5, 96, 30), (0, 7, 100)])
+def test_presigned_pieces_are_the_range_cut_at_piece_boundaries(
+    start: int, end: int, piece: int
+) -> None:
+    body = bytes(range(100))
+    fast = _fast()
+    fast._pool = _FakePool([206], body)  # type: ignore[assignment]
+    got = fast.get("b/a.tar", start, end, 100, "etag-1", time.monotonic() + 5, piece)
+    assert b"".join(got) == body[start:end]
+    assert [len(p) for p in got[:-1]] == [piece] * (len(got) - 1)
+    assert 0 < len(got[-1]) <= piece
+
+
+def test_presigned_short_body_is_a_wrong_length() -> None:
+    """A 206 whose body ends early (a connection closed mid-body) is retried, never kept."""
+    body = bytes(range(100))
+    fast = _fast()
+    pool = _FakePool([206], body)
+    fast._pool = pool  # type: ignore[assignment]
+    real = pool.request
+
+    def short(*args: Any, **kwargs: Any) -> _FakeResponse:
+        response = real(*args, **kwargs)
+        response._data = response._data[:-3]
+        return response
+
+    pool.request = short  # type: ignore[method-assign]
+    with pytest.raises(WrongLengthError):
+        fast.get("b/a.tar", 0, 40, 100, "etag-1", time.monotonic() + 5, 16)
 
 
 def test_presigned_server_errors_are_transient_and_keep_the_fast_path() -> None:
@@ -407,7 +449,7 @@ def test_presigned_server_errors_are_transient_and_keep_the_fast_path() -> None:
     fast = _fast()
     fast._pool = _FakePool([503], b"")  # type: ignore[assignment]
     with pytest.raises(TransientError):
-        fast.get("b/a.tar", 0, 10, 100, "etag-1", time.monotonic() + 5)
+        fast.get("b/a.tar", 0, 10, 100, "etag-1", time.monotonic() + 5, 10)
 
 
 # --- single .tar URLs and globs on the memory filesystem --------------------------------------

@@ -156,7 +156,7 @@ def test_a_programming_error_is_raised_at_once_not_retried(
         calls.append(args)
         raise TypeError("unsupported operand")
 
-    monkeypatch.setattr(store, "_get_range", buggy)
+    monkeypatch.setattr(store, "_get_pieces", buggy)
     with pytest.raises(TypeError):
         store.read_range(shard, 0, 10, retries=4)
     assert len(calls) == 1

@@ -330,16 +330,24 @@ class Session:
         interrupts the thread's wait for the next request)."""
         return int(self._lib.fuse_session_loop(self._se))
 
-    def notify_store(self, ino: int, offset: int, data: bytes) -> int:
-        """Put ``data`` into the kernel's page cache of inode ``ino`` at ``offset``.
+    def notify_store(
+        self, ino: int, offset: int, data: bytes, start: int = 0, length: int | None = None
+    ) -> int:
+        """Put ``length`` bytes of ``data`` from ``start`` (by default all of it) into the
+        kernel's page cache of inode ``ino`` at ``offset``, with no copy on our side.
 
         Returns 0, or a negative errno (``-ENOENT`` when the kernel does not know the inode).
         Never call it from a thread that answers requests: the kernel may wait for a read
         of the same page to be answered first.
         """
+        if length is None:
+            length = len(data) - start
+        if start < 0 or length < 0 or start + length > len(data):
+            raise ValueError(f"bytes [{start}:{start + length}] of {len(data)}")
+        base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
         vector = BufVec(1, 0, 0)
-        vector.buf[0].size = len(data)
-        vector.buf[0].mem = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value
+        vector.buf[0].size = length
+        vector.buf[0].mem = base + start
         return int(
             self._lib.fuse_lowlevel_notify_store(self._se, ino, offset, ctypes.byref(vector), 0)
         )

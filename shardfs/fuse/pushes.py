@@ -120,16 +120,16 @@ class KernelPusher:
                 if not self._known[ino]:  # else the session thread marked it meanwhile
                     continue
                 self._waiting[ino] = 0
-            if block is not None:
-                data: bytes | None = block[node.offset - start : node.offset - start + node.size]
+            if block is not None:  # the file's bytes, given in place (no copy)
+                result = session.notify_store(ino, 0, block, node.offset - start, node.size)
             else:
                 data = self.core.file_bytes_local(node)
-            if data is None:
-                continue
-            result = session.notify_store(ino, 0, data)
+                if data is None:
+                    continue
+                result = session.notify_store(ino, 0, data)
             if result == 0:
                 self.in_kernel[ino] = 1
-                pushed += len(data)
+                pushed += node.size
             elif result == -errno.ENOENT:
                 self._not_there_yet(ino, attempts)
             else:
