@@ -8,13 +8,14 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 import traceback
 from collections.abc import Sequence
 
 from . import __version__
 from .commands import COMMANDS, Command
 from .errors import ShardfsError, UsageError
-from .mount_options import apply_options, split_options
+from .mount_options import apply_options, close_option, long_options, option_name, split_options
 
 EXIT_CODES = """exit codes:
   0  success
@@ -95,10 +96,38 @@ def _configure_logging(args: argparse.Namespace) -> None:
     )
 
 
+def _refuse_extras(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str], extras: list[str]
+) -> None:
+    """Words no parser took: the error (exit 2) goes with the usage of the command they
+    were given to, and names the real option a mistyped one most likely meant."""
+    owner = args.command_parser
+    if argv.index(extras[0]) < argv.index(args.command):
+        owner = parser  # given before the command, as top-level options are
+    unknown = [word.split("=", 1)[0] for word in extras if word.startswith("--")]
+    if not unknown:
+        owner.error(f"unrecognized arguments: {' '.join(extras)}")
+    names = [
+        flag
+        for action in owner._actions
+        if action.help != argparse.SUPPRESS
+        for flag in action.option_strings
+        if flag.startswith("--")
+    ]
+    hints = [
+        f"unknown option {word}" + (f"; did you mean {meant}?" if meant else "")
+        for word in unknown
+        for meant in [close_option(word, names)]
+    ]
+    owner.error("; ".join(hints))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _refuse_extras(parser, args, argv, extras)
     args.argv = argv  # what a backgrounded mount's daemon is started with
     _configure_logging(args)
     try:
@@ -141,6 +170,9 @@ def mount_helper(argv: Sequence[str] | None = None) -> int:
     read-only all the same). ``-s`` (sloppy) drops unknown options with a warning, ``-f``
     (fake) checks the options and mounts nothing, ``-n`` (no mtab) means nothing here."""
     words = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in words or "--help" in words:
+        print(helper_help(), end="")
+        return 0
     positional: list[str] = []
     options: list[str] = []
     verbose = fake = sloppy = False
@@ -155,6 +187,9 @@ def mount_helper(argv: Sequence[str] | None = None) -> int:
                 options.append(value)
         elif word.startswith("-o"):
             options.append(word[2:])
+        elif word.startswith("--") and word != "--":
+            print(f"mount.shardfs: unknown option {word}; {HELPER_USAGE}", file=sys.stderr)
+            return 2
         elif word.startswith("-") and len(word) > 1 and word != "--":
             for letter in word[1:]:
                 if letter not in "sfnvrw":
@@ -179,6 +214,46 @@ def mount_helper(argv: Sequence[str] | None = None) -> int:
     if fake:
         return _check_only(command)
     return main(command)
+
+
+def helper_help() -> str:
+    """``mount.shardfs --help``: the mount(8) form, its flags, and what ``-o`` takes; the
+    long options are read from ``shardfs mount``'s own parser, so the list stays true."""
+    mount_parser = argparse.ArgumentParser(add_help=False)
+    _BY_NAME["mount"].add_arguments(mount_parser)
+    items = []
+    for action in long_options(mount_parser):
+        value = action.metavar or ("|".join(map(str, action.choices or ())) or action.dest.upper())
+        items.append(option_name(action) + ("" if action.nargs == 0 else f"={value}"))
+    wrapped = textwrap.fill(", ".join(items), width=88, initial_indent="  ", subsequent_indent="  ")
+    return f"""{HELPER_USAGE}
+
+Mount SOURCE at MOUNTPOINT as `shardfs mount SOURCE MOUNTPOINT` does. mount(8) runs this
+helper for `mount -t shardfs SOURCE MOUNTPOINT` and for /etc/fstab lines of type shardfs;
+it returns once the mount is ready.
+
+options:
+  -o OPTIONS   mount options, comma-separated, repeatable (below)
+  -s           sloppy: drop unknown -o options with a warning
+  -f           fake: check the options, mount nothing
+  -n           no mtab: nothing to do (accepted)
+  -v           verbose
+  -r, -w       accepted: every shardfs mount is read-only (the rw mount(8) adds is dropped)
+  -t TYPE, -N NAMESPACE
+               passed by mount(8); ignored
+  -h, --help   show this help and exit
+
+-o takes ro, allow_other, allow_root, default_permissions, nonempty, uid=N, gid=N; options
+meant for mount(8) or systemd (nodev, nosuid, noauto, _netdev, nofail, defaults, x-*, ...),
+which are ignored; and every long option of shardfs mount written with underscores:
+{wrapped}
+
+example /etc/fstab line:
+  s3://bucket/train/  /mnt/train  shardfs  ro,allow_other,_netdev,nofail,cache_size=50G  0 0
+
+`shardfs mount --help` says what each option does.
+
+{EXIT_CODES}"""
 
 
 def _drop_unknown_options(positional: list[str], items: list[str]) -> list[str]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MountError
-from .mounttable import table_path
+from .mounttable import mount_containing, not_a_shardfs_mount, table_path
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,21 @@ class ControlServer:
         self._thread.join()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+def serving_mountpoint(path: Path) -> Path:
+    """The mountpoint whose daemon answers for ``path``: ``path`` itself where its socket
+    is (a mount still scanning is in no mount table yet), else the shardfs mount ``path``
+    lies in, found in the mount table. MountError saying what ``path`` is when neither."""
+    if socket_path(path).exists():
+        return path
+    entry = mount_containing(path)
+    if entry is not None and entry.is_shardfs:
+        return Path(entry.mountpoint)
+    if entry is not None and table_path(path) == entry.mountpoint:
+        raise MountError(not_a_shardfs_mount(path, entry))
+    where = f" (it lies in the {entry.fstype} mount at {entry.mountpoint})" if entry else ""
+    raise MountError(f"{path}: not inside a shardfs mount{where}")
 
 
 def query(mountpoint: Path, command: str = "stats", timeout: float = 10.0) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from .control import pid_file, process_running, socket_path
 from .errors import MountError
-from .mounttable import find_mount, is_disconnected
+from .mounttable import find_mount, is_disconnected, not_a_shardfs_mount
 
 log = logging.getLogger(__name__)
 
@@ -319,13 +319,8 @@ def unmount(mountpoint: Path, *, lazy: bool = False, timeout: float = 30.0) -> U
     removed from the mount table ("dead"). ``lazy`` detaches the mount even while a
     process still uses it; its daemon then exits once the last user lets go ("detached")."""
     entry = find_mount(mountpoint)
-    if entry is None:
-        raise MountError(f"{mountpoint}: not mounted")
-    if not entry.is_shardfs:
-        raise MountError(
-            f"{mountpoint}: a {entry.fstype} mount, not a shardfs one; "
-            f"unmount it with fusermount3 -u or umount"
-        )
+    if entry is None or not entry.is_shardfs:
+        raise MountError(not_a_shardfs_mount(mountpoint, entry))
     dead = is_disconnected(entry.mountpoint)
     pid = None if dead else _daemon_pid(mountpoint)
     run_unmount_command(entry.mountpoint, mountpoint, lazy=lazy)

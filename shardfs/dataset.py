@@ -298,8 +298,8 @@ def open_source(
     the files afterwards downloads nothing again."""
     store = Store(source)
     shards = store.list_shards()
-    if store.version_warning:
-        warn(store.version_warning)
+    for warning in store.listing_warnings:
+        warn(warning)
     sink = None
     if cache is not None:
         block_cache = cache

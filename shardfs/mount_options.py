@@ -19,6 +19,7 @@ a line that names the new flag.
 from __future__ import annotations
 
 import argparse
+import difflib
 
 from .errors import UsageError
 
@@ -76,7 +77,7 @@ def apply_options(
         flag = "--" + name.replace("_", "-")
         action = actions.get(flag)
         if action is None or action.dest in _NOT_FROM_O or "-" in name:
-            raise UsageError(_unknown(item, name, actions, command))
+            raise UsageError(_unknown(item, name, parser, command))
         if action.nargs == 0:
             if has_value:
                 raise UsageError(f"-o {name}: takes no value (write -o {name})")
@@ -103,10 +104,46 @@ def _apply_fuse_option(args: argparse.Namespace, name: str, has_value: bool) -> 
     # ro and default_permissions hold for every shardfs mount
 
 
-def _unknown(item: str, name: str, actions: dict[str, argparse.Action], command: str) -> str:
+def long_options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The parser's long options that ``-o`` can give, in the order of ``--help``."""
+    return [
+        action
+        for action in parser._actions
+        if action.dest not in _NOT_FROM_O and any(s.startswith("--") for s in action.option_strings)
+    ]
+
+
+def option_name(action: argparse.Action) -> str:
+    """``--cache-size`` as ``-o`` spells it: ``cache_size``."""
+    flag = next(s for s in action.option_strings if s.startswith("--"))
+    return flag[2:].replace("-", "_")
+
+
+# How alike a typo and a name must be (difflib's ratio): 0.8 takes a swapped or missing
+# letter (cache_szie, nodve, alow_other) and leaves cache_szie -> cache_dir out.
+_CLOSE = 0.8
+
+
+def close_option(name: str, candidates: list[str]) -> str | None:
+    """The real name a typo most likely meant (``cache_szie`` -> ``cache_size``), or None."""
+    found = difflib.get_close_matches(name, candidates, n=1, cutoff=_CLOSE)
+    return found[0] if found else None
+
+
+def _unknown(item: str, name: str, parser: argparse.ArgumentParser, command: str) -> str:
+    actions = parser._option_string_actions
     spelled = "--" + name.replace("_", "-")
     if "-" in name and spelled in actions:
         return f"-o {item}: write it with underscores: -o {item.replace('-', '_', name.count('-'))}"
+    if "." not in name:  # a dotted name is a storage option's, not a typo of ours
+        names = {option_name(a) for a in long_options(parser)}
+        if command == "mount":
+            names |= (FUSE_OPTIONS - {"rw"}) | _MOUNT_ONLY | IGNORED_OPTIONS
+        meant = close_option(name, sorted(names))
+        if meant is not None:
+            _, has_value, value = item.partition("=")
+            suggestion = meant + (f"={value}" if has_value else "")
+            return f"-o {item}: unknown option; did you mean -o {suggestion}?"
     if spelled in actions or not ("=" in item or "." in name):
         return f"-o {name}: unknown option (see shardfs {command} --help)"
     if command == "mount":

@@ -93,18 +93,58 @@ def table_path(path: Path | str) -> str:
     return resolved
 
 
-def find_mount(path: Path | str, table: Path = MOUNTINFO) -> MountEntry | None:
-    """The mount whose mountpoint is exactly ``path`` (the topmost if stacked), or None."""
-    wanted = table_path(path)
+def _read_table(path: Path | str, table: Path) -> list[MountEntry]:
     try:
         data = table.read_bytes()
     except OSError as exc:
         raise MountError(f"{path}: cannot read the mount table {table} ({exc.strerror})") from exc
+    return parse_mountinfo(data)
+
+
+def find_mount(path: Path | str, table: Path = MOUNTINFO) -> MountEntry | None:
+    """The mount whose mountpoint is exactly ``path`` (the topmost if stacked), or None."""
+    wanted = table_path(path)
     found = None
-    for entry in parse_mountinfo(data):
+    for entry in _read_table(path, table):
         if entry.mountpoint == wanted:
             found = entry
     return found
+
+
+def mount_containing(path: Path | str, table: Path = MOUNTINFO) -> MountEntry | None:
+    """The mount that ``path`` lies in: the one with the longest mountpoint that is
+    ``path`` or a folder above it (the topmost if stacked). Read from the table alone, so
+    a dead mount on the way is not entered."""
+    wanted = table_path(path)
+    found = None
+    for entry in _read_table(path, table):
+        top = entry.mountpoint.rstrip("/") + "/"
+        inside = wanted == entry.mountpoint or wanted.startswith(top)
+        if inside and (found is None or len(entry.mountpoint) >= len(found.mountpoint)):
+            found = entry
+    return found
+
+
+def not_a_shardfs_mount(path: Path | str, entry: MountEntry | None) -> str:
+    """Why ``path``, whose own mount table entry is ``entry``, is no shardfs mountpoint:
+    another filesystem's mount, or no mount at all (then where it lies instead)."""
+    if entry is not None:
+        text = f"{path} is not a shardfs mount (it is {entry.fstype})"
+        if entry.fstype.startswith("fuse"):
+            text += f"; unmount it with fusermount3 -u {entry.mountpoint}"
+        return text
+    if not os.path.lexists(path):
+        return f"{path}: not mounted (no such file or folder)"
+    around = mount_containing(path)
+    if around is None:
+        return f"{path}: not mounted"
+    if around.is_shardfs:
+        return (
+            f"{path}: not mounted; it lies inside the shardfs mount at {around.mountpoint} "
+            f"(shardfs umount {around.mountpoint})"
+        )
+    where = f"the {around.fstype} mount at {around.mountpoint}"
+    return f"{path}: not mounted (not a mountpoint: it lies in {where})"
 
 
 def is_disconnected(mountpoint: str) -> bool:

@@ -15,7 +15,14 @@ import fsspec
 from . import http_ranges
 from .config import SourceConfig
 from .errors import ShardfsError, SourceNotFoundError
-from .source_urls import HTTP_PROTOCOLS, SHARD_SUFFIX, Selection, glob_regex
+from .source_urls import (
+    HTTP_PROTOCOLS,
+    SHARD_SUFFIX,
+    Selection,
+    compressed_advice,
+    compressed_suffix,
+    glob_regex,
+)
 from .store_client import translate_errors, version_of
 
 T = TypeVar("T")
@@ -53,6 +60,9 @@ class ShardListing:
         self.is_http = protocol in HTTP_PROTOCOLS
         self.protocol = protocol
         self._listed = 0  # paths the last folder listing gave
+        self._compressed: list[str] = []  # compressed tars the last listing left out
+        # Set by ``shards`` when compressed tars were left out beside the .tar shards.
+        self.skipped_warning: str | None = None
 
     def path(self, name: str) -> str:
         """The store's path (on HTTP the URL) of a name relative to the root."""
@@ -86,6 +96,8 @@ class ShardListing:
             shards = self._listed_shards(selection.globs)
         if not shards:
             self._raise_nothing_found()
+        if self._compressed:
+            self.skipped_warning = f"{self.config.url}: skipped {self._compressed_summary()}"
         return sorted(shards, key=lambda s: s.name)
 
     def _named_shards(self, names: list[str]) -> list[ShardInfo]:
@@ -136,13 +148,19 @@ class ShardListing:
         self._listed = len(found)
         matchers = [glob_regex(g) for g in globs or ()]
         picked: dict[str, dict[str, Any]] = {}
+        self._compressed = []
         for path, info in found.items():
-            if info.get("type", "file") != "file" or not path.endswith(SHARD_SUFFIX):
+            is_tar = path.endswith(SHARD_SUFFIX)
+            if info.get("type", "file") != "file" or not (is_tar or compressed_suffix(path)):
                 continue
             name = self.name(path)
             if matchers and not any(m.fullmatch(name) for m in matchers):
                 continue
-            picked[name] = info
+            if is_tar:
+                picked[name] = info
+            else:
+                self._compressed.append(name)
+        self._compressed.sort()
         if self.is_http:  # an HTML listing gives no size or version
             names = sorted(picked)
             objects = self.call(self.config.url, lambda: self.head_many(names))
@@ -174,9 +192,39 @@ class ShardListing:
         except FileNotFoundError:
             return {}
 
+    def _compressed_summary(self) -> str:
+        """``2 compressed tars (first: a.tar.gz): compressed tars are not supported...``"""
+        count, first = len(self._compressed), self._compressed[0]
+        which = (
+            f"1 compressed tar ({first})"
+            if count == 1
+            else f"{count} compressed tars (first: {first})"
+        )
+        return f"{which}: {compressed_advice(first, count)}"
+
+    def _probe_folder(self) -> None:
+        """Why an HTTP folder URL listed nothing: fsspec's listing swallows a refused
+        connection and a 404, so ask once more for the folder itself and say what happened."""
+        url = self.config.url
+        try:
+            self.fs.ls(self.root, detail=False)
+        except FileNotFoundError as exc:  # fsspec's word for a 404
+            raise SourceNotFoundError(
+                f"{url}: the folder URL answered 404 Not Found (where a server lists no "
+                "folders, as the Hugging Face hub, name the shards with a brace pattern: "
+                ".../shard-{000000..000099}.tar)"
+            ) from exc
+        except Exception as exc:
+            raise translate_errors(url, exc) from exc
+
     def _raise_nothing_found(self) -> None:
         url = self.config.url
         what = "match the pattern" if self.selection.globs else "found"
+        if self._compressed:
+            summary = self._compressed_summary()
+            raise SourceNotFoundError(f"{url}: no *{SHARD_SUFFIX} shards {what}, only {summary}")
+        if self.is_http and not self._listed:
+            self._probe_folder()
         if self.is_http:
             text = f"{url}: no *{SHARD_SUFFIX} links {what} in the server's folder listing"
             if not self._listed:

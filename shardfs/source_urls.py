@@ -14,6 +14,12 @@ SHARD_SUFFIX = ".tar"
 # A brace pattern naming more shards than this is a typo, not a dataset.
 MAX_PATTERN_SHARDS = 1_000_000
 HTTP_PROTOCOLS = ("http", "https")
+# Compressed tars cannot be shards yet (a member is no byte range of the file), and the
+# command that turns each into a plain .tar next to it.
+COMPRESSED_SUFFIXES = {
+    ".tar.gz": "gunzip", ".tgz": "gunzip", ".tar.zst": "zstd -d", ".tzst": "zstd -d",
+    ".tar.bz2": "bunzip2", ".tbz2": "bunzip2", ".tar.xz": "unxz", ".txz": "unxz",
+}  # fmt: skip
 # Characters that make a source URL a glob; ``{`` starts a brace pattern.
 _GLOB_CHARS = "*?["
 
@@ -77,6 +83,32 @@ class Selection:
     single: bool = False
 
 
+def compressed_suffix(name: str) -> str | None:
+    """The compressed-tar suffix ``name`` ends with (``.tar.gz``, ``.tgz``, ...), or None."""
+    lowered = name.lower()
+    return next((s for s in COMPRESSED_SUFFIXES if lowered.endswith(s)), None)
+
+
+def compressed_advice(name: str, count: int = 1) -> str:
+    """Why a compressed tar is not mounted and how to make it mountable, for ``count`` of
+    them of which ``name`` is one."""
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    tool = COMPRESSED_SUFFIXES[compressed_suffix(base) or ".tar.gz"]
+    how = f"it ({tool} {base})" if count == 1 else f"them ({tool} ...)"
+    return (
+        f"compressed tars are not supported yet; decompress {how} or repack the files "
+        "with shardfs pack"
+    )
+
+
+def _refuse_compressed(url: str, names: tuple[str, ...]) -> None:
+    """A source that names only compressed tars fails before the store is asked."""
+    compressed = [n for n in names if compressed_suffix(n)]
+    if compressed:
+        first = compressed[0]
+        raise UsageError(f"{url}: {compressed_advice(first, len(compressed))}")
+
+
 def _path_start(url: str) -> int:
     """Where the path begins: after ``scheme://`` (and an http host), else 0."""
     scheme, sep, rest = url.partition("://")
@@ -102,6 +134,7 @@ def select(url: str) -> Selection:
             if url.endswith(SHARD_SUFFIX):
                 root, _, name = url.rpartition("/")
                 return Selection(root=root or ".", names=(name,), single=True)
+            _refuse_compressed(url, (url,))
             return Selection(root=url.rstrip("/") or url)
         cut = url.rfind("/", 0, min(magic))
     if cut < start:
@@ -111,6 +144,7 @@ def select(url: str) -> Selection:
     else:
         root = url[:cut] or "/"
     relative = [e[cut + 1 :] for e in expanded]
+    _refuse_compressed(url, tuple(relative))  # a glob ending .tar.gz matches nothing else
     if any(c in e for e in relative for c in _GLOB_CHARS):
         return Selection(root=root, globs=tuple(relative))
     return Selection(root=root, names=tuple(relative))

@@ -129,6 +129,13 @@ class Store:
         self._note_unchecked(shards)
         return shards
 
+    @property
+    def listing_warnings(self) -> list[str]:
+        """What the user should hear once about the last listing: shards left out (compressed
+        tars), and reads that cannot be checked (``version_warning``)."""
+        found = (self._listing.skipped_warning, self.version_warning)
+        return [line for line in found if line]
+
     def _note_unchecked(self, shards: list[ShardInfo]) -> None:
         """Word, once, that reads cannot tell a replaced shard from the indexed one where the
         store gives nothing to check (``version_warning``; callers show it to the user)."""

@@ -5,6 +5,9 @@ reports, and the one translation of its exceptions (botocore, aiohttp, OSError) 
 from __future__ import annotations
 
 import datetime
+import http
+import os
+import socket
 import urllib.parse
 from typing import Any
 
@@ -98,9 +101,42 @@ def translate_errors(what: str, exc: BaseException) -> ShardfsError:
     name = type(exc).__name__
     if "Credentials" in name:
         return SourceError(f"{what}: no credentials found (set AWS_* variables or -o key=/secret=)")
+    status, request = getattr(exc, "status", None), getattr(exc, "request_info", None)
+    if isinstance(status, int) and request is not None:  # aiohttp's ClientResponseError
+        return _http_answer(what, status, str(request.method), str(request.real_url))
     if "Connect" in name or "Endpoint" in name or isinstance(exc, ConnectionError):
-        return SourceError(f"{what}: cannot connect to the store ({text})")
+        return _cannot_connect(what, exc, text)
     return SourceError(f"{what}: {name}: {text}")
+
+
+def _http_answer(what: str, status: int, method: str, url: str) -> ShardfsError:
+    """An HTTP error status, named by code and phrase; a write (pack, a sidecar) refused by
+    an HTTP server, whatever the code, is a write to a store that only serves files."""
+    try:
+        answer = f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        answer = str(status)
+    if method.upper() in ("PUT", "POST", "PATCH", "DELETE"):
+        return SourceError(
+            f"cannot write to {url}: HTTP stores are read-only "
+            f"(the server answered {answer} to {method.upper()})"
+        )
+    return SourceError(f"{what}: the server answered {answer}")
+
+
+def _cannot_connect(what: str, exc: BaseException, text: str) -> ShardfsError:
+    """``cannot connect to HOST:PORT (reason)`` where the exception names them (aiohttp's
+    connector errors), else the exception's own first line."""
+    host, port = getattr(exc, "host", None), getattr(exc, "port", None)
+    if not host:
+        return SourceError(f"{what}: cannot connect to the store ({text})")
+    cause = getattr(exc, "os_error", None)
+    reason = text
+    if isinstance(cause, socket.gaierror) and cause.strerror:
+        reason = cause.strerror.lower()  # "name or service not known"
+    elif isinstance(cause, OSError) and cause.errno:
+        reason = os.strerror(cause.errno).lower()  # asyncio's own text repeats the address
+    return SourceError(f"{what}: cannot connect to {host}:{port} ({reason})")
 
 
 def _check_options(options: dict[str, Any], endpoint_url: str | None) -> None:

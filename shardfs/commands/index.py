@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     check_cache_dir(indexing.cache_dir)
     store = Store(source)
     shards = store.list_shards()
-    if store.version_warning:
-        print(f"shardfs: warning: {store.version_warning}", file=sys.stderr)
+    for line in store.listing_warnings:
+        print(f"shardfs: warning: {line}", file=sys.stderr)
     builder = IndexBuilder(store, indexing, progress=progress_printer())
     path = builder.build(shards)
     for bad in builder.bad_shards():

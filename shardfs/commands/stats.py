@@ -17,9 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..control import query
+    from ..control import query, serving_mountpoint
 
-    values = query(args.mountpoint.absolute())
+    values = query(serving_mountpoint(args.mountpoint.absolute()))
     if args.json:
         print(json.dumps(values, indent=2, sort_keys=True))
         return 0
