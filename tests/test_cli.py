@@ -312,6 +312,37 @@ def test_umount_not_mounted(tmp_path: Path, mnt: Path) -> None:
     assert_one_error(result, 5, "not mounted")
 
 
+def findmnt(path: Path | str) -> tuple[str, str]:
+    """The filesystem type and mountpoint of the mount ``path`` lies in, as util-linux's
+    findmnt tells them."""
+    out = subprocess.run(
+        ["findmnt", "--noheadings", "--raw", "--output", "FSTYPE,TARGET", "--target", str(path)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    fstype, target = out.splitlines()[-1].split(" ", 1)
+    return fstype, target.encode().decode("unicode_escape")
+
+
+def test_umount_of_another_filesystem_says_so(tmp_path: Path) -> None:
+    fstype, target = findmnt("/")
+    assert target == "/"
+    line = assert_one_error(run(tmp_path, "umount", "/"), 5)
+    assert line == f"shardfs: error: / is not a shardfs mount (it is {fstype})"
+    assert "fusermount" not in line
+
+
+def test_umount_and_stats_of_a_folder_that_is_no_mount_say_so(tmp_path: Path, mnt: Path) -> None:
+    fstype, target = findmnt(mnt)
+    where = f"it lies in the {fstype} mount at {target}"
+    line = assert_one_error(run(tmp_path, "umount", mnt), 5)
+    assert line == f"shardfs: error: {mnt}: not mounted (not a mountpoint: {where})"
+    line = assert_one_error(run(tmp_path, "stats", mnt), 5)
+    assert line == f"shardfs: error: {mnt}: not inside a shardfs mount ({where})"
+    missing = tmp_path / "nowhere"
+    line = assert_one_error(run(tmp_path, "umount", missing), 5)
+    assert line == f"shardfs: error: {missing}: not mounted (no such file or folder)"
+
+
 # --- -o and storage options -------------------------------------------------------------------
 
 
@@ -330,6 +361,7 @@ def test_umount_not_mounted(tmp_path: Path, mnt: Path) -> None:
         ),
         ("allow_other=true", "-o allow_other: takes no value (write -o allow_other)"),
         ("anon", "-o anon: unknown option (see shardfs mount --help)"),
+        ("cache_szie=1G", "-o cache_szie=1G: unknown option; did you mean -o cache_size=1G?"),
         ("rw", "-o rw: shardfs is a read-only filesystem (leave rw out; ro is implied)"),
     ],
 )

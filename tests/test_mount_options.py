@@ -110,6 +110,87 @@ def test_refused_options_say_why_in_one_line(option: str, part: str) -> None:
     assert part in refused("mount", "src", "mnt", "-o", option)
 
 
+@pytest.mark.parametrize(
+    ("command", "option", "meant"),
+    [
+        ("mount", "cache_szie=1G", "cache_size=1G"),
+        ("mount", "cache-szie=1G", "cache_size=1G"),
+        ("mount", "prefetch_stream=8", "prefetch_streams=8"),
+        ("mount", "no_cahce", "no_cache"),
+        ("mount", "alow_other", "allow_other"),
+        ("mount", "nodve", "nodev"),
+        ("mount", "endpoint=http://h:9000", "endpoint_url=http://h:9000"),
+        ("warm", "prefetch_streem=8", "prefetch_streams=8"),
+        ("index", "no_sidcar", "no_sidecar"),
+    ],
+)
+def test_a_mistyped_o_option_names_the_real_one(command: str, option: str, meant: str) -> None:
+    line = refused(command, "src", *(["mnt"] if command == "mount" else []), "-o", option)
+    assert line == f"-o {option}: unknown option; did you mean -o {meant}?"
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [("index", "cache_szie=1G"), ("mount", "anon=true"), ("mount", "client_kwargs.region=x")],
+)
+def test_an_o_option_like_none_of_ours_is_not_guessed(command: str, option: str) -> None:
+    """``index`` has --cache-dir but no --cache-size: ``cache_szie`` is no typo of it, and a
+    storage option is named as one."""
+    line = refused(command, "src", *(["mnt"] if command == "mount" else []), "-o", option)
+    assert "did you mean" not in line
+    assert f"--storage-option {option}" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "line"),
+    [
+        (
+            ["mount", "--cache-szie", "1G", "SRC", "MNT"],
+            "usage: shardfs mount ",
+            "shardfs mount: error: unknown option --cache-szie; did you mean --cache-size?",
+        ),
+        (
+            ["mount", "SRC", "MNT", "--prefech=all"],
+            "usage: shardfs mount ",
+            "shardfs mount: error: unknown option --prefech; did you mean --prefetch?",
+        ),
+        (
+            ["stats", "--jsno", "MNT"],
+            "usage: shardfs stats ",
+            "shardfs stats: error: unknown option --jsno; did you mean --json?",
+        ),
+        (
+            ["--verbsoe", "stats", "MNT"],
+            "usage: shardfs [-h]",
+            "shardfs: error: unknown option --verbsoe; did you mean --verbose?",
+        ),
+        (
+            ["mount", "SRC", "MNT", "--zzz"],
+            "usage: shardfs mount ",
+            "shardfs mount: error: unknown option --zzz",
+        ),
+        (
+            ["umount", "MNT", "extra"],
+            "usage: shardfs umount ",
+            "shardfs umount: error: unrecognized arguments: extra",
+        ),
+    ],
+)
+def test_an_unknown_long_option_goes_with_its_commands_usage(
+    argv: list[str], usage: str, line: str, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "shardfs", *argv],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(usage), result.stderr
+    assert result.stderr.splitlines()[-1] == line
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("command", ["index", "warm", "verify"])
 @pytest.mark.parametrize("option", ["allow_other", "ro", "uid=1", "nodev"])
 def test_mount_options_are_refused_by_commands_that_do_not_mount(command: str, option: str) -> None:
@@ -152,6 +233,40 @@ def test_helper_refuses_a_bad_command_line(
     assert mount_helper(argv) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and part in lines[0], lines
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_helper_help_says_its_form_and_what_o_takes(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert mount_helper([flag]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.startswith("usage: mount.shardfs SOURCE MOUNTPOINT ")
+    assert "[-o OPTIONS]" in out.splitlines()[0]
+    # Every long option of shardfs mount, as -o spells it, and the FUSE options.
+    mount_parser = build_parser().parse_args(["mount", "s", "m"]).command_parser
+    longs = [
+        s[2:].replace("-", "_")
+        for a in mount_parser._actions
+        for s in a.option_strings
+        if s.startswith("--") and a.help != argparse.SUPPRESS and s not in ("--help", "--verbose")
+    ]
+    assert len(longs) > 20
+    o_text = " ".join(out.split("-o takes", 1)[1].split())
+    for name in [*longs, "allow_root", "nonempty", "default_permissions", "_netdev"]:
+        assert name in o_text, name
+    assert "ready_fd" not in out  # internal
+    assert "exit codes" in out
+    # As mount(8) or a user runs it: the console script's entry point in its own process.
+    result = subprocess.run(helper_command(flag), capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (0, out, "")
+
+
+def test_helper_refuses_an_unknown_long_option(capsys: pytest.CaptureFixture[str]) -> None:
+    assert mount_helper(["src", "mnt", "--fake"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mount.shardfs: unknown option --fake;"), lines
 
 
 def test_helper_fake_mount_checks_options_only(

@@ -5,7 +5,8 @@
 ``If-Unmodified-Since`` (412 when the file is another version), and, if asked, an HTML folder
 listing like ``python -m http.server``'s. ``redirect_to`` makes it a server that lists no
 folders and answers every file request with 302 to another server, as the Hugging Face hub
-sends its downloads to a CDN.
+sends its downloads to a CDN. Writes (``PUT``) are refused, with 501 as ``python -m
+http.server`` does, or with ``put_status``.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ class FileServer:
         etag: bool = True,
         last_modified: bool = True,
         redirect_to: str | None = None,
+        put_status: int = 501,
     ) -> None:
         self.root = root.resolve()
+        self.put_status = put_status
         self.listing = listing
         self.etag = etag
         self.last_modified = last_modified
@@ -113,6 +116,16 @@ def _handler_for(server: FileServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             self._serve(body=True)
+
+        def do_PUT(self) -> None:
+            server.count(self.command)
+            # Read the body first: a socket closed with bytes unread resets the connection,
+            # and the client would see that instead of the answer.
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if server.put_status == 501:  # what a server that only serves files answers
+                self.send_error(501, f"Unsupported method ({self.command!r})")
+            else:
+                self.send_error(server.put_status)
 
         def _local(self) -> Path | None:
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
