@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import json
+import os
 import re
 import subprocess
 import tarfile
@@ -225,6 +227,39 @@ def test_umount_of_a_directory_that_is_not_mounted(tmp_path: Path) -> None:
     assert "not mounted" in line
 
 
+def test_stats_finds_the_mount_from_any_path_inside_it_and_umount_names_it(
+    good: tuple[Path, list[Path]], mountpoint: Path, tmp_path: Path
+) -> None:
+    folder = good[1][0].parent
+    mount(str(folder), mountpoint, tmp_path / "c", env={})
+    try:
+        whole = run_shardfs("stats", mountpoint, "--json")
+        assert whole.returncode == 0, whole.stderr
+        expected = json.loads(whole.stdout)
+        sub = sorted(p for p in mountpoint.iterdir() if p.is_dir())[0]
+        inside = [sub, sorted(sub.iterdir())[0]]  # a folder and a file of the mount
+        for path in inside:
+            result = run_shardfs("stats", path, "--json")
+            assert result.returncode == 0, result.stderr
+            values = json.loads(result.stdout)
+            assert (values["source"], values["files"]) == (expected["source"], expected["files"])
+        text = run_shardfs("stats", sub)
+        assert text.returncode == 0, text.stderr
+        assert text.stdout.splitlines()[0].split() == ["source", str(folder)]
+
+        result = run_shardfs("umount", sub)
+        line = assert_one_error_line(result)
+        assert result.returncode == 5
+        at = os.path.realpath(mountpoint)
+        assert line == (
+            f"shardfs: error: {sub}: not mounted; it lies inside the shardfs mount at {at} "
+            f"(shardfs umount {at})"
+        )
+        assert is_mounted(mountpoint)
+    finally:
+        umount(mountpoint)
+
+
 def test_a_mount_of_another_filesystem_is_neither_unmounted_nor_mounted_over(
     good_source: str, env: dict[str, str], mountpoint: Path, tmp_path: Path
 ) -> None:
@@ -233,8 +268,11 @@ def test_a_mount_of_another_filesystem_is_neither_unmounted_nor_mounted_over(
         result = run_shardfs("umount", mountpoint)
         line = assert_one_error_line(result)
         assert result.returncode == 5
-        assert "tmpfs" in line and "not a shardfs" in line
+        assert line == f"shardfs: error: {mountpoint} is not a shardfs mount (it is tmpfs)"
         assert is_mounted(mountpoint)
+        result = run_shardfs("stats", mountpoint)
+        assert assert_one_error_line(result) == line
+        assert result.returncode == 5
 
         result = run_shardfs(
             "mount", good_source, mountpoint, "--cache-dir", tmp_path / "c", env=env

@@ -10,12 +10,16 @@ read through FUSE, compared by SHA-256.
 
 from __future__ import annotations
 
+import bz2
 import errno
+import gzip
 import hashlib
 import io
+import lzma
 import os
 import re
 import shutil
+import subprocess
 import tarfile
 from collections.abc import Iterator
 from contextlib import redirect_stdout
@@ -27,10 +31,11 @@ import pytest
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.http_servers import FakeHub, FileServer
 from support.mounts import assert_one_error_line, mount, new_bucket, umount
-from support.processes import run_shardfs
-from support.s3 import S3Server
+from support.processes import is_mounted, run_shardfs
+from support.s3 import S3Server, free_port
 
 from shardfs import cli
+from shardfs.index import SIDECAR_NAME
 
 # data/shard-000000..2.tar and data/more/shard-000003.tar: a folder holds 4 shards, a glob
 # without ** only the 3 at its own level.
@@ -224,7 +229,81 @@ def test_http_folder_on_a_server_without_listings_says_to_use_a_pattern(
     result = run_shardfs("index", f"{site.hub.url}/data/", "--cache-dir", tmp_path)
     line = assert_one_error_line(result)
     assert result.returncode == 3
+    assert "the folder URL answered 404 Not Found" in line
     assert "brace pattern" in line
+
+
+def test_http_folder_on_a_dead_port_says_cannot_connect(tmp_path: Path) -> None:
+    """A folder URL, a glob and a single .tar on a port where nothing listens: the same
+    line and exit code for each, never "no *.tar links found"."""
+    port = free_port()  # bound, then closed: nothing listens there
+    base = f"http://127.0.0.1:{port}/shards"
+    for source in (f"{base}/", f"{base}/shard-*.tar", f"{base}/shard-000000.tar"):
+        result = run_shardfs("index", source, "--cache-dir", tmp_path)
+        line = assert_one_error_line(result)
+        assert result.returncode == 3, (source, line)
+        assert line == (
+            f"shardfs: error: {source}: cannot connect to 127.0.0.1:{port} (connection refused)"
+        )
+
+
+@pytest.mark.integration
+def test_mount_of_a_folder_url_on_a_dead_port_says_cannot_connect(
+    tmp_path: Path, mountpoint: Path
+) -> None:
+    port = free_port()
+    source = f"http://127.0.0.1:{port}/shards/"
+    result = run_shardfs("mount", source, mountpoint, "--cache-dir", tmp_path / "cache")
+    line = assert_one_error_line(result)
+    assert result.returncode == 3
+    assert (
+        line == f"shardfs: error: {source}: cannot connect to 127.0.0.1:{port} (connection refused)"
+    )
+    assert not is_mounted(mountpoint)
+
+
+def test_http_folder_that_answers_404_says_so(site: Site, tmp_path: Path) -> None:
+    for source in (f"{site.listing.url}/nothing-here/", f"{site.listing.url}/nothing/*.tar"):
+        site.listing.reset_counts()
+        result = run_shardfs("index", source, "--cache-dir", tmp_path)
+        line = assert_one_error_line(result)
+        assert result.returncode == 3
+        assert line.startswith(f"shardfs: error: {source}: the folder URL answered 404 Not Found")
+        assert "links found" not in line
+        assert site.listing.counts["GET"] > 0  # the server was asked, and said 404
+
+
+# -- writes to a store that only serves files -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "answer"), [(501, "501 Not Implemented"), (405, "405 Method Not Allowed"),
+                           (403, "403 Forbidden")],
+)  # fmt: skip
+def test_pack_and_sidecar_to_an_http_store_are_one_line(
+    status: int, answer: str, site: Site, tmp_path: Path
+) -> None:
+    with FileServer(site.root, put_status=status) as server:
+        result = run_shardfs("pack", site.src, f"{server.url}/packed/")
+        line = assert_one_error_line(result)
+        assert result.returncode == 3
+        assert line == (
+            f"shardfs: error: cannot write to {server.url}/packed/.shardfs-pack.json: HTTP "
+            f"stores are read-only (the server answered {answer} to PUT)"
+        )
+        puts = server.counts["PUT"]
+        assert puts == 1  # the first write fails, and nothing is packed after it
+
+        result = run_shardfs(
+            "index", f"{server.url}/data/", "--write-sidecar", "--cache-dir", tmp_path
+        )
+        line = assert_one_error_line(result)
+        assert result.returncode == 3
+        assert line == (
+            f"shardfs: error: cannot write to {server.url}/data/{SIDECAR_NAME}: HTTP stores "
+            f"are read-only (the server answered {answer} to PUT)"
+        )
+        assert server.counts["PUT"] == puts + 1
 
 
 @pytest.mark.parametrize(
@@ -275,6 +354,111 @@ def test_mount_of_a_server_without_validators_says_so(
             assert warnings[0].startswith("shardfs: warning: ")
         finally:
             umount(mountpoint)
+
+
+# -- compressed tars --------------------------------------------------------------------------
+
+
+def compress(shard: Path, out: Path) -> Path:
+    """``shard``'s bytes compressed as ``out``'s suffix says (zstd's own command for
+    .tar.zst, Python's gzip, bz2 and lzma for the others), as ``tar -a`` would write them."""
+    if out.name.endswith(".tar.zst"):
+        subprocess.run(["zstd", "-q", "-o", out, shard], check=True)
+        return out
+    opener = gzip.open if out.name.endswith((".tar.gz", ".tgz")) else None
+    opener = opener or {".bz2": bz2.open, ".xz": lzma.open}[out.suffix]
+    with opener(out, "wb") as handle:
+        handle.write(shard.read_bytes())
+    return out
+
+
+@dataclass(frozen=True)
+class Compressed:
+    """``only/``: one shard compressed each way; ``mixed/``: two .tar and two compressed."""
+
+    root: Path
+    server: FileServer
+    only: list[str]
+
+
+@pytest.fixture(scope="module")
+def compressed(site: Site, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Compressed]:
+    root = tmp_path_factory.mktemp("compressed")
+    (root / "only").mkdir()
+    suffixes = [".tar.gz", ".tgz", ".tar.bz2", ".tar.xz"]
+    if shutil.which("zstd"):
+        suffixes.append(".tar.zst")
+    only = [compress(site.shard(0), root / "only" / f"s{suffix}").name for suffix in suffixes]
+    (root / "mixed").mkdir()
+    for number in (0, 1):
+        shutil.copy(site.shard(number), root / "mixed")
+    compress(site.shard(2), root / "mixed" / "shard-000002.tar.gz")
+    compress(site.shard(3), root / "mixed" / "shard-000003.tar.xz")
+    with FileServer(root) as server:
+        yield Compressed(root, server, sorted(only))
+
+
+def test_a_compressed_tar_is_named_as_unsupported(compressed: Compressed, tmp_path: Path) -> None:
+    """One .tar.gz (local or HTTP), a brace pattern or a glob of them: one line, exit 2,
+    before the store is asked."""
+    local = compressed.root / "mixed"
+    cases = {
+        str(local / "shard-000002.tar.gz"): "it (gunzip shard-000002.tar.gz)",
+        f"{compressed.server.url}/mixed/shard-000003.tar.xz": "it (unxz shard-000003.tar.xz)",
+        f"{local}/shard-00000{{2,3}}.tar.gz": "them (gunzip ...)",
+        f"{local}/*.tgz": "it (gunzip *.tgz)",
+    }
+    for source, how in cases.items():
+        result = run_shardfs("index", source, "--cache-dir", tmp_path)
+        line = assert_one_error_line(result)
+        assert result.returncode == 2, line
+        assert line == (
+            f"shardfs: error: {source}: compressed tars are not supported yet; decompress "
+            f"{how} or repack the files with shardfs pack"
+        )
+
+
+def test_a_folder_of_compressed_tars_only_names_them(
+    compressed: Compressed, tmp_path: Path
+) -> None:
+    count, first = len(compressed.only), compressed.only[0]
+    for source in (str(compressed.root / "only"), f"{compressed.server.url}/only/"):
+        result = run_shardfs("index", source, "--cache-dir", tmp_path)
+        line = assert_one_error_line(result)
+        assert result.returncode == 3
+        assert line.startswith(
+            f"shardfs: error: {source}: no *.tar shards found, only {count} compressed tars "
+            f"(first: {first}): compressed tars are not supported yet; decompress them"
+        ), line
+
+
+def test_a_folder_with_tars_and_compressed_tars_indexes_the_tars_and_warns_once(
+    compressed: Compressed, tmp_path: Path
+) -> None:
+    for source in (str(compressed.root / "mixed"), f"{compressed.server.url}/mixed/"):
+        result = run_shardfs("index", source, "--cache-dir", tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert indexed_count(result.stdout) == 2
+        assert result.stderr.splitlines() == [
+            f"shardfs: warning: {source}: skipped 2 compressed tars (first: shard-000002.tar.gz): "
+            "compressed tars are not supported yet; decompress them (gunzip ...) or repack the "
+            "files with shardfs pack"
+        ]
+
+
+@pytest.mark.integration
+def test_mount_of_a_folder_with_compressed_tars_serves_the_tars_and_warns_once(
+    compressed: Compressed, site: Site, mountpoint: Path, tmp_path: Path
+) -> None:
+    result = mount(str(compressed.root / "mixed"), mountpoint, tmp_path / "cache", env={})
+    try:
+        warnings = [line for line in result.stderr.splitlines() if "compressed" in line]
+        assert len(warnings) == 1, result.stderr
+        assert warnings[0].startswith("shardfs: warning: ")
+        assert "skipped 2 compressed tars" in warnings[0]
+        assert sha256_tree(mountpoint) == {**members(site.shard(0)), **members(site.shard(1))}
+    finally:
+        umount(mountpoint)
 
 
 # -- a shard replaced on the server after the mount -----------------------------------------
