@@ -102,7 +102,8 @@ def _refuse_extras(
     """Words no parser took: the error (exit 2) goes with the usage of the command they
     were given to, and names the real option a mistyped one most likely meant."""
     owner = args.command_parser
-    if argv.index(extras[0]) < argv.index(args.command):
+    first = argv.index(extras[0]) if extras[0] in argv else len(argv)
+    if first < argv.index(args.command):
         owner = parser  # given before the command, as top-level options are
     unknown = [word.split("=", 1)[0] for word in extras if word.startswith("--")]
     if not unknown:

@@ -11,9 +11,11 @@
   ``--cache-size 50G``, ``no_cache`` is ``--no-cache``. Its value is checked by the same
   parser as the flag's, and ``-o`` values are applied after the flags.
 
-fsspec storage options are not ``-o`` options: they go with ``--storage-option KEY=VALUE``
-(or ``-o storage_option=KEY=VALUE`` in fstab). The old ``-o key=value`` spelling fails with
-a line that names the new flag.
+An unknown item that is a near miss of a real name (``cache_szie``) fails with a line that
+names it; one that is like none of them is most likely a storage option: fsspec storage
+options are not ``-o`` options, they go with ``--storage-option KEY=VALUE`` (or ``-o
+storage_option=KEY=VALUE`` in fstab), and the old ``-o key=value`` spelling fails with a
+line that names the new flag.
 """
 
 from __future__ import annotations

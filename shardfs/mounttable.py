@@ -129,10 +129,7 @@ def not_a_shardfs_mount(path: Path | str, entry: MountEntry | None) -> str:
     """Why ``path``, whose own mount table entry is ``entry``, is no shardfs mountpoint:
     another filesystem's mount, or no mount at all (then where it lies instead)."""
     if entry is not None:
-        text = f"{path} is not a shardfs mount (it is {entry.fstype})"
-        if entry.fstype.startswith("fuse"):
-            text += f"; unmount it with fusermount3 -u {entry.mountpoint}"
-        return text
+        return f"{path} is not a shardfs mount (it is {entry.fstype})"
     if not os.path.lexists(path):
         return f"{path}: not mounted (no such file or folder)"
     around = mount_containing(path)

@@ -102,7 +102,8 @@ def compressed_advice(name: str, count: int = 1) -> str:
 
 
 def _refuse_compressed(url: str, names: tuple[str, ...]) -> None:
-    """A source that names only compressed tars fails before the store is asked."""
+    """A source that names a compressed tar (one URL, a brace pattern, a glob ending in
+    ``.tar.gz``, ...) fails before the store is asked."""
     compressed = [n for n in names if compressed_suffix(n)]
     if compressed:
         first = compressed[0]

@@ -320,6 +320,32 @@ def test_translate_errors(exc: Exception, kind: type[ShardfsError], text: str) -
     assert "\n" not in str(err)
 
 
+@pytest.mark.parametrize(
+    ("method", "status", "line"),
+    [
+        ("GET", 403, "what: the server answered 403 Forbidden"),
+        ("HEAD", 500, "what: the server answered 500 Internal Server Error"),
+        ("GET", 599, "what: the server answered 599"),
+        ("PUT", 501, "cannot write to http://h/p/x: HTTP stores are read-only (the server "
+                     "answered 501 Not Implemented to PUT)"),
+        ("put", 405, "cannot write to http://h/p/x: HTTP stores are read-only (the server "
+                     "answered 405 Method Not Allowed to PUT)"),
+    ],
+)  # fmt: skip
+def test_translate_errors_names_an_http_answer(method: str, status: int, line: str) -> None:
+    """aiohttp's ClientResponseError, as fsspec's HTTP filesystem raises it."""
+    import aiohttp
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    url = URL("http://h/p/x")
+    request = aiohttp.RequestInfo(url, method, CIMultiDictProxy(CIMultiDict()), url)
+    exc = aiohttp.ClientResponseError(request, (), status=status, message="whatever")
+    err = translate_errors("what", exc)
+    assert type(err) is SourceError
+    assert str(err) == line
+
+
 def test_translate_errors_keeps_our_own_errors() -> None:
     ours = ShardChangedError("x")
     assert translate_errors("what", ours) is ours
