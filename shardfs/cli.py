@@ -38,13 +38,21 @@ def _examples(*lines: str) -> str:
     return "examples:\n" + "".join(f"  {line}\n" for line in lines) + "\n" + EXIT_CODES
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def _verbosity(default: object) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     common.add_argument(
-        "-v", "--verbose", action="count", default=0, help="log more; show tracebacks"
+        "-v", "--verbose", action="count", default=default, help="log more; show tracebacks"
     )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    top = _verbosity(0)
+    # A command's own -v adds to one given before the command word instead of resetting it.
+    common = _verbosity(argparse.SUPPRESS)
     parser = argparse.ArgumentParser(
         prog="shardfs",
+        allow_abbrev=False,
         description="Mount tar shards from object storage as a read-only directory tree.",
         epilog=_examples(
             "shardfs mount s3://bucket/train/ /mnt/train",
@@ -53,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
             "shardfs COMMAND --help   (each command's options and examples)",
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        parents=[common],
+        parents=[top],
     )
     parser.add_argument("--version", action="version", version=f"shardfs {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -70,6 +78,8 @@ def _add_command(
     sub = subparsers.add_parser(
         command.name,
         parents=[common],
+        # An abbreviation could silently become another option (--ready-f is --ready-fd).
+        allow_abbrev=False,
         help=command.summary,
         description=command.description,
         epilog=_examples(*command.examples),

@@ -529,3 +529,29 @@ def test_daemon_of_main_called_with_argv_parses_it(tmp_path: Path, mnt: Path) ->
         check=False,
     )
     assert_one_error(result, 3, str(source), "no such folder")
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_verbose_before_or_after_the_command_shows_the_traceback(
+    tmp_path: Path, where: str
+) -> None:
+    """``-v`` works on either side of the command word (before, the command's own default
+    used to reset it to 0)."""
+    args = (
+        ["-v", "index", tmp_path / "nope"]
+        if where == "before"
+        else ["index", "-v", tmp_path / "nope"]
+    )
+    result = run(tmp_path, *args)
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" in result.stderr
+
+
+def test_an_abbreviated_option_is_not_taken_for_another(tmp_path: Path, shards: Path) -> None:
+    """argparse's abbreviations are off: ``--ready-f`` must not become the hidden ``--ready-fd``,
+    and ``--cache-s`` no prefix of ``--cache-size``."""
+    for option in ("--ready-f", "--cache-s"):
+        result = run(tmp_path, "mount", option, "3", shards, tmp_path / "mnt")
+        assert result.returncode == 2, (option, result.stderr)
+        assert f"unknown option {option}" in result.stderr
+        assert not (tmp_path / "mnt").exists() or not os.path.ismount(tmp_path / "mnt")
