@@ -32,6 +32,7 @@ from .config import (
 from .errors import IndexFileError, UsageError
 from .index import BlockSink, IndexBuilder, Progress, connect, fingerprint
 from .reader import shard_key_of
+from .stats import Stats
 from .store import ShardInfo, Store
 from .views import CLASSES_FILE, View, ViewReport, build_view, parse_classes, view_key
 
@@ -288,15 +289,18 @@ def open_source(
     warn: Callable[[str], None] = log.warning,
     notice: Callable[[str], None] = log.info,
     cache: BlockCache | None = None,
+    stats: Stats | None = None,
 ) -> OpenedSource:
     """Everything up to a ready View: listing, index (scanning only what changed), view.
 
     ``warn`` gets problems, ``notice`` what the user should know even so: the layout
-    ``auto`` chose and why, and a view build that takes a while.
+    ``auto`` chose and why, a view build that takes a while, and a server found during the
+    scan to ignore Range (the store logs that warning itself, once).
 
     With a ``cache``, the bytes an index scan streams are kept as cache blocks, so reading
-    the files afterwards downloads nothing again."""
-    store = Store(source)
+    the files afterwards downloads nothing again. ``stats`` counts what the store fetches,
+    the scan included (``Store.stats``)."""
+    store = Store(source, stats)
     shards = store.list_shards()
     for warning in store.listing_warnings:
         warn(warning)
@@ -317,6 +321,8 @@ def open_source(
         if scratch.path is not None:
             shutil.rmtree(scratch.path, ignore_errors=True)
         raise
+    if store.range_warning is not None:
+        notice(store.range_warning)  # on the terminal of a mount, not only in its log
     line = layout_line(view.report)
     if line is not None:
         notice(line)

@@ -155,6 +155,7 @@ class Mount:
             warn=lambda text: warn_both(self.channel, text),
             notice=lambda text: note_both(self.channel, text),
             cache=self.cache,
+            stats=self.stats,
         )
 
     def _build_reader(self, dataset: OpenedSource) -> RangeReader:

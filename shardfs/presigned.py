@@ -17,7 +17,7 @@ from typing import Any
 
 import urllib3
 
-from .responses import TransientError, check_answer, check_length, checks_etag, pieces_of
+from .responses import TransientError, check_answer, check_length, checks_etag
 
 _URL_LIFETIME_S = 3600
 _RENEW_BEFORE_S = 300
@@ -66,7 +66,8 @@ class PresignedRanges:
         """Bytes ``[start, end)`` of the object at ``path`` as indexed (``size``, ``etag``),
         by ``deadline`` (``time.monotonic()``) or a TransientError; as consecutive pieces of
         ``piece`` bytes (the last may be shorter), each read from the socket on its own so
-        that no piece is a copy cut from a larger buffer."""
+        that no piece is a copy cut from a larger buffer. A server that ignores Range (a
+        200) gives the whole object, as one piece: the caller keeps it (``store.Store``)."""
         headers = {"Range": f"bytes={start}-{end - 1}"}
         if checks_etag(etag):
             headers["If-Match"] = f'"{etag}"'
@@ -91,10 +92,10 @@ class PresignedRanges:
             if response.status == 206:
                 pieces = _read_pieces(response, end - start, piece, deadline)
                 check_length(what, 206, sum(map(len, pieces)), start, end, size)
-            else:  # the whole object (a server that ignores Range): cut out the range
+            else:  # the whole object (a server that ignores Range)
                 whole = b"".join(_read_pieces(response, size, size, deadline))
                 check_length(what, 200, len(whole), start, end, size)
-                pieces = pieces_of(whole[start:end], piece)
+                pieces = [whole]
         except BaseException:
             _discard(response)
             raise

@@ -1,7 +1,8 @@
 """The seam between the filesystem core and where bytes come from.
 
 The core asks a ``RangeReader`` for byte ranges of a shard. ``DirectReader`` goes straight
-to the store; the block cache and readahead implement the same protocol.
+to the store; the block cache and readahead implement the same protocol. The store counts
+the bytes and GETs it fetches (``Store.stats``, the same ``Stats`` in a mount).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class RangeReader(Protocol):
 
 
 class DirectReader:
-    """Every read is one ranged GET on the store (``--no-cache``)."""
+    """Every read is one ranged GET on the store (``--no-cache``); from a server that
+    ignores Range, reads of a shard it sent whole are cut from the store's copy."""
 
     def __init__(self, store: Store, stats: Stats, *, retries: int = 4) -> None:
         self.store = store
@@ -49,9 +51,7 @@ class DirectReader:
     def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
         if start >= end:
             return b""
-        data = self.store.read_range(shard, start, end, retries=self.retries)
-        self.stats.add(store_requests=1, bytes_fetched=len(data))
-        return data
+        return self.store.read_range(shard, start, end, retries=self.retries)
 
     def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
         return b"" if start >= end else None
@@ -153,11 +153,32 @@ class CachedReader:
         base = index * self.block_size
 
         def fetch(start: int, end: int) -> bytes:
-            data = self.store.read_range(shard, base + start, base + end, retries=self.retries)
-            self.stats.add(store_requests=1, bytes_fetched=len(data))
-            return data
+            return self._get(shard, base + start, base + end)
 
         return fetch
+
+    def _get(self, shard: ShardInfo, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` from the store (``_get_pieces``), in one piece."""
+        pieces = self._get_pieces(shard, start, end, max(1, end - start))
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _get_pieces(self, shard: ShardInfo, start: int, end: int, piece: int) -> list[bytes]:
+        """One GET from the store, as pieces; a whole shard the server sent instead (it
+        ignores Range) is offered to the cache, every block of it."""
+        got = self.store.fetch(shard, start, end, piece, retries=self.retries)
+        if got.whole is not None:
+            self._keep_whole(shard, got.whole)
+        return got.pieces
+
+    def _keep_whole(self, shard: ShardInfo, body: bytes) -> None:
+        """Store the blocks of a whole shard that are not cached or being fetched, as far as
+        they fit without evicting (as an index scan's blocks)."""
+        skey = self.shard_key(shard)
+        size = self.block_size
+        for index in range(self.block_count(shard)):
+            block = body[index * size : (index + 1) * size]
+            if self.cache.offer(BlockKey(skey, index), block):
+                self._announce(shard, skey, index, block)
 
     def block_count(self, shard: ShardInfo) -> int:
         return -(-shard.size // self.block_size)
@@ -268,9 +289,7 @@ class CachedReader:
         blocks as likely to be read as the missing one)."""
 
         def fetch(lo: int, hi: int) -> bytes:
-            data = self.store.read_range(shard, lo, hi, retries=self.retries)
-            self.stats.add(store_requests=1, bytes_fetched=len(data))
-            return data
+            return self._get(shard, lo, hi)
 
         limit = shard.size if extent_end is None else min(shard.size, max(end, extent_end))
         size = self.block_size
@@ -342,8 +361,8 @@ class CachedReader:
             return
 
         def fetch() -> bytes:
-            data = self.store.read_range(shard, start, end, retries=self.retries)
-            self.stats.add(store_requests=1, bytes_fetched=len(data), files_fetched_ahead=1)
+            data = self._get(shard, start, end)
+            self.stats.add(files_fetched_ahead=1)
             return data
 
         self._ahead.fill(skey, start, fetch)
@@ -449,8 +468,7 @@ class CachedReader:
                     # Reads of the later blocks wait for this GET and their store, rather
                     # than fetch the same bytes again.
                     self._coming.expect(skey, range(index + 1, -(-end // size)))
-                    pieces = self.store.read_pieces(shard, start, end, size, retries=self.retries)
-                    self.stats.add(store_requests=1, bytes_fetched=end - start)
+                    pieces = self._get_pieces(shard, start, end, size)
                     got.clear()
                     got.update(enumerate(pieces, start=index))
                     block = got.pop(index)

@@ -70,9 +70,11 @@ def checked_body(
     etag: str,
     last_modified_header: str | None = None,
 ) -> bytes:
-    """The bytes ``[start, end)`` of an object of ``size`` bytes taken from one response, or
-    an exception: PreconditionFailed when the object is another version, TransientError when
-    the answer does not match the request, OSError for any other status."""
+    """The bytes ``[start, end)`` of an object of ``size`` bytes from one response, or, where
+    the server ignored ``Range`` (a 200), the whole object: the caller keeps it rather than
+    ask again (``store.Store``). Or an exception: PreconditionFailed when the object is
+    another version, TransientError when the answer does not match the request, OSError for
+    any other status."""
     check_answer(
         what=what,
         status=status,
@@ -85,7 +87,7 @@ def checked_body(
         last_modified_header=last_modified_header,
     )
     check_length(what, status, len(data), start, end, size)
-    return data if status == 206 else data[start:end]
+    return data
 
 
 def check_answer(

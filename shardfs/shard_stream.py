@@ -7,7 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 Fetch = Callable[[int, int], bytes]
-"""Bytes ``[start, end)`` of the shard, checked (``Store.read_range`` of one shard)."""
+"""Bytes ``[start, end)`` of the shard, checked; or more, from ``start`` up to the end of
+the shard, where the store sent the whole shard (a server that ignores Range)."""
 
 
 class ShardStream:
@@ -23,6 +24,7 @@ class ShardStream:
         self._pos = 0  # within _buffer
         self._next_start = 0  # shard offset of the next chunk to request
         self._ahead: Future[bytes] | None = None
+        self._ahead_start = 0  # shard offset of the chunk in ``_ahead``
         self._request_next()
 
     def _request_next(self) -> None:
@@ -32,6 +34,7 @@ class ShardStream:
             self._ahead = None
             return
         self._next_start = end
+        self._ahead_start = start
         self._ahead = self._pool.submit(self._fetch, start, end)
 
     def _refill(self) -> bool:
@@ -40,6 +43,8 @@ class ShardStream:
             return False
         self._buffer = ahead.result()
         self._pos = 0
+        # A longer answer brought the chunks after it too: they are not asked for again.
+        self._next_start = max(self._next_start, self._ahead_start + len(self._buffer))
         self._request_next()
         return True
 

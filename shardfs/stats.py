@@ -13,8 +13,13 @@ class Stats:
 
     bytes_served: int = 0
     bytes_pushed: int = 0
+    # Shard bytes that crossed the wire (``store.Store`` counts them): reads, readahead,
+    # ``warm`` and index scans; where a server ignored Range, the whole shard it sent.
     bytes_fetched: int = 0
-    store_requests: int = 0
+    store_requests: int = 0  # GETs of shard bytes sent, retries included
+    scan_bytes: int = 0  # of bytes_fetched, what index scans fetched (their blocks are kept)
+    scan_requests: int = 0  # of store_requests, the index scans' GETs
+    whole_shard_answers: int = 0  # ranged GETs answered with the whole shard (Range ignored)
     cache_hits: int = 0
     cache_misses: int = 0
     blocks_written: int = 0
@@ -52,8 +57,9 @@ class Stats:
         values["prefetched_unread_bytes"] = (
             values["prefetched_bytes"] - values["prefetched_bytes_read"]
         )
-        # What the store sent over what readers got, each file counted once: 1.0 when each
-        # byte read was downloaded once; more when blocks were fetched again or not used.
+        # What the store sent (index scans included) over what readers got, each file
+        # counted once: 1.0 when each byte read was downloaded once; more when blocks were
+        # fetched again or not used (tar headers, files not read, whole shards sent).
         delivered = values["delivered_bytes"]
         values["egress_amplification"] = values["bytes_fetched"] / delivered if delivered else 0.0
         return values

@@ -3,7 +3,9 @@
 Everything goes through fsspec, so every backend it knows (s3, gcs, http, hf, file, memory)
 works. Which shards a source URL names is ``source_urls``; the fsspec filesystem, its options
 and the translation of its exceptions (in one place) are ``store_client``; finding the shards
-is ``shard_listing``. This module reads and writes their bytes.
+is ``shard_listing``. This module reads and writes their bytes, and counts the shard bytes
+and GETs that cross the wire (``Stats.bytes_fetched``, ``store_requests``; the index scans'
+part in ``scan_bytes``, ``scan_requests``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import re
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -25,14 +29,16 @@ import fsspec
 
 from . import http_ranges, s3_ranges
 from .atomic import replacing
-from .config import SourceConfig
+from .config import SourceConfig, format_bytes
 from .errors import ShardChangedError, ShardfsError, StoreReadError
 from .responses import PreconditionFailed, TransientError, WrongLengthError, pieces_of
 from .shard_listing import ShardInfo, ShardListing
 from .shard_stream import ShardStream
 from .source_urls import SHARD_SUFFIX, select
+from .stats import Stats
 from .store_client import S3_PROTOCOLS, open_filesystem, protocol_of, translate_errors, version_of
 from .tar import Readable
+from .whole_shards import WHOLE_SHARDS_MEMORY, WholeShards
 
 if TYPE_CHECKING:  # imported when used: only S3 needs urllib3
     from .presigned import PresignedRanges
@@ -56,14 +62,25 @@ _PROGRAMMING_ERRORS: tuple[type[Exception], ...] = (
     RecursionError,
 )
 
-__all__ = ["SHARD_SUFFIX", "ShardInfo", "Store", "translate_errors"]
+__all__ = ["SHARD_SUFFIX", "Fetched", "ShardInfo", "Store", "translate_errors"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What ``Store.fetch`` brought: the bytes asked for, as pieces, and the whole shard
+    when the server sent all of it for this GET (it ignores ``Range``), for the caller to
+    keep (the block cache stores all its blocks)."""
+
+    pieces: list[bytes]
+    whole: bytes | None = None
 
 
 class Store:
-    """A source of shards behind an fsspec filesystem."""
+    """A source of shards behind an fsspec filesystem; ``stats`` counts what it fetches."""
 
-    def __init__(self, config: SourceConfig) -> None:
+    def __init__(self, config: SourceConfig, stats: Stats | None = None) -> None:
         self.config = config
+        self.stats = stats if stats is not None else Stats()
         selection = select(config.url)
         fs, root = open_filesystem(config, selection.root)
         self.fs: fsspec.AbstractFileSystem = fs
@@ -79,6 +96,11 @@ class Store:
         self._fast_failures = 0
         self._fast_paused_until = 0.0
         self._fast_lock = threading.Lock()
+        # Set when the server first answers a ranged GET with the whole shard: from then on
+        # whole shards are kept in memory (bounded) and each is fetched by one GET at a time.
+        self._whole: WholeShards | None = None
+        self._whole_lock = threading.Lock()
+        self.range_warning: str | None = None
         if self.protocol in S3_PROTOCOLS and hasattr(fs, "url"):
             from .presigned import PresignedRanges
 
@@ -187,8 +209,37 @@ class Store:
         """``read_range`` in one GET, as consecutive pieces of ``piece`` bytes (the last may
         be shorter): on S3 each piece comes from the socket on its own, so a GET for several
         blocks yields the blocks without cutting them out of one buffer."""
+        return self.fetch(shard, start, end, piece, retries=retries).pieces
+
+    def fetch(
+        self,
+        shard: ShardInfo,
+        start: int,
+        end: int,
+        piece: int,
+        *,
+        retries: int = 4,
+        scan: bool = False,
+    ) -> Fetched:
+        """``read_pieces``, and the whole shard where the server sent it (``Fetched``).
+
+        Each GET and the bytes its answer carried are counted in ``stats`` (``scan``: as an
+        index scan's too). Once the server has ignored Range, shards it sent whole are kept
+        in memory (``whole_shards``) and reads of them are cut from the copy."""
         if start >= end:
-            return [b""]
+            return Fetched([b""])
+        whole = self._whole
+        if whole is None:
+            return self._fetch(shard, start, end, piece, retries, scan)
+        with whole.lock(shard):  # readers of one shard wait for its one GET
+            body = whole.get(shard)
+            if body is not None:
+                return Fetched(pieces_of(body[start:end], piece))
+            return self._fetch(shard, start, end, piece, retries, scan)
+
+    def _fetch(
+        self, shard: ShardInfo, start: int, end: int, piece: int, retries: int, scan: bool
+    ) -> Fetched:
         path = self._path(shard.name)
         deadline = time.monotonic() + self.config.read_timeout
         delay = 0.1
@@ -196,7 +247,16 @@ class Store:
         while True:
             attempt += 1
             try:
-                return self._get_pieces(path, shard, start, end, deadline, piece)
+                self.stats.add(store_requests=1, scan_requests=int(scan))
+                pieces = self._get_pieces(path, shard, start, end, deadline, piece)
+                got = sum(map(len, pieces))
+                self.stats.add(bytes_fetched=got, scan_bytes=got if scan else 0)
+                if got == end - start:
+                    return Fetched(pieces)
+                # The answers' checks let only the range or the whole shard through.
+                body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                self._range_ignored(shard, body)
+                return Fetched(pieces_of(body[start:end], piece), body)
             except PreconditionFailed as exc:
                 raise ShardChangedError(f"{shard.name}: changed in the store ({exc})") from exc
             except FileNotFoundError as exc:
@@ -216,6 +276,34 @@ class Store:
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
+    def _range_ignored(self, shard: ShardInfo, body: bytes) -> None:
+        """A ranged GET was answered with the whole shard: count it, say so once (the
+        server's name in ``range_warning``, logged), and keep the shard in memory."""
+        self.stats.add(whole_shard_answers=1)
+        with self._whole_lock:
+            whole = self._whole
+            first = whole is None
+            if whole is None:
+                whole = self._whole = WholeShards()
+        if first:
+            self.range_warning = (
+                f"{self._server(shard)} ignores Range: it answered a ranged GET of "
+                f"{shard.name} with the whole shard ({format_bytes(shard.size)}); shards it "
+                "sends whole are kept (all their blocks in the block cache, else up to "
+                f"{format_bytes(WHOLE_SHARDS_MEMORY)} in memory), but each read of a shard "
+                "not kept downloads the whole shard again; serve the shards from a server "
+                "that supports byte ranges"
+            )
+            log.warning("%s", self.range_warning)
+        whole.keep(shard, body)
+
+    def _server(self, shard: ShardInfo) -> str:
+        """The server this store asks, as the user named it."""
+        if self.is_http:
+            parts = urllib.parse.urlsplit(self._path(shard.name))
+            return f"{parts.scheme}://{parts.netloc}"
+        return self._endpoint() or f"{self.protocol}://{self.root.split('/', 1)[0]}"
+
     def _raise_if_changed(self, shard: ShardInfo) -> None:
         """ShardChangedError if the listing no longer shows the indexed shard; quiet if it
         does or if the store cannot say."""
@@ -230,7 +318,8 @@ class Store:
         self, path: str, shard: ShardInfo, start: int, end: int, deadline: float, piece: int
     ) -> list[bytes]:
         """One checked ranged GET, as pieces: a presigned URL on S3 when that path works,
-        else s3fs; a local file directly; any other store through fsspec."""
+        else s3fs; a local file directly; any other store through fsspec. A server that
+        ignored Range gives the whole shard instead, as one piece."""
         timeout = max(0.05, deadline - time.monotonic())
         if self.protocol in _LOCAL_PROTOCOLS:
             data = _read_local_file(path, shard, start, end)
@@ -260,7 +349,7 @@ class Store:
                 else:
                     self._fast_failures = 0
                     return pieces
-        return pieces_of(data, piece)
+        return pieces_of(data, piece) if len(data) == end - start else [data]
 
     def _fast_path_failed(self, exc: Exception) -> None:
         """This request goes through s3fs, which checks the same things; after several
@@ -307,11 +396,15 @@ class Store:
 
     @contextlib.contextmanager
     def open_stream(self, shard: ShardInfo, block_size: int = 8 << 20) -> Iterator[Readable]:
-        """A sequential reader over a whole shard, for index scans: checked ranged reads of
-        ``block_size`` bytes, the next one fetched while the caller parses this one."""
+        """A sequential reader over a whole shard, for index scans (counted as such):
+        checked ranged reads of ``block_size`` bytes, the next one fetched while the caller
+        parses this one; one GET in all where the server sends the whole shard."""
 
         def fetch(start: int, end: int) -> bytes:
-            return self.read_range(shard, start, end)
+            got = self.fetch(shard, start, end, max(1, end - start), scan=True)
+            if got.whole is not None:
+                return got.whole[start:]  # the rest of the shard: nothing more is asked for
+            return got.pieces[0] if len(got.pieces) == 1 else b"".join(got.pieces)
 
         stream = ShardStream(fetch, shard.size, block_size)
         try:

@@ -758,10 +758,12 @@ def test_stats_prints_its_lines_and_fails_on_a_plain_folder(
         "bytes served",
         "bytes pushed",
         "bytes fetched",
+        "  by the index scan",
         "cache hits / misses",
         "cache used / limit",
         "blocks evicted",
         "egress amplification",
+        "whole-shard answers",
         "small-cache misses",
         "hinted reads",
         "reads waited on net",
@@ -780,6 +782,8 @@ def test_stats_prints_its_lines_and_fails_on_a_plain_folder(
         f"{values['cache_hits']} / {values['cache_misses']} (hit ratio"
     )
     assert rows["bytes fetched"].endswith(f"in {values['store_requests']} requests")
+    assert rows["  by the index scan"] == "0 B in 0 requests"  # a sidecar: nothing scanned
+    assert rows["whole-shard answers"].startswith("0 ")
     assert rows["checksum failures"] == "0"
     assert rows["hinted reads"] == "0 (0 hints)"  # no sampler told this mount its order
     umount(mountpoint)

@@ -20,7 +20,7 @@ from shardfs.config import CacheConfig, SourceConfig
 from shardfs.readahead import Prefetcher
 from shardfs.reader import CachedReader
 from shardfs.stats import Stats
-from shardfs.store import Store
+from shardfs.store import Fetched, Store
 
 BLOCK = 4096
 KEY = "ab" * 16
@@ -306,7 +306,7 @@ def test_first_read_in_a_shard_prefetches_the_rest_of_it(cache: BlockCache) -> N
     shards = {f"s{i}.tar": random.Random(i).randbytes(7 * BLOCK + 99) for i in range(3)}
     for name, data in shards.items():
         put(url, name, data)
-    store = Store(SourceConfig(url))
+    store = Store(SourceConfig(url), cache.stats)
     listed = {s.name: s for s in store.list_shards()}
     prefetcher = Prefetcher(2)
     reader = CachedReader(store, cache, cache.stats, retries=1, prefetcher=prefetcher)
@@ -337,13 +337,13 @@ def test_a_miss_fetches_its_block_or_only_its_bytes_first(cache: BlockCache, spl
     store = Store(SourceConfig(url))
     (shard,) = store.list_shards()
     requests: list[tuple[int, int]] = []
-    original = store.read_pieces
+    original = store.fetch
 
-    def recording(s: object, start: int, end: int, piece: int, *, retries: int = 4) -> list[bytes]:
+    def recording(s: object, start: int, end: int, piece: int, **options: Any) -> Fetched:
         requests.append((start, end))  # every ranged read, whole or in pieces, comes here
-        return original(shard, start, end, piece, retries=retries)
+        return original(shard, start, end, piece, **options)
 
-    store.read_pieces = recording  # type: ignore[method-assign]
+    store.fetch = recording  # type: ignore[method-assign]
     prefetcher = Prefetcher(1)
     reader = CachedReader(
         store, cache, cache.stats, retries=1, prefetcher=prefetcher, split_misses=split

@@ -46,18 +46,19 @@ def block_files(cache: BlockCache) -> list[Path]:
     return [p for p in cache.blocks_dir.rglob("*") if p.is_file()]
 
 
-def memory_store(shards: dict[str, bytes]) -> Store:
+def memory_store(shards: dict[str, bytes], stats: Stats | None = None) -> Store:
+    """A store of ``shards``; it counts what it fetches in ``stats`` (a mount's one Stats)."""
     url = memory_url()
     for name, data in shards.items():
         put(url, name, data)
-    return Store(SourceConfig(url))
+    return Store(SourceConfig(url), stats)
 
 
-def local_store(folder: Path, shards: dict[str, bytes]) -> Store:
+def local_store(folder: Path, shards: dict[str, bytes], stats: Stats | None = None) -> Store:
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in shards.items():
         (folder / name).write_bytes(data)
-    return Store(SourceConfig(str(folder)))
+    return Store(SourceConfig(str(folder)), stats)
 
 
 def only_shard(store: Store) -> ShardInfo:
@@ -66,7 +67,7 @@ def only_shard(store: Store) -> ShardInfo:
 
 
 READERS: dict[str, Callable[[Store, BlockCache], RangeReader]] = {
-    "direct": lambda store, cache: DirectReader(store, Stats(), retries=1),
+    "direct": lambda store, cache: DirectReader(store, store.stats, retries=1),
     "cached": lambda store, cache: CachedReader(store, cache, cache.stats, retries=1),
 }
 
@@ -109,7 +110,7 @@ def test_reads_return_exact_bytes(
 def test_empty_read_returns_nothing_and_fetches_nothing(
     block_cache: BlockCache, kind: str, at: int
 ) -> None:
-    store = memory_store({"a.tar": payload()})
+    store = memory_store({"a.tar": payload()}, block_cache.stats)
     reader = READERS[kind](store, block_cache)
     stats: Stats = reader.stats  # type: ignore[attr-defined]
     assert reader.read(only_shard(store), at, at) == b""
@@ -118,7 +119,7 @@ def test_empty_read_returns_nothing_and_fetches_nothing(
 
 def test_cached_reader_fetches_each_block_once(block_cache: BlockCache) -> None:
     data = payload()
-    store = memory_store({"a.tar": data})
+    store = memory_store({"a.tar": data}, block_cache.stats)
     shard = only_shard(store)
     reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
     stats = block_cache.stats
@@ -139,8 +140,9 @@ def test_cached_reader_fetches_each_block_once(block_cache: BlockCache) -> None:
 
 def test_direct_reader_counts_every_request() -> None:
     data = payload()
-    store = memory_store({"a.tar": data})
-    reader = DirectReader(store, Stats(), retries=1)
+    stats = Stats()
+    store = memory_store({"a.tar": data}, stats)
+    reader = DirectReader(store, stats, retries=1)
     shard = only_shard(store)
     for _ in range(3):
         assert reader.read(shard, 10, 5000) == data[10:5000]
@@ -152,7 +154,7 @@ def test_changed_shard_never_serves_old_blocks(
     block_cache: BlockCache, changed: dict[str, Any]
 ) -> None:
     old = payload(seed=1)
-    store = memory_store({"a.tar": old})
+    store = memory_store({"a.tar": old}, block_cache.stats)
     reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
     v1 = ShardInfo("a.tar", SIZE, "v1")
     assert reader.read(v1, 0, 3 * BLOCK) == old[: 3 * BLOCK]
@@ -169,8 +171,8 @@ def test_changed_shard_never_serves_old_blocks(
 def test_same_name_in_two_locations_gets_two_keys(block_cache: BlockCache) -> None:
     """Same name, size and etag, in two places: the location keeps them apart."""
     first, second = payload(seed=1), payload(seed=2)
-    store_a = memory_store({"a.tar": first})
-    store_b = memory_store({"a.tar": second})
+    store_a = memory_store({"a.tar": first}, block_cache.stats)
+    store_b = memory_store({"a.tar": second}, block_cache.stats)
     shard = ShardInfo("a.tar", SIZE, "same-etag")
     reader_a = CachedReader(store_a, block_cache, block_cache.stats, retries=1)
     reader_b = CachedReader(store_b, block_cache, block_cache.stats, retries=1)
@@ -199,7 +201,7 @@ def test_store_failure_caches_nothing_and_is_retried(
 ) -> None:
     monkeypatch.setattr(shardfs.cache.claims, "_FAILURE_HOLD_S", 0.0)  # retried at once below
     data = payload()
-    store = memory_store({"a.tar": data})
+    store = memory_store({"a.tar": data}, block_cache.stats)
     shard = only_shard(store)
     reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
     remove(store.config.url, "a.tar")
@@ -215,7 +217,7 @@ def test_store_failure_caches_nothing_and_is_retried(
 
 def test_shorter_shard_in_the_store_is_never_cached(block_cache: BlockCache) -> None:
     """The store now holds fewer bytes than indexed: the read fails, nothing is stored."""
-    store = memory_store({"a.tar": payload(SIZE - 200)})
+    store = memory_store({"a.tar": payload(SIZE - 200)}, block_cache.stats)
     reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
     shard = ShardInfo("a.tar", SIZE, "indexed")
     assert reader.read(shard, 0, 10) == payload(SIZE - 200)[:10]  # block 0 is intact
@@ -257,7 +259,7 @@ def test_degraded_cache_serves_cached_blocks_and_fetches_only_ranges(
     block_cache: BlockCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = payload(512 * BLOCK)
-    store = memory_store({"a.tar": data})
+    store = memory_store({"a.tar": data}, block_cache.stats)
     shard = only_shard(store)
     reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
     stats = block_cache.stats
@@ -278,7 +280,7 @@ def test_readahead_fetches_consecutive_blocks_in_runs(block_cache: BlockCache) -
     """A shard's readahead takes up to RUN_BLOCKS consecutive blocks per GET, each byte
     once, and stores every block on its own."""
     data = payload(10 * BLOCK + 5, seed=7)  # 11 blocks, the last one short
-    store = memory_store({"r.tar": data})
+    store = memory_store({"r.tar": data}, block_cache.stats)
     shard = only_shard(store)
     prefetcher = Prefetcher(1)
     reader = CachedReader(store, block_cache, block_cache.stats, retries=1, prefetcher=prefetcher)
@@ -300,7 +302,7 @@ def test_readahead_fetches_consecutive_blocks_in_runs(block_cache: BlockCache) -
 def test_hinted_blocks_of_interleaved_shards_are_fetched_in_runs(block_cache: BlockCache) -> None:
     """An order hint interleaves shards; each shard's consecutive blocks still share a GET."""
     shards = {"a.tar": payload(4 * BLOCK, seed=8), "b.tar": payload(4 * BLOCK, seed=9)}
-    store = memory_store(shards)
+    store = memory_store(shards, block_cache.stats)
     a, b = sorted(store.list_shards(), key=lambda s: s.name)
     prefetcher = Prefetcher(1)
     reader = CachedReader(store, block_cache, block_cache.stats, retries=1, prefetcher=prefetcher)
@@ -344,7 +346,7 @@ def test_each_block_stored_is_published_once_with_its_bytes(
     """Whichever fill stores a block (a whole-block miss, the rest of a split miss, a
     readahead run), its listeners hear of it once, with the bytes, from the reader."""
     data = payload()
-    store = memory_store({"a.tar": data})
+    store = memory_store({"a.tar": data}, block_cache.stats)
     shard = only_shard(store)
     events = LocalBlocks()
     told = listen(events)
@@ -378,7 +380,7 @@ def test_each_block_stored_is_published_once_with_its_bytes(
 
 def test_a_block_found_cached_is_published_without_bytes(block_cache: BlockCache) -> None:
     data = payload()
-    store = memory_store({"a.tar": data})
+    store = memory_store({"a.tar": data}, block_cache.stats)
     shard = only_shard(store)
     CachedReader(store, block_cache, block_cache.stats, retries=1).read(shard, 0, 10)
     events = LocalBlocks()
@@ -395,7 +397,7 @@ def test_a_failing_listener_costs_neither_the_read_nor_the_block(
     """A listener's error is its own: logged, while the read gets its bytes, the block stays
     cached, and the other listeners are told."""
     data = payload()
-    store = memory_store({"a.tar": data})
+    store = memory_store({"a.tar": data}, block_cache.stats)
     shard = only_shard(store)
     events = LocalBlocks()
 

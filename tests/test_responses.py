@@ -38,8 +38,10 @@ def test_exact_partial_answer_is_accepted() -> None:
     assert _check(206, "bytes 100-199/1024", OBJECT[100:200], etag='W/"v1"') == OBJECT[100:200]
 
 
-def test_whole_object_answer_is_cut_to_the_range() -> None:
-    assert _check(200, None, OBJECT) == OBJECT[100:200]
+def test_whole_object_answer_is_handed_over_whole() -> None:
+    """A server that ignores Range sent the whole object: the caller keeps all of it (the
+    store cuts the range out and keeps the rest, see tests/test_store.py)."""
+    assert _check(200, None, OBJECT) == OBJECT
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.reader import CachedReader
 from shardfs.stats import Stats
-from shardfs.store import ShardInfo, Store
+from shardfs.store import Fetched, ShardInfo, Store
 
 BLOCK = 4096
 FILE = 300  # about 13 files per block: a whole block per miss costs about 13x
@@ -25,19 +25,27 @@ SHARDS = 4
 
 
 class CountingStore(Store):
-    """A local-folder store that counts the bytes its ranged reads return."""
+    """A local-folder store that counts the bytes its ranged reads return (its own count,
+    beside the one it keeps in ``stats``)."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(SourceConfig(url))
+    def __init__(self, url: str, stats: Stats) -> None:
+        super().__init__(SourceConfig(url), stats)
         self.fetched = 0
 
-    def read_pieces(
-        self, shard: ShardInfo, start: int, end: int, piece: int, *, retries: int = 4
-    ) -> list[bytes]:
+    def fetch(
+        self,
+        shard: ShardInfo,
+        start: int,
+        end: int,
+        piece: int,
+        *,
+        retries: int = 4,
+        scan: bool = False,
+    ) -> Fetched:
         """Every ranged read, whole or in pieces, comes through here."""
-        pieces = super().read_pieces(shard, start, end, piece, retries=retries)
-        self.fetched += sum(map(len, pieces))
-        return pieces
+        got = super().fetch(shard, start, end, piece, retries=retries, scan=scan)
+        self.fetched += sum(map(len, got.pieces))
+        return got
 
 
 def make_shards(folder: Path, prefix: str = "s", seed: int = 0) -> dict[str, bytes]:
@@ -104,8 +112,8 @@ def test_shuffled_epochs_fetch_the_data_at_most_once(
     tmp_path: Path, folder: Path, fraction: float
 ) -> None:
     shards = make_shards(folder)
-    store = CountingStore(str(folder))
     stats = Stats()
+    store = CountingStore(str(folder), stats)
     cache = open_cache(tmp_path, fraction, stats)
     reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
     try:
@@ -127,8 +135,8 @@ def test_plain_lru_fetches_a_block_per_file(tmp_path: Path, folder: Path) -> Non
     does not know the data's size evicts least recently used blocks), a shuffled epoch
     fetches several times the data."""
     shards = make_shards(folder)
-    store = CountingStore(str(folder))
     stats = Stats()
+    store = CountingStore(str(folder), stats)
     cache = open_cache(tmp_path, 0.5, stats)
     reader = CachedReader(store, cache, stats, retries=1)
     try:
@@ -144,8 +152,8 @@ def test_a_cache_that_holds_the_data_still_fetches_whole_blocks(
     tmp_path: Path, folder: Path
 ) -> None:
     shards = make_shards(folder)
-    store = CountingStore(str(folder))
     stats = Stats()
+    store = CountingStore(str(folder), stats)
     cache = open_cache(tmp_path, 1.5, stats)
     reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
     try:
@@ -168,11 +176,11 @@ def test_blocks_no_read_uses_for_an_epoch_give_way(tmp_path: Path) -> None:
     stats = Stats()
     cache = open_cache(tmp_path, 0.5, stats)
     try:
-        old_store = CountingStore(str(tmp_path / "old"))
+        old_store = CountingStore(str(tmp_path / "old"), stats)
         old = CachedReader(old_store, cache, stats, retries=1, dataset_bytes=data_bytes(old_store))
         epoch(old, old_store, old_shards, seed=1)
         assert stats.range_reads > 0  # the cache is full of the old data
-        store = CountingStore(str(tmp_path / "new"))
+        store = CountingStore(str(tmp_path / "new"), stats)
         reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
         costs = [epoch(reader, store, new_shards, seed=s) for s in range(3)]
     finally:
@@ -189,8 +197,8 @@ def test_blocks_no_read_uses_for_an_epoch_give_way(tmp_path: Path) -> None:
 
 def test_prefetched_blocks_evicted_unread_are_counted(tmp_path: Path, folder: Path) -> None:
     shards = make_shards(folder)
-    store = CountingStore(str(folder))
     stats = Stats()
+    store = CountingStore(str(folder), stats)
     cache = open_cache(tmp_path, 0.25, stats)
     try:
         first = CachedReader(store, cache, stats, retries=1)

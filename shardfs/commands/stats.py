@@ -40,6 +40,11 @@ def _rows(values: dict[str, Any]) -> list[tuple[str, str]]:
             f"{format_bytes(values['bytes_fetched'])} in {values['store_requests']} requests",
         ),
         (
+            "  by the index scan",
+            f"{format_bytes(values.get('scan_bytes', 0))} in "
+            f"{values.get('scan_requests', 0)} requests",
+        ),
+        (
             "cache hits / misses",
             f"{values['cache_hits']} / {values['cache_misses']} "
             f"(hit ratio {values['hit_ratio']:.1%})",
@@ -57,8 +62,10 @@ def _rows(values: dict[str, Any]) -> list[tuple[str, str]]:
         (
             "egress amplification",
             f"{values.get('egress_amplification', 0.0):.2f}x "
-            f"(fetched / {format_bytes(values.get('delivered_bytes', 0))} of files delivered)",
+            f"(fetched, scan included / {format_bytes(values.get('delivered_bytes', 0))} "
+            "of files delivered)",
         ),
+        ("whole-shard answers", _whole_shard_answers(values.get("whole_shard_answers", 0))),
         (
             "small-cache misses",
             f"{values.get('range_reads', 0)} reads fetched as ranges, "
@@ -72,11 +79,18 @@ def _rows(values: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _whole_shard_answers(count: int) -> str:
+    if not count:
+        return "0 (every ranged GET got its range)"
+    return f"{count} ranged GETs answered with the whole shard (the server ignores Range)"
+
+
 COMMAND = Command(
     name="stats",
     summary="live counters of a mount: bytes fetched and served, cache hits, evictions",
     description="Ask the daemon serving MOUNTPOINT for its counters since it mounted: bytes "
-    "served and fetched, store requests, cache hits, misses and evictions, cache usage.",
+    "served and fetched (as they crossed the wire, the index scan at mount included), store "
+    "requests, cache hits, misses and evictions, cache usage.",
     examples=("shardfs stats /mnt/train", "shardfs stats /mnt/train --json | jq .hit_ratio"),
     add_arguments=add_arguments,
     run=run,

@@ -7,6 +7,11 @@ listing like ``python -m http.server``'s. ``redirect_to`` makes it a server that
 folders and answers every file request with 302 to another server, as the Hugging Face hub
 sends its downloads to a CDN. Writes (``PUT``) are refused, with 501 as ``python -m
 http.server`` does, or with ``put_status``.
+
+``RangelessServer`` is ``python -m http.server`` itself (the standard library's
+``SimpleHTTPRequestHandler``), which ignores ``Range`` and answers every GET with the whole
+file. Both count the body bytes they send per path (``Sent``), to check the counters of
+shardfs against the server's own.
 """
 
 from __future__ import annotations
@@ -19,17 +24,49 @@ import os
 import threading
 import urllib.parse
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+
+class Sent:
+    """Body bytes and GETs a server sent, per URL path; safe to update from many threads.
+    Bytes are counted just before they are written, so a client never sees more than this
+    counts."""
+
+    def __init__(self) -> None:
+        self._bytes: Counter[str] = Counter()
+        self._gets: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, path: str, n: int, *, get: bool = True) -> None:
+        """``n`` body bytes sent on ``path``; ``get``: as the answer to one more GET."""
+        with self._lock:
+            self._bytes[path] += n
+            self._gets[path] += int(get)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._bytes.clear()
+            self._gets.clear()
+
+    def bytes_to(self, suffix: str = "") -> int:
+        """Body bytes of the answers to paths ending in ``suffix``."""
+        with self._lock:
+            return sum(n for path, n in self._bytes.items() if path.endswith(suffix))
+
+    def gets_to(self, suffix: str = "") -> int:
+        """GETs answered with a body on paths ending in ``suffix``."""
+        with self._lock:
+            return sum(n for path, n in self._gets.items() if path.endswith(suffix))
 
 
 class FileServer:
     """Serve ``root`` on 127.0.0.1 (a free port) for the life of a ``with`` block.
 
     ``counts`` counts requests by method (``GET``, ``HEAD``, ``GET-range``, ``redirect``,
-    ``412``); ``reset_counts()`` clears them.
+    ``412``), ``sent`` the body bytes of file answers; ``reset_counts()`` clears both.
     """
 
     def __init__(
@@ -49,6 +86,7 @@ class FileServer:
         self.last_modified = last_modified
         self.redirect_to = redirect_to.rstrip("/") if redirect_to else None
         self.counts: Counter[str] = Counter()
+        self.sent = Sent()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -66,6 +104,7 @@ class FileServer:
     def reset_counts(self) -> None:
         with self._lock:
             self.counts.clear()
+        self.sent.clear()
 
     def __enter__(self) -> FileServer:
         self._thread.start()
@@ -218,6 +257,7 @@ def _handler_for(server: FileServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header(name, value)
             self.end_headers()
             if body:
+                server.sent.add(urllib.parse.urlsplit(self.path).path, len(data))
                 self.wfile.write(data)
 
         def _precondition_failed(self, status: os.stat_result) -> bool:
@@ -232,6 +272,66 @@ def _handler_for(server: FileServer) -> type[BaseHTTPRequestHandler]:
             return False
 
     return Handler
+
+
+class RangelessServer:
+    """``python -m http.server`` on a folder, in a thread: it ignores ``Range`` (every GET
+    of a file is a 200 with the whole file), as a newcomer's first server does. ``sent``
+    counts the body bytes of its answers per path, as they were written to the socket."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.sent = Sent()
+        sent = self.sent
+
+        class Handler(SimpleHTTPRequestHandler):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, directory=str(root), **kwargs)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def copyfile(self, source: Any, outputfile: Any) -> None:
+                path = urllib.parse.urlsplit(self.path).path
+                sent.add(path, 0)
+                super().copyfile(source, _CountingWriter(outputfile, sent, path))
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def __enter__(self) -> RangelessServer:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+
+class _CountingWriter:
+    """A socket file that counts the bytes written through it, in ``sent`` under ``path``."""
+
+    def __init__(self, inner: Any, sent: Sent, path: str) -> None:
+        self._inner = inner
+        self._sent = sent
+        self._path = path
+
+    def write(self, data: bytes) -> int:
+        self._sent.add(self._path, len(data), get=False)
+        self._inner.write(data)
+        return len(data)
 
 
 class FakeHub:
