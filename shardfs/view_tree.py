@@ -12,10 +12,14 @@ from .nodes import ROOT_INO
 from .symlink_walk import MAX_LINK_HOPS, End, LinkJudge
 from .tar import MemberKind
 
+EXAMPLES_PER_KIND = 3
+
 
 @dataclass
 class ViewReport:
-    """What building a view found; warnings name a few examples of each problem.
+    """What building a view found: what the shards hold, what the tree presents, and what
+    it leaves out, each kind counted with a few examples (``examples[kind]``, the kinds
+    named in ``note``).
 
     The ``auto_*`` fields keep why ``auto`` chose raw, so that every mount can say so."""
 
@@ -24,19 +28,27 @@ class ViewReport:
     files: int = 0
     directories: int = 0
     bytes: int = 0
-    duplicates: int = 0
+    images: int = 0  # image members the shards hold (KEY.jpg, KEY.v2.png, ...)
+    images_presented: int = 0  # image files in the tree
+    duplicates: int = 0  # entries not served because another has their path, all told:
+    same_shard_duplicates: int = 0  # ... a later member of the same shard
+    later_shard_duplicates: int = 0  # ... a copy in a later shard (the rest lost to a folder)
     labeled: int = 0  # images with a label (the imagefolder tree's files)
     labeled_shards: int = 0  # shards holding them
     unlabeled: int = 0  # images without a label, left out of an imagefolder tree
+    unsplit: int = 0  # images whose name has no key (``.x.png``), left out of it too
     auto_unlabeled: int = 0  # images without a label that made auto choose raw
-    auto_example: str = ""  # one of them: "KEY.EXT in SHARD"
-    ignored: int = 0
+    auto_example: str = ""  # one of them: "PATH in SHARD"
+    ignored: int = 0  # members neither image nor label, left out of an imagefolder tree
     dropped_links: int = 0
-    examples: list[str] = field(default_factory=list)
+    examples: dict[str, list[str]] = field(default_factory=dict)
 
-    def note(self, text: str) -> None:
-        if len(self.examples) < 5:
-            self.examples.append(text)
+    def note(self, kind: str, text: str) -> None:
+        """Keep ``text`` as an example of ``kind``: same_shard, later_shard, folder,
+        link, unlabelled, unsplit or other."""
+        found = self.examples.setdefault(kind, [])
+        if len(found) < EXAMPLES_PER_KIND:
+            found.append(text)
 
 
 class TreeWriter:
@@ -122,14 +134,7 @@ class TreeWriter:
             ),
         )
         conn.execute("CREATE INDEX temp.staged_by_name ON staged (parent, name, seq)")
-        for parent, name, count, shard in conn.execute(
-            "SELECT parent, name, COUNT(*), MAX(shard) FROM staged "
-            "GROUP BY parent, name HAVING COUNT(*) > 1 LIMIT 5"
-        ):
-            self.report.note(
-                f"duplicate path {self._path_of(parent, name)!r} ({count} copies; "
-                f"the one in {shard_names.get(shard, '?')} wins)"
-            )
+        self._count_duplicates(shard_names)
         # The newest copy of each path wins; paths that are also directories lose to them.
         conn.execute(
             "INSERT INTO nodes (parent, name, kind, shard, offset, size, mode, mtime, link) "
@@ -150,11 +155,62 @@ class TreeWriter:
             "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM nodes WHERE kind != ?",
             (int(MemberKind.DIRECTORY),),
         ).fetchone()
-        self.report.duplicates = staged - winners
+        self.report.duplicates = staged - winners  # same shard + later shard + lost to a folder
         self.report.files = files
         self.report.bytes = total
         self.report.directories = len(self.dir_rows)
         conn.execute("CREATE INDEX nodes_by_place ON nodes (shard, offset)")
+
+    def _count_duplicates(self, shard_names: dict[int, str]) -> None:
+        """Count and name the staged entries that will lose to another of their path: to a
+        later member of the same shard, or to a copy in a later shard. Runs while ``nodes``
+        holds only the folders (an entry that is also a folder loses to it)."""
+        conn, report = self.conn, self.report
+        in_last, losers = conn.execute(
+            "WITH groups AS (SELECT parent, name, COUNT(*) AS copies, MAX(shard) AS last "
+            "FROM staged GROUP BY parent, name HAVING COUNT(*) > 1) "
+            "SELECT COALESCE(SUM((SELECT COUNT(*) FROM staged t WHERE t.parent = g.parent "
+            "AND t.name = g.name AND t.shard = g.last) - 1), 0), COALESCE(SUM(copies - 1), 0) "
+            "FROM groups g WHERE NOT EXISTS "
+            "(SELECT 1 FROM nodes d WHERE d.parent = g.parent AND d.name = g.name)"
+        ).fetchone()
+        report.same_shard_duplicates = in_last
+        report.later_shard_duplicates = losers - in_last
+        name_of = shard_names.get
+        not_a_folder = (
+            "NOT EXISTS (SELECT 1 FROM nodes d WHERE d.parent = s.parent AND d.name = s.name)"
+        )
+        for parent, name, shard, copies in conn.execute(
+            "SELECT parent, name, shard, COUNT(*) FROM staged s GROUP BY parent, name, shard "
+            "HAVING COUNT(*) > 1 AND shard = (SELECT MAX(t.shard) FROM staged t "
+            f"WHERE t.parent = s.parent AND t.name = s.name) AND {not_a_folder} LIMIT ?",
+            (EXAMPLES_PER_KIND,),
+        ):
+            path = self._path_of(parent, name)
+            report.note("same_shard", f"{path!r}: {copies} copies in {name_of(shard, '?')}")
+        for parent, name, copies, first, last, shards in conn.execute(
+            "SELECT parent, name, COUNT(*), MIN(shard), MAX(shard), COUNT(DISTINCT shard) "
+            "FROM staged s GROUP BY parent, name "
+            f"HAVING MIN(shard) < MAX(shard) AND {not_a_folder} LIMIT ?",
+            (EXAMPLES_PER_KIND,),
+        ):
+            where = (
+                f"{name_of(first, '?')} and {name_of(last, '?')}"
+                if shards == 2
+                else f"{shards} shards, {name_of(first, '?')} to {name_of(last, '?')}"
+            )
+            report.note(
+                "later_shard",
+                f"{self._path_of(parent, name)!r}: {copies} copies in {where}; "
+                f"the one in {name_of(last, '?')} is served",
+            )
+        for parent, name, shard in conn.execute(
+            "SELECT parent, name, shard FROM staged s WHERE EXISTS "
+            "(SELECT 1 FROM nodes d WHERE d.parent = s.parent AND d.name = s.name) LIMIT ?",
+            (EXAMPLES_PER_KIND,),
+        ):
+            path = self._path_of(parent, name)
+            report.note("folder", f"file {path!r} in {name_of(shard, '?')} is also a folder")
 
     def _drop_unsafe_links(self) -> None:
         """Leave out every symlink of the finished tree that the kernel, following it, would
@@ -172,7 +228,7 @@ class TreeWriter:
                 else f"loops or follows more than {MAX_LINK_HOPS} links"
             )
             path = self._path_of(link.parent, link.name)
-            self.report.note(f"symlink {path!r} -> {link.target!r} {why}")
+            self.report.note("link", f"symlink {path!r} -> {link.target!r} {why}")
         self.conn.executemany("DELETE FROM nodes WHERE ino = ?", ((link.ino,) for link in dropped))
 
     def _path_of(self, parent: int, name: str) -> str:

@@ -23,7 +23,7 @@ from support.tarbuild import (
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, IndexFileError, UnsafeMemberError
 from shardfs.index import SIDECAR_NAME, IndexBuilder, fingerprint, write_sidecar
-from shardfs.members import normalize_member_path, parse_label, split_key
+from shardfs.members import label_extension, normalize_member_path, parse_label, split_key
 from shardfs.shard_scan import scan_shard
 from shardfs.store import Store
 from shardfs.tar import MemberKind
@@ -163,10 +163,51 @@ def test_normalize_member_path_limits_are_inclusive() -> None:
     assert len(full) == 4095 and normalize_member_path(full, "s.tar", 0) == full
 
 
-def test_split_key() -> None:
-    assert split_key("a/b/KEY.seg.png") == ("a/b/KEY", "seg.png")
-    assert split_key("KEY.cls") == ("KEY", "cls")
-    assert split_key("noext") == ("noext", "")
+# Names a webdataset key rule must get right: folders (with dots), several dots in the
+# basename, upper case, empty extensions, non-ASCII; and the names it cannot split.
+KEY_NAMES = [
+    "KEY.cls",
+    "a/b/KEY.seg.png",
+    "x/s1.png",
+    "s3.v2.png",
+    "s3.v2.cls",
+    "a.b/c.png",
+    "a.b/c.d/e.f.g.JPG",
+    "k.",
+    "k..png",
+    "dir/ünï cøde.jpeg",
+    "sp ace/k 1.tar.gz",
+]
+UNSPLIT_NAMES = ["noext", "a.b/noext", "dir/.hidden.png", ".png", "a/b.c/", "x/.cls"]
+
+
+@pytest.mark.parametrize("name", KEY_NAMES)
+def test_split_key_agrees_with_webdataset(name: str) -> None:
+    """The key is the member path up to the first dot of its basename, as webdataset's
+    own ``base_plus_ext`` says (``s3.v2.png`` is key ``s3``, extension ``v2.png``)."""
+    from webdataset.tariterators import base_plus_ext
+
+    assert split_key(name) == base_plus_ext(name)
+
+
+def test_split_key_examples() -> None:
+    assert split_key("x/s1.png") == ("x/s1", "png")
+    assert split_key("s3.v2.png") == ("s3", "v2.png")
+    assert split_key("a.b/c.png") == ("a.b/c", "png")
+    assert label_extension("s3.v2.cls") == label_extension("k.CLS") == "cls"
+    assert label_extension("m.meta.json") == "json"
+    assert label_extension("cls") is label_extension("k.cls.txt") is None
+
+
+@pytest.mark.parametrize("name", UNSPLIT_NAMES)
+def test_split_key_refuses_what_has_no_key(name: str) -> None:
+    """No dot in the basename, or a leading one: webdataset gives no key, or the folder's
+    path (``dir/.hidden.png`` -> ``dir/``); the view counts such a name, never keys it."""
+    from webdataset.tariterators import base_plus_ext
+
+    assert split_key(name) is None
+    key, _ = base_plus_ext(name)
+    assert key is None or key.endswith("/")
 
 
 # --- scanning one shard -----------------------------------------------------------------------
@@ -652,4 +693,4 @@ def test_hostile_label_is_no_label_and_the_view_reports_it(
     out = tmp_path / "view.sqlite"
     report = build_view(path, out, ViewConfig(layout="imagefolder"), lambda _folder: None)
     assert (report.files, report.unlabeled) == (1, 1)
-    assert any("k2.jpg" in note and "no label" in note for note in report.examples)
+    assert report.examples["unlabelled"] == ["image k2.jpg in s.tar has no label"]

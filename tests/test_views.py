@@ -111,9 +111,14 @@ def test_duplicates_later_shard_wins_and_are_counted(tmp_path: Path) -> None:
     assert content(view, shards, "same.txt") == b"from b!"
     assert content(view, shards, "d/dup") == b"cccc"  # last shard, last member within it
     assert report.duplicates == 4
+    # d/dup: one copy lost to a later member of c.tar, two to c.tar; same.txt: one to b.tar.
+    assert (report.same_shard_duplicates, report.later_shard_duplicates) == (1, 3)
     assert report.files == 3
-    assert any("same.txt" in e and "b.tar" in e for e in report.examples)
-    assert any("d/dup" in e and "c.tar" in e for e in report.examples)
+    assert report.examples["same_shard"] == ["'d/dup': 2 copies in c.tar"]
+    assert report.examples["later_shard"] == [
+        "'same.txt': 2 copies in a.tar and b.tar; the one in b.tar is served",
+        "'d/dup': 4 copies in 3 shards, a.tar to c.tar; the one in c.tar is served",
+    ]
 
 
 def test_file_versus_directory_conflict_directory_wins(tmp_path: Path) -> None:
@@ -268,7 +273,7 @@ def test_images_without_labels_auto_falls_back_to_raw(tmp_path: Path) -> None:
     assert view.layout == report.layout == "raw"
     assert sorted(files(view)) == ["a.cls", "a.jpg", "b.jpg", "c.cls", "c.jpg"]
     assert report.unlabeled == 0  # raw leaves nothing out
-    assert report.examples == []
+    assert report.examples == {}
     # ... but why auto chose raw is kept, and survives in the stored view.
     for kept in (report, view.report):
         assert (kept.requested, kept.auto_unlabeled, kept.labeled) == ("auto", 1, 2)
@@ -315,7 +320,10 @@ def test_images_without_labels_explicit_imagefolder_drops_them(tmp_path: Path) -
     assert view.layout == "imagefolder"
     assert sorted(files(view)) == ["0/a.jpg", "1/c.jpg"]
     assert report.unlabeled == 2
-    assert any("b.jpg" in e and "no label" in e for e in report.examples)
+    assert report.examples["unlabelled"] == [
+        "image b.jpg in s.tar has no label",
+        "image d.jpg in s.tar has no label",
+    ]
 
 
 def test_no_labels_at_all(tmp_path: Path) -> None:
@@ -351,7 +359,8 @@ def test_label_only_and_non_image_members(tmp_path: Path) -> None:
     }
     view, report = view_of(tmp_path, shards, "imagefolder")
     assert files(view) == {"0/a.jpg": "file:s.tar+1"}
-    assert report.ignored == 2  # a.txt and README
+    assert report.ignored == 3  # a.txt, README and the symlink
+    assert report.examples["other"] == ["a.txt in s.tar", "README in s.tar", "symlink lnk in s.tar"]
     assert report.unlabeled == 0
 
 
