@@ -473,6 +473,67 @@ def test_unreadable_local_index_is_rebuilt(tmp_path: Path) -> None:
     assert len(members(path)) == 3
 
 
+def as_schema_1(path: Path) -> None:
+    """Make an index look written by schema 1, which read no label from ``KEY.v2.cls``."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+        conn.execute("UPDATE members SET label = NULL WHERE path LIKE '%.v2.cls'")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def schema_of(path: Path) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        return str(conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_schema_1_index_rescans_only_the_shards_with_labels_it_did_not_read(
+    tmp_path: Path,
+) -> None:
+    """An index (or sidecar) from before ``KEY.v2.cls`` labels were read is reused for
+    every other shard; the shards holding such a label are scanned again, once."""
+    store = store_with(
+        {
+            "a.tar": make_tar([("k.jpg", b"k"), ("k.cls", b"0"), ("a.b/m.json", b"{}")]),
+            "b.tar": make_tar([("s3.v2.png", b"s"), ("s3.v2.cls", b"2")]),
+            "c.tar": make_tar([("j.jpg", b"j"), ("j.cls", b"1")]),
+        }
+    )
+    _, path = build(store, tmp_path / "local")
+    assert stored_row(path, "s3.v2.cls")[1] == 2
+    as_schema_1(path)
+    assert stored_row(path, "s3.v2.cls")[1] is None
+    write_sidecar(store, path)
+
+    again, path = build(store, tmp_path / "local")
+    assert again.scanned_shards == 1  # b.tar alone
+    assert stored_row(path, "s3.v2.cls")[1] == 2
+    assert schema_of(path) == "2"
+    assert build(store, tmp_path / "local")[0].scanned_shards == 0
+
+    fresh, fresh_path = build(Store(store.config), tmp_path / "fresh")  # from the sidecar
+    assert fresh.scanned_shards == 1
+    assert members(fresh_path) == members(path)
+    assert stored_row(fresh_path, "s3.v2.cls")[1] == 2
+
+
+def test_a_schema_1_index_without_such_labels_is_carried_over_without_a_scan(
+    tmp_path: Path,
+) -> None:
+    store = store_with({"a.tar": make_tar([("k.jpg", b"k"), ("k.cls", b"0")])})
+    _, path = build(store, tmp_path)
+    as_schema_1(path)
+    again, path = build(store, tmp_path)
+    assert again.scanned_shards == 0
+    assert schema_of(path) == "2"
+    assert stored_row(path, "k.cls")[1] == 0
+
+
 # --- sidecars ---------------------------------------------------------------------------------
 
 
