@@ -43,6 +43,10 @@ class ViewReport:
     dropped_links: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)
 
+    def wants(self, kind: str) -> bool:
+        """Whether ``note`` would keep another example of ``kind``."""
+        return len(self.examples.get(kind, ())) < EXAMPLES_PER_KIND
+
     def note(self, kind: str, text: str) -> None:
         """Keep ``text`` as an example of ``kind``: same_shard, later_shard, folder,
         link, unlabelled, unsplit or other."""
@@ -134,6 +138,15 @@ class TreeWriter:
             ),
         )
         conn.execute("CREATE INDEX temp.staged_by_name ON staged (parent, name, seq)")
+        # The folders by name, for the checks below: nodes has no name index yet (it is
+        # built once, after the bulk insert), and a scan of it per entry is quadratic.
+        conn.execute(
+            "CREATE TEMP TABLE folders (parent INTEGER, name TEXT, PRIMARY KEY (parent, name)) "
+            "WITHOUT ROWID"
+        )
+        conn.executemany(
+            "INSERT INTO folders VALUES (?, ?)", ((p, n) for p, n, _, _ in self.dir_rows)
+        )
         self._count_duplicates(shard_names)
         # The newest copy of each path wins; paths that are also directories lose to them.
         conn.execute(
@@ -141,11 +154,12 @@ class TreeWriter:
             "SELECT s.parent, s.name, s.kind, s.shard, s.offset, s.size, s.mode, s.mtime, s.link "
             "FROM staged s WHERE s.seq = (SELECT MAX(t.seq) FROM staged t "
             "WHERE t.parent = s.parent AND t.name = s.name) "
-            "AND NOT EXISTS (SELECT 1 FROM nodes d WHERE d.parent = s.parent AND d.name = s.name) "
-            "ORDER BY s.parent, s.name"
+            "AND NOT EXISTS (SELECT 1 FROM folders f WHERE f.parent = s.parent "
+            "AND f.name = s.name) ORDER BY s.parent, s.name"
         )
         staged = conn.execute("SELECT COUNT(*) FROM staged").fetchone()[0]
         conn.execute("DROP TABLE staged")
+        conn.execute("DROP TABLE folders")
         conn.execute("CREATE UNIQUE INDEX nodes_by_name ON nodes (parent, name)")
         winners = conn.execute(
             "SELECT COUNT(*) FROM nodes WHERE kind != ?", (int(MemberKind.DIRECTORY),)
@@ -163,50 +177,42 @@ class TreeWriter:
 
     def _count_duplicates(self, shard_names: dict[int, str]) -> None:
         """Count and name the staged entries that will lose to another of their path: to a
-        later member of the same shard, or to a copy in a later shard. Runs while ``nodes``
-        holds only the folders (an entry that is also a folder loses to it)."""
+        later member of the same shard, or to a copy in a later shard (an entry that is
+        also a folder loses to it: the rest of ``duplicates``)."""
         conn, report = self.conn, self.report
-        in_last, losers = conn.execute(
-            "WITH groups AS (SELECT parent, name, COUNT(*) AS copies, MAX(shard) AS last "
-            "FROM staged GROUP BY parent, name HAVING COUNT(*) > 1) "
-            "SELECT COALESCE(SUM((SELECT COUNT(*) FROM staged t WHERE t.parent = g.parent "
-            "AND t.name = g.name AND t.shard = g.last) - 1), 0), COALESCE(SUM(copies - 1), 0) "
-            "FROM groups g WHERE NOT EXISTS "
-            "(SELECT 1 FROM nodes d WHERE d.parent = g.parent AND d.name = g.name)"
-        ).fetchone()
-        report.same_shard_duplicates = in_last
-        report.later_shard_duplicates = losers - in_last
-        name_of = shard_names.get
-        not_a_folder = (
-            "NOT EXISTS (SELECT 1 FROM nodes d WHERE d.parent = s.parent AND d.name = s.name)"
+        is_folder = "EXISTS (SELECT 1 FROM folders f WHERE f.parent = d.parent AND f.name = d.name)"
+        # One pass over the staged entries in name order; only paths staged twice are kept.
+        conn.execute(
+            "CREATE TEMP TABLE dups AS SELECT parent, name, COUNT(*) AS copies, "
+            "MIN(shard) AS first, MAX(shard) AS last, COUNT(DISTINCT shard) AS shards "
+            "FROM staged GROUP BY parent, name HAVING COUNT(*) > 1"
         )
-        for parent, name, shard, copies in conn.execute(
-            "SELECT parent, name, shard, COUNT(*) FROM staged s GROUP BY parent, name, shard "
-            "HAVING COUNT(*) > 1 AND shard = (SELECT MAX(t.shard) FROM staged t "
-            f"WHERE t.parent = s.parent AND t.name = s.name) AND {not_a_folder} LIMIT ?",
-            (EXAMPLES_PER_KIND,),
-        ):
-            path = self._path_of(parent, name)
-            report.note("same_shard", f"{path!r}: {copies} copies in {name_of(shard, '?')}")
-        for parent, name, copies, first, last, shards in conn.execute(
-            "SELECT parent, name, COUNT(*), MIN(shard), MAX(shard), COUNT(DISTINCT shard) "
-            "FROM staged s GROUP BY parent, name "
-            f"HAVING MIN(shard) < MAX(shard) AND {not_a_folder} LIMIT ?",
-            (EXAMPLES_PER_KIND,),
-        ):
-            where = (
-                f"{name_of(first, '?')} and {name_of(last, '?')}"
-                if shards == 2
-                else f"{shards} shards, {name_of(first, '?')} to {name_of(last, '?')}"
-            )
-            report.note(
-                "later_shard",
-                f"{self._path_of(parent, name)!r}: {copies} copies in {where}; "
-                f"the one in {name_of(last, '?')} is served",
-            )
+        conn.execute(f"DELETE FROM dups AS d WHERE {is_folder}")
+        rows = conn.execute(
+            "SELECT parent, name, copies, first, last, shards, (SELECT COUNT(*) FROM staged t "
+            "WHERE t.parent = d.parent AND t.name = d.name AND t.shard = d.last) FROM dups d"
+        )
+        name_of = shard_names.get
+        for parent, name, copies, first, last, shards, in_last in rows:
+            report.same_shard_duplicates += in_last - 1
+            report.later_shard_duplicates += copies - in_last
+            if in_last > 1 and report.wants("same_shard"):
+                path = self._path_of(parent, name)
+                report.note("same_shard", f"{path!r}: {in_last} copies in {name_of(last, '?')}")
+            if shards > 1 and report.wants("later_shard"):
+                if shards == 2:
+                    where = f"{name_of(first, '?')} and {name_of(last, '?')}"
+                else:
+                    where = f"{shards} shards, {name_of(first, '?')} to {name_of(last, '?')}"
+                report.note(
+                    "later_shard",
+                    f"{self._path_of(parent, name)!r}: {copies} copies in {where}; "
+                    f"the one in {name_of(last, '?')} is served",
+                )
+        conn.execute("DROP TABLE dups")
         for parent, name, shard in conn.execute(
-            "SELECT parent, name, shard FROM staged s WHERE EXISTS "
-            "(SELECT 1 FROM nodes d WHERE d.parent = s.parent AND d.name = s.name) LIMIT ?",
+            "SELECT s.parent, s.name, s.shard FROM folders f JOIN staged s "
+            "ON s.parent = f.parent AND s.name = f.name LIMIT ?",
             (EXAMPLES_PER_KIND,),
         ):
             path = self._path_of(parent, name)
