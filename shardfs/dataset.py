@@ -241,17 +241,54 @@ def _open_view(
 
 
 def report_warnings(report: ViewReport) -> list[str]:
-    """One line per kind of problem the view found, for the user."""
+    """Each kind of entry the view does not serve: a line with its count, then examples."""
+    folder_losers = report.duplicates - report.same_shard_duplicates
+    folder_losers -= report.later_shard_duplicates
+    kinds = (
+        (
+            "same_shard",
+            report.same_shard_duplicates,
+            "duplicate path(s) within one shard; the later member is served",
+        ),
+        (
+            "later_shard",
+            report.later_shard_duplicates,
+            "duplicate path(s) across shards; the copy in the later shard is served",
+        ),
+        ("folder", folder_losers, "file(s) with the path of a folder; the folder is served"),
+        ("link", report.dropped_links, "link(s) left out (outside the mount, or a loop)"),
+        ("unlabelled", report.unlabeled, "image(s) without a label left out"),
+        (
+            "unsplit",
+            report.unsplit,
+            "image(s) left out: no sample key in the name (it starts with a dot)",
+        ),
+        ("other", report.ignored, "member(s) neither image nor label left out"),
+    )
     lines = []
-    if report.duplicates:
-        lines.append(
-            f"{report.duplicates} duplicate path(s); the copy in the later shard is served"
-        )
-    if report.dropped_links:
-        lines.append(f"{report.dropped_links} link(s) left out (outside the mount, or a loop)")
+    for kind, count, text in kinds:
+        if count:
+            lines.append(f"{count:,} {text}")
+            lines += [f"  e.g. {example}" for example in report.examples.get(kind, [])]
+    return lines
+
+
+def images_line(report: ViewReport) -> str:
+    """How many images the shards hold and how many the tree presents, with why the rest
+    are not (for the mount's summary line); empty when the shards hold no image."""
+    if not report.images:
+        return ""
+    presented = report.images_presented
+    line = f"the shards hold {_count(report.images, 'image')}, {presented:,} presented"
+    why = []
     if report.unlabeled:
-        lines.append(f"{report.unlabeled} image(s) without a label left out")
-    return lines + [f"  e.g. {example}" for example in report.examples] if lines else []
+        why.append(f"{report.unlabeled:,} without a label")
+    if report.unsplit:
+        why.append(f"{report.unsplit:,} without a sample key")
+    lost = report.images - presented - report.unlabeled - report.unsplit
+    if lost:  # lost to another entry of the same path
+        why.append(f"{lost:,} under a duplicate path")
+    return f"{line} ({', '.join(why)})" if why else line
 
 
 def _count(number: int, noun: str) -> str:

@@ -25,14 +25,24 @@ from pathlib import Path
 from .atomic import replacing
 from .config import IndexConfig
 from .errors import CorruptShardError, IndexFileError
-from .members import LABEL_EXTENSIONS, MAX_LABEL_BYTES, MemberRow, parse_label, split_key
+from .members import (
+    LABEL_EXTENSIONS,
+    MAX_LABEL_BYTES,
+    MemberRow,
+    label_extension,
+    parse_label,
+    split_key,
+)
 from .shard_scan import BlockSink, scan_shard
 from .store import ShardInfo, Store
 from .tar import MemberKind
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Schema 1 read labels only from KEY.cls / KEY.json, not from KEY.v2.cls: its rows are
+# reused for every shard without such a member, and the others are scanned again.
+_OLD_LABEL_SCHEMA = 1
 SIDECAR_NAME = ".shardfs-index.sqlite"
 
 _SCHEMA = """
@@ -103,23 +113,46 @@ def insert_members(conn: sqlite3.Connection, shard_id: int, rows: list[MemberRow
     )
 
 
-def _read_shard_table(path: Path) -> dict[tuple[str, int, str], int] | None:
-    """Identity -> shard id of an existing index file, or None if unusable."""
+ShardTable = dict[tuple[str, int, str], int]
+"""Identity (name, size, ETag) -> shard id in an index file."""
+
+
+def _read_shard_table(path: Path) -> tuple[ShardTable, bool] | None:
+    """The reusable shards of an existing index file and whether its schema is this one's
+    (else it is copied into a new file); None if it is absent or unusable."""
     if not path.exists():
         return None
     try:
         conn = connect(path, readonly=True)
         try:
             version = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if version is None or int(version[0]) != SCHEMA_VERSION:
+            schema = int(version[0]) if version is not None else None
+            if schema not in (SCHEMA_VERSION, _OLD_LABEL_SCHEMA):
                 return None
             rows = conn.execute("SELECT id, name, size, etag FROM shards").fetchall()
+            stale = _unread_label_shards(conn) if schema == _OLD_LABEL_SCHEMA else set()
         finally:
             conn.close()
     except (sqlite3.Error, ValueError):
         log.warning("ignoring unreadable index %s", path)
         return None
-    return {(name, size, etag): sid for sid, name, size, etag in rows}
+    table = {(name, size, etag): sid for sid, name, size, etag in rows if sid not in stale}
+    return table, schema == SCHEMA_VERSION
+
+
+def _unread_label_shards(conn: sqlite3.Connection) -> set[int]:
+    """Shards of a schema-1 index holding a label member (``KEY.v2.cls``) it did not read."""
+    rows = conn.execute(
+        "SELECT shard, path FROM members WHERE kind = ? AND label IS NULL AND size <= ? "
+        "AND (path LIKE '%.cls' OR path LIKE '%.json')",
+        (int(MemberKind.FILE), MAX_LABEL_BYTES),
+    )
+    stale = set()
+    for shard, path in rows:
+        split = split_key(path)
+        if split is not None and "." in split[1] and label_extension(path) is not None:
+            stale.add(shard)
+    return stale
 
 
 @dataclass(frozen=True)
@@ -171,8 +204,8 @@ class IndexBuilder:
         except OSError as exc:
             raise IndexFileError(f"cannot create index folder {self.index_dir}: {exc}") from exc
         wanted = {s.identity for s in shards}
-        local = _read_shard_table(self.path) or {}
-        if set(local) != wanted:
+        local, current = _read_shard_table(self.path) or ({}, True)
+        if set(local) != wanted or not current:
             self._rebuild(shards, local)
         self._check_bad_shards()
         return self.path
@@ -192,12 +225,13 @@ class IndexBuilder:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
             self._temp_files.append(Path(name))
-            table = _read_shard_table(Path(name))
-            if table is None:
+            found_table = _read_shard_table(Path(name))
+            if found_table is None:
                 log.warning(
                     "ignoring invalid index sidecar %s", posixpath.join(folder, SIDECAR_NAME)
                 )
                 continue
+            table = found_table[0]
             where = f"folder {folder}/" if folder else "the source root"
             log.info("using the index sidecar in %s for %d shard(s)", where, len(table))
             for (shard_name, size, etag), sid in table.items():
@@ -205,7 +239,7 @@ class IndexBuilder:
                 found.setdefault(identity, _Source(Path(name), sid, folder))
         return found
 
-    def _rebuild(self, shards: list[ShardInfo], local: dict[tuple[str, int, str], int]) -> None:
+    def _rebuild(self, shards: list[ShardInfo], local: ShardTable) -> None:
         missing = [s for s in shards if s.identity not in local]
         self._temp_files.clear()
         try:
@@ -366,6 +400,7 @@ __all__ = [
     "fingerprint",
     "insert_members",
     "iter_member_rows",
+    "label_extension",
     "parse_label",
     "split_key",
     "write_sidecar",

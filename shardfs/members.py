@@ -16,12 +16,30 @@ MemberRow = tuple[str, int, int, int, int, int, str, "int | None"]
 """(path, data offset, size, mode, mtime, kind, link target, label)."""
 
 
-def split_key(path: str) -> tuple[str, str]:
-    """webdataset's sample key and extension: the basename splits at its first dot."""
+def split_key(path: str) -> tuple[str, str] | None:
+    """webdataset's sample key and extension (its ``base_plus_ext``): the member path up to
+    the first dot of its basename, and the rest (``a.b/s3.v2.png`` -> ``a.b/s3``,
+    ``v2.png``). None for a name the rule cannot split: a basename without a dot, or one
+    that starts with a dot (webdataset gives those no key, or their folder's path)."""
     directory, base = posixpath.split(path)
     stem, dot, ext = base.partition(".")
-    key = posixpath.join(directory, stem) if directory else stem
-    return key, ext if dot else ""
+    if not dot or not stem:
+        return None
+    return (posixpath.join(directory, stem) if directory else stem), ext
+
+
+def last_extension(ext: str) -> str:
+    """The part of an extension that names the type, lower-cased: ``v2.PNG`` -> ``png``."""
+    return ext.rpartition(".")[2].lower()
+
+
+def label_extension(path: str) -> str | None:
+    """``cls`` or ``json`` for a label member (``KEY.cls``, ``KEY.v2.json``), else None."""
+    split = split_key(path)
+    if split is None:
+        return None
+    last = last_extension(split[1])
+    return last if last in LABEL_EXTENSIONS else None
 
 
 # What a member path may be. Linux limits, which FUSE could not serve beyond anyway: a

@@ -25,7 +25,7 @@ from .config import (
 )
 from .control import ControlServer, lock_mountpoint, pid_file
 from .daemon import ReadyChannel, note_both, warn_both
-from .dataset import OpenedSource, open_source
+from .dataset import OpenedSource, images_line, open_source
 from .errors import FuseUnavailableError, MountError
 from .filesystem import Owner, ShardFileSystem
 from .fuse.session import FuseSession
@@ -196,7 +196,7 @@ class Mount:
         pid_file(mountpoint).write_text(str(os.getpid()))
         log.info("mounted %s at %s", self.settings.source.url, mountpoint)
         view = self.dataset.view
-        self.channel.send("ready", f"{view.report.files} {view.layout}")
+        self.channel.send("ready", f"{view.report.files} {view.layout} {images_line(view.report)}")
         if isinstance(self.reader, CachedReader) and self.settings.readahead.prefetch == "all":
             reader, shards = self.reader, list(view.shards.values())
 

@@ -33,14 +33,13 @@ from typing import IO, Literal
 from .config import SourceConfig
 from .errors import ShardfsError, SourceNotFoundError, UsageError
 from .index import (
-    LABEL_EXTENSIONS,
     MAX_LABEL_BYTES,
     SIDECAR_NAME,
     MemberRow,
     create_index,
     insert_members,
+    label_extension,
     parse_label,
-    split_key,
 )
 from .store import SHARD_SUFFIX, ShardInfo, Store
 from .tar import MemberKind
@@ -171,8 +170,8 @@ def index_rows(shard: PlannedShard, root: Path | None = None) -> list[MemberRow]
         label = member.label
         if member.source is not None:
             mode, mtime = member.source.mode & 0o777, member.source.mtime
-            ext = split_key(member.name)[1].lower()
-            if root is not None and ext in LABEL_EXTENSIONS and member.size <= MAX_LABEL_BYTES:
+            ext = label_extension(member.name)
+            if root is not None and ext is not None and member.size <= MAX_LABEL_BYTES:
                 label = parse_label(ext, (root / member.source.rel).read_bytes())
         rows.append((member.name, offset, member.size, mode, mtime, int(member.kind), "", label))
     return rows

@@ -11,13 +11,12 @@ import sqlite3
 from collections.abc import Callable
 
 from .members import (
-    LABEL_EXTENSIONS,
     MAX_LABEL_BYTES,
     MemberRow,
     check_symlink_target,
+    label_extension,
     normalize_member_path,
     parse_label,
-    split_key,
 )
 from .store import ShardInfo, Store
 from .tar import MemberKind, Readable, TarMember, iter_members
@@ -29,7 +28,7 @@ def _wants_content(member: TarMember) -> bool:
     return (
         member.kind == MemberKind.FILE
         and member.size <= MAX_LABEL_BYTES
-        and split_key(member.path)[1].lower() in LABEL_EXTENSIONS
+        and label_extension(member.path) is not None
     )
 
 
@@ -111,8 +110,9 @@ def scan_shard(
             if not path:
                 continue  # the archive's own "./" entry
             label = None
-            if content is not None:
-                label = parse_label(split_key(path)[1].lower(), content)
+            ext = label_extension(path) if content is not None else None
+            if content is not None and ext is not None:
+                label = parse_label(ext, content)
             rows.append(
                 (
                     path,

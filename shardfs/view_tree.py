@@ -12,10 +12,14 @@ from .nodes import ROOT_INO
 from .symlink_walk import MAX_LINK_HOPS, End, LinkJudge
 from .tar import MemberKind
 
+EXAMPLES_PER_KIND = 3
+
 
 @dataclass
 class ViewReport:
-    """What building a view found; warnings name a few examples of each problem.
+    """What building a view found: what the shards hold, what the tree presents, and what
+    it leaves out, each kind counted with a few examples (``examples[kind]``, the kinds
+    named in ``note``).
 
     The ``auto_*`` fields keep why ``auto`` chose raw, so that every mount can say so."""
 
@@ -24,19 +28,31 @@ class ViewReport:
     files: int = 0
     directories: int = 0
     bytes: int = 0
-    duplicates: int = 0
+    images: int = 0  # image members the shards hold (KEY.jpg, KEY.v2.png, ...)
+    images_presented: int = 0  # image files in the tree
+    duplicates: int = 0  # entries not served because another has their path, all told:
+    same_shard_duplicates: int = 0  # ... a later member of the same shard
+    later_shard_duplicates: int = 0  # ... a copy in a later shard (the rest lost to a folder)
     labeled: int = 0  # images with a label (the imagefolder tree's files)
     labeled_shards: int = 0  # shards holding them
     unlabeled: int = 0  # images without a label, left out of an imagefolder tree
+    unsplit: int = 0  # images whose name has no key (``.x.png``), left out of it too
     auto_unlabeled: int = 0  # images without a label that made auto choose raw
-    auto_example: str = ""  # one of them: "KEY.EXT in SHARD"
-    ignored: int = 0
+    auto_example: str = ""  # one of them: "PATH in SHARD"
+    ignored: int = 0  # members neither image nor label, left out of an imagefolder tree
     dropped_links: int = 0
-    examples: list[str] = field(default_factory=list)
+    examples: dict[str, list[str]] = field(default_factory=dict)
 
-    def note(self, text: str) -> None:
-        if len(self.examples) < 5:
-            self.examples.append(text)
+    def wants(self, kind: str) -> bool:
+        """Whether ``note`` would keep another example of ``kind``."""
+        return len(self.examples.get(kind, ())) < EXAMPLES_PER_KIND
+
+    def note(self, kind: str, text: str) -> None:
+        """Keep ``text`` as an example of ``kind``: same_shard, later_shard, folder,
+        link, unlabelled, unsplit or other."""
+        found = self.examples.setdefault(kind, [])
+        if len(found) < EXAMPLES_PER_KIND:
+            found.append(text)
 
 
 class TreeWriter:
@@ -122,25 +138,28 @@ class TreeWriter:
             ),
         )
         conn.execute("CREATE INDEX temp.staged_by_name ON staged (parent, name, seq)")
-        for parent, name, count, shard in conn.execute(
-            "SELECT parent, name, COUNT(*), MAX(shard) FROM staged "
-            "GROUP BY parent, name HAVING COUNT(*) > 1 LIMIT 5"
-        ):
-            self.report.note(
-                f"duplicate path {self._path_of(parent, name)!r} ({count} copies; "
-                f"the one in {shard_names.get(shard, '?')} wins)"
-            )
+        # The folders by name, for the checks below: nodes has no name index yet (it is
+        # built once, after the bulk insert), and a scan of it per entry is quadratic.
+        conn.execute(
+            "CREATE TEMP TABLE folders (parent INTEGER, name TEXT, PRIMARY KEY (parent, name)) "
+            "WITHOUT ROWID"
+        )
+        conn.executemany(
+            "INSERT INTO folders VALUES (?, ?)", ((p, n) for p, n, _, _ in self.dir_rows)
+        )
+        self._count_duplicates(shard_names)
         # The newest copy of each path wins; paths that are also directories lose to them.
         conn.execute(
             "INSERT INTO nodes (parent, name, kind, shard, offset, size, mode, mtime, link) "
             "SELECT s.parent, s.name, s.kind, s.shard, s.offset, s.size, s.mode, s.mtime, s.link "
             "FROM staged s WHERE s.seq = (SELECT MAX(t.seq) FROM staged t "
             "WHERE t.parent = s.parent AND t.name = s.name) "
-            "AND NOT EXISTS (SELECT 1 FROM nodes d WHERE d.parent = s.parent AND d.name = s.name) "
-            "ORDER BY s.parent, s.name"
+            "AND NOT EXISTS (SELECT 1 FROM folders f WHERE f.parent = s.parent "
+            "AND f.name = s.name) ORDER BY s.parent, s.name"
         )
         staged = conn.execute("SELECT COUNT(*) FROM staged").fetchone()[0]
         conn.execute("DROP TABLE staged")
+        conn.execute("DROP TABLE folders")
         conn.execute("CREATE UNIQUE INDEX nodes_by_name ON nodes (parent, name)")
         winners = conn.execute(
             "SELECT COUNT(*) FROM nodes WHERE kind != ?", (int(MemberKind.DIRECTORY),)
@@ -150,11 +169,54 @@ class TreeWriter:
             "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM nodes WHERE kind != ?",
             (int(MemberKind.DIRECTORY),),
         ).fetchone()
-        self.report.duplicates = staged - winners
+        self.report.duplicates = staged - winners  # same shard + later shard + lost to a folder
         self.report.files = files
         self.report.bytes = total
         self.report.directories = len(self.dir_rows)
         conn.execute("CREATE INDEX nodes_by_place ON nodes (shard, offset)")
+
+    def _count_duplicates(self, shard_names: dict[int, str]) -> None:
+        """Count and name the staged entries that will lose to another of their path: to a
+        later member of the same shard, or to a copy in a later shard (an entry that is
+        also a folder loses to it: the rest of ``duplicates``)."""
+        conn, report = self.conn, self.report
+        is_folder = "EXISTS (SELECT 1 FROM folders f WHERE f.parent = d.parent AND f.name = d.name)"
+        # One pass over the staged entries in name order; only paths staged twice are kept.
+        conn.execute(
+            "CREATE TEMP TABLE dups AS SELECT parent, name, COUNT(*) AS copies, "
+            "MIN(shard) AS first, MAX(shard) AS last, COUNT(DISTINCT shard) AS shards "
+            "FROM staged GROUP BY parent, name HAVING COUNT(*) > 1"
+        )
+        conn.execute(f"DELETE FROM dups AS d WHERE {is_folder}")
+        rows = conn.execute(
+            "SELECT parent, name, copies, first, last, shards, (SELECT COUNT(*) FROM staged t "
+            "WHERE t.parent = d.parent AND t.name = d.name AND t.shard = d.last) FROM dups d"
+        )
+        name_of = shard_names.get
+        for parent, name, copies, first, last, shards, in_last in rows:
+            report.same_shard_duplicates += in_last - 1
+            report.later_shard_duplicates += copies - in_last
+            if in_last > 1 and report.wants("same_shard"):
+                path = self._path_of(parent, name)
+                report.note("same_shard", f"{path!r}: {in_last} copies in {name_of(last, '?')}")
+            if shards > 1 and report.wants("later_shard"):
+                if shards == 2:
+                    where = f"{name_of(first, '?')} and {name_of(last, '?')}"
+                else:
+                    where = f"{shards} shards, {name_of(first, '?')} to {name_of(last, '?')}"
+                report.note(
+                    "later_shard",
+                    f"{self._path_of(parent, name)!r}: {copies} copies in {where}; "
+                    f"the one in {name_of(last, '?')} is served",
+                )
+        conn.execute("DROP TABLE dups")
+        for parent, name, shard in conn.execute(
+            "SELECT s.parent, s.name, s.shard FROM folders f JOIN staged s "
+            "ON s.parent = f.parent AND s.name = f.name LIMIT ?",
+            (EXAMPLES_PER_KIND,),
+        ):
+            path = self._path_of(parent, name)
+            report.note("folder", f"file {path!r} in {name_of(shard, '?')} is also a folder")
 
     def _drop_unsafe_links(self) -> None:
         """Leave out every symlink of the finished tree that the kernel, following it, would
@@ -172,7 +234,7 @@ class TreeWriter:
                 else f"loops or follows more than {MAX_LINK_HOPS} links"
             )
             path = self._path_of(link.parent, link.name)
-            self.report.note(f"symlink {path!r} -> {link.target!r} {why}")
+            self.report.note("link", f"symlink {path!r} -> {link.target!r} {why}")
         self.conn.executemany("DELETE FROM nodes WHERE ino = ?", ((link.ino,) for link in dropped))
 
     def _path_of(self, parent: int, name: str) -> str:

@@ -1,7 +1,8 @@
 """Views: how index members become a directory tree, materialised once into SQLite.
 
 ``raw`` shows member paths as they are, merged across shards. ``imagefolder`` turns
-webdataset samples (``KEY.jpg`` + ``KEY.cls``) into ``CLASS/KEY.jpg``.
+webdataset samples (``KEY.jpg`` + ``KEY.cls``) into ``CLASS/KEY.jpg``, the member's folders
+kept (``imagefolder_view``).
 
 Duplicate rule: when two members present the same path, the one from the later shard
 (in sorted shard-name order) wins, and within a shard the later member wins, as if the
@@ -28,8 +29,8 @@ from typing import Any
 from .atomic import replacing
 from .config import ViewConfig
 from .errors import NotADirError, NotFoundError, UsageError
-from .imagefolder_view import IMAGE_EXTENSIONS, build_imagefolder
-from .index import connect, iter_member_rows
+from .imagefolder_view import IMAGE_EXTENSIONS, build_imagefolder, is_image_name
+from .index import SCHEMA_VERSION, connect, iter_member_rows
 from .nodes import NODE_COLUMNS, ROOT_INO, Node, node_of
 from .store import ShardInfo
 from .tar import MemberKind
@@ -50,7 +51,7 @@ __all__ = [
     "view_key",
 ]
 
-VIEW_VERSION = 3
+VIEW_VERSION = 4  # 4: imagefolder keys by webdataset's rule, member folders kept
 CLASSES_FILE = "classes.txt"
 
 _VIEW_SCHEMA = """
@@ -76,7 +77,10 @@ ClassesLookup = Callable[[str], "list[str] | None"]
 
 
 def view_key(index_fingerprint: str, config: ViewConfig, classes: dict[str, list[str]]) -> str:
-    text = json.dumps([VIEW_VERSION, index_fingerprint, config.layout, config.classes, classes])
+    """The name of a materialised view: a new view rule or index schema builds it anew."""
+    text = json.dumps(
+        [VIEW_VERSION, SCHEMA_VERSION, index_fingerprint, config.layout, config.classes, classes]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -114,14 +118,16 @@ def _build_raw(conn: sqlite3.Connection, tree: TreeWriter, report: ViewReport) -
         elif kind == MemberKind.FILE:
             by_path[path] = (offset, size, mode, mtime)
             tree.entry(path, MemberKind.FILE, shard, offset, size, mode, mtime)
+            report.images += is_image_name(path)
         elif kind == MemberKind.HARDLINK:
             target = by_path.get(link)
             if target is None:
                 report.dropped_links += 1
-                report.note(f"hard link {path!r} -> {link!r}: target not in the same shard")
+                report.note("link", f"hard link {path!r} -> {link!r}: target not in the same shard")
                 continue
             t_offset, t_size, t_mode, t_mtime = target
             tree.entry(path, MemberKind.FILE, shard, t_offset, t_size, t_mode, t_mtime)
+            report.images += is_image_name(path)
         elif kind == MemberKind.SYMLINK:
             tree.entry(path, MemberKind.SYMLINK, shard, 0, len(link.encode()), 0o777, mtime, link)
 
@@ -173,8 +179,9 @@ def _write_view(
             layout = "imagefolder"
         elif layout == "auto":
             # Raw shows every image, so none is "left out": keep the count as the reason.
-            report.auto_unlabeled, report.unlabeled = report.unlabeled, 0
-            report.ignored = 0
+            report.auto_unlabeled = report.unlabeled + report.unsplit
+            report.unlabeled = report.unsplit = report.ignored = report.images = 0
+            report.dropped_links = 0  # raw counts its own
             report.examples.clear()
             layout = "raw"
         else:
@@ -184,9 +191,21 @@ def _write_view(
     report.layout = layout
     report.requested = config.layout
     tree.finish({sid: name for sid, name, _, _ in shards})
+    report.images_presented = report.files if layout == "imagefolder" else _image_files(out)
     out.execute("INSERT INTO meta VALUES ('layout', ?)", (layout,))
     out.execute("INSERT INTO meta VALUES ('report', ?)", (json.dumps(report.__dict__),))
     out.commit()
+
+
+def _image_files(conn: sqlite3.Connection) -> int:
+    """How many files of a finished tree are images by their name (``is_image_name``)."""
+    names = " OR ".join("name LIKE ?" for _ in IMAGE_EXTENSIONS)  # LIKE ignores ASCII case
+    return int(
+        conn.execute(
+            f"SELECT COUNT(*) FROM nodes WHERE kind = ? AND ({names})",
+            (int(MemberKind.FILE), *(f"%.{ext}" for ext in sorted(IMAGE_EXTENSIONS))),
+        ).fetchone()[0]
+    )
 
 
 class View:

@@ -23,7 +23,7 @@ from support.tarbuild import (
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, IndexFileError, UnsafeMemberError
 from shardfs.index import SIDECAR_NAME, IndexBuilder, fingerprint, write_sidecar
-from shardfs.members import normalize_member_path, parse_label, split_key
+from shardfs.members import label_extension, normalize_member_path, parse_label, split_key
 from shardfs.shard_scan import scan_shard
 from shardfs.store import Store
 from shardfs.tar import MemberKind
@@ -163,10 +163,51 @@ def test_normalize_member_path_limits_are_inclusive() -> None:
     assert len(full) == 4095 and normalize_member_path(full, "s.tar", 0) == full
 
 
-def test_split_key() -> None:
-    assert split_key("a/b/KEY.seg.png") == ("a/b/KEY", "seg.png")
-    assert split_key("KEY.cls") == ("KEY", "cls")
-    assert split_key("noext") == ("noext", "")
+# Names a webdataset key rule must get right: folders (with dots), several dots in the
+# basename, upper case, empty extensions, non-ASCII; and the names it cannot split.
+KEY_NAMES = [
+    "KEY.cls",
+    "a/b/KEY.seg.png",
+    "x/s1.png",
+    "s3.v2.png",
+    "s3.v2.cls",
+    "a.b/c.png",
+    "a.b/c.d/e.f.g.JPG",
+    "k.",
+    "k..png",
+    "dir/ünï cøde.jpeg",
+    "sp ace/k 1.tar.gz",
+]
+UNSPLIT_NAMES = ["noext", "a.b/noext", "dir/.hidden.png", ".png", "a/b.c/", "x/.cls"]
+
+
+@pytest.mark.parametrize("name", KEY_NAMES)
+def test_split_key_agrees_with_webdataset(name: str) -> None:
+    """The key is the member path up to the first dot of its basename, as webdataset's
+    own ``base_plus_ext`` says (``s3.v2.png`` is key ``s3``, extension ``v2.png``)."""
+    from webdataset.tariterators import base_plus_ext
+
+    assert split_key(name) == base_plus_ext(name)
+
+
+def test_split_key_examples() -> None:
+    assert split_key("x/s1.png") == ("x/s1", "png")
+    assert split_key("s3.v2.png") == ("s3", "v2.png")
+    assert split_key("a.b/c.png") == ("a.b/c", "png")
+    assert label_extension("s3.v2.cls") == label_extension("k.CLS") == "cls"
+    assert label_extension("m.meta.json") == "json"
+    assert label_extension("cls") is label_extension("k.cls.txt") is None
+
+
+@pytest.mark.parametrize("name", UNSPLIT_NAMES)
+def test_split_key_refuses_what_has_no_key(name: str) -> None:
+    """No dot in the basename, or a leading one: webdataset gives no key, or the folder's
+    path (``dir/.hidden.png`` -> ``dir/``); the view counts such a name, never keys it."""
+    from webdataset.tariterators import base_plus_ext
+
+    assert split_key(name) is None
+    key, _ = base_plus_ext(name)
+    assert key is None or key.endswith("/")
 
 
 # --- scanning one shard -----------------------------------------------------------------------
@@ -432,6 +473,67 @@ def test_unreadable_local_index_is_rebuilt(tmp_path: Path) -> None:
     assert len(members(path)) == 3
 
 
+def as_schema_1(path: Path) -> None:
+    """Make an index look written by schema 1, which read no label from ``KEY.v2.cls``."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+        conn.execute("UPDATE members SET label = NULL WHERE path LIKE '%.v2.cls'")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def schema_of(path: Path) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        return str(conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_a_schema_1_index_rescans_only_the_shards_with_labels_it_did_not_read(
+    tmp_path: Path,
+) -> None:
+    """An index (or sidecar) from before ``KEY.v2.cls`` labels were read is reused for
+    every other shard; the shards holding such a label are scanned again, once."""
+    store = store_with(
+        {
+            "a.tar": make_tar([("k.jpg", b"k"), ("k.cls", b"0"), ("a.b/m.json", b"{}")]),
+            "b.tar": make_tar([("s3.v2.png", b"s"), ("s3.v2.cls", b"2")]),
+            "c.tar": make_tar([("j.jpg", b"j"), ("j.cls", b"1")]),
+        }
+    )
+    _, path = build(store, tmp_path / "local")
+    assert stored_row(path, "s3.v2.cls")[1] == 2
+    as_schema_1(path)
+    assert stored_row(path, "s3.v2.cls")[1] is None
+    write_sidecar(store, path)
+
+    again, path = build(store, tmp_path / "local")
+    assert again.scanned_shards == 1  # b.tar alone
+    assert stored_row(path, "s3.v2.cls")[1] == 2
+    assert schema_of(path) == "2"
+    assert build(store, tmp_path / "local")[0].scanned_shards == 0
+
+    fresh, fresh_path = build(Store(store.config), tmp_path / "fresh")  # from the sidecar
+    assert fresh.scanned_shards == 1
+    assert members(fresh_path) == members(path)
+    assert stored_row(fresh_path, "s3.v2.cls")[1] == 2
+
+
+def test_a_schema_1_index_without_such_labels_is_carried_over_without_a_scan(
+    tmp_path: Path,
+) -> None:
+    store = store_with({"a.tar": make_tar([("k.jpg", b"k"), ("k.cls", b"0")])})
+    _, path = build(store, tmp_path)
+    as_schema_1(path)
+    again, path = build(store, tmp_path)
+    assert again.scanned_shards == 0
+    assert schema_of(path) == "2"
+    assert stored_row(path, "k.cls")[1] == 0
+
+
 # --- sidecars ---------------------------------------------------------------------------------
 
 
@@ -652,4 +754,4 @@ def test_hostile_label_is_no_label_and_the_view_reports_it(
     out = tmp_path / "view.sqlite"
     report = build_view(path, out, ViewConfig(layout="imagefolder"), lambda _folder: None)
     assert (report.files, report.unlabeled) == (1, 1)
-    assert any("k2.jpg" in note and "no label" in note for note in report.examples)
+    assert report.examples["unlabelled"] == ["image k2.jpg in s.tar has no label"]

@@ -17,7 +17,7 @@ from support.tarbuild import make_tar, memory_url, put
 
 from shardfs import dataset as mount_module
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
-from shardfs.dataset import layout_line, open_source
+from shardfs.dataset import images_line, layout_line, open_source, report_warnings
 from shardfs.errors import UsageError
 from shardfs.index import IndexBuilder, write_sidecar
 from shardfs.store import Store
@@ -57,6 +57,37 @@ def test_layout_line_when_nothing_is_labelled_and_for_layouts_asked_by_name() ->
     )
     assert layout_line(ViewReport(layout="raw", requested="raw")) is None
     assert layout_line(ViewReport(layout="imagefolder", requested="imagefolder")) is None
+
+
+def test_images_line_says_how_many_images_the_shards_hold_and_the_tree_presents() -> None:
+    assert images_line(ViewReport()) == ""  # no image at all: nothing to say
+    assert images_line(ViewReport(images=1, images_presented=1)) == (
+        "the shards hold 1 image, 1 presented"
+    )
+    report = ViewReport(images=1_281_167, images_presented=1_281_167)
+    assert images_line(report) == "the shards hold 1,281,167 images, 1,281,167 presented"
+    report = ViewReport(images=10, images_presented=6, unlabeled=1, unsplit=1)
+    assert images_line(report) == (
+        "the shards hold 10 images, 6 presented "
+        "(1 without a label, 1 without a sample key, 2 under a duplicate path)"
+    )
+
+
+def test_report_warnings_say_whether_a_duplicate_is_in_the_same_or_a_later_shard() -> None:
+    report = ViewReport(duplicates=6, same_shard_duplicates=3, later_shard_duplicates=2)
+    report.note("same_shard", "'0/s1.png': 2 copies in s.tar")
+    report.note("later_shard", "'a': 2 copies in s.tar and t.tar; the one in t.tar is served")
+    assert report_warnings(report) == [
+        "3 duplicate path(s) within one shard; the later member is served",
+        "  e.g. '0/s1.png': 2 copies in s.tar",
+        "2 duplicate path(s) across shards; the copy in the later shard is served",
+        "  e.g. 'a': 2 copies in s.tar and t.tar; the one in t.tar is served",
+        "1 file(s) with the path of a folder; the folder is served",
+    ]
+    for number in range(5):
+        report.note("same_shard", f"more {number}")
+    assert len(report.examples["same_shard"]) == 3  # a few of each kind, not all
+    assert report_warnings(ViewReport(images=3, images_presented=3)) == []
 
 
 # --- through open_source (a memory store, no FUSE) ---------------------------------------------
@@ -196,6 +227,9 @@ def test_mount_prints_why_auto_fell_back_to_raw(tmp_path: Path, mountpoint: Path
         "shard-000.tar; use --layout imagefolder to mount the 199 labelled ones)"
     ) in result.stderr.splitlines()
     assert "warning" not in result.stderr
+    assert result.stdout.rstrip().endswith(
+        "(399 files, raw layout): the shards hold 200 images, 200 presented"
+    ), result.stdout
     assert sorted(os.listdir(mountpoint / "train"))[:3] == ["0000.cls", "0000.jpg", "0001.jpg"]
     umount(mountpoint)
     # The advice works: imagefolder mounts the 199 labelled images, and names the one left out.
@@ -204,7 +238,11 @@ def test_mount_prints_why_auto_fell_back_to_raw(tmp_path: Path, mountpoint: Path
     )
     assert "layout:" not in result.stderr
     assert "shardfs: warning: 1 image(s) without a label left out" in result.stderr
-    counts = {label: len(os.listdir(mountpoint / label)) for label in ("0", "1")}
+    assert result.stdout.rstrip().endswith(
+        "(199 files, imagefolder layout): the shards hold 200 images, 199 presented "
+        "(1 without a label)"
+    ), result.stdout
+    counts = {label: len(os.listdir(mountpoint / label / "train")) for label in ("0", "1")}
     assert counts == {"0": 100, "1": 99}  # sample 0001 (label 1) had no .cls
     umount(mountpoint)
 
@@ -220,7 +258,10 @@ def test_mount_prints_that_auto_chose_imagefolder(tmp_path: Path, mountpoint: Pa
     assert "shardfs: layout: imagefolder (auto: 200 labelled images in 2 shards)" in (
         result.stderr.splitlines()
     )
-    assert hashlib.sha256((mountpoint / "0" / "0000.jpg").read_bytes()).hexdigest() == first
+    # The member's folder is kept under its class: train/0000.jpg is 0/train/0000.jpg.
+    assert sorted(os.listdir(mountpoint / "0")) == ["train"]
+    served = (mountpoint / "0" / "train" / "0000.jpg").read_bytes()
+    assert hashlib.sha256(served).hexdigest() == first
     umount(mountpoint)
 
 

@@ -84,8 +84,8 @@ def test_reported_attack_chain_is_left_out_and_named(tmp_path: Path) -> None:
     assert links(view) == {}
     assert exists(view, "h/file.txt")
     assert report.dropped_links == 2
-    assert any("'h/up'" in e and "outside the mount" in e for e in report.examples)
-    assert any("'h/passwd'" in e and "outside the mount" in e for e in report.examples)
+    assert any("'h/up'" in e and "outside the mount" in e for e in report.examples["link"])
+    assert any("'h/passwd'" in e and "outside the mount" in e for e in report.examples["link"])
 
 
 def test_ladder_that_a_textual_check_accepts_is_left_out(tmp_path: Path) -> None:
@@ -233,7 +233,7 @@ def test_cycles_and_self_loops_are_left_out(tmp_path: Path) -> None:
     )
     assert links(view) == {"fine": "f"}
     assert report.dropped_links == 10
-    assert any("loops" in e for e in report.examples)
+    assert any("loops" in e for e in report.examples["link"])
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -247,7 +247,7 @@ def test_forty_links_are_followed_forty_one_are_not(tmp_path: Path, reverse: boo
     assert "c00000" not in kept
     assert set(kept) == {f"c{i:05d}" for i in range(1, MAX_LINK_HOPS + 1)}
     assert report.dropped_links == 1
-    assert any("'c00000'" in e and "more than 40 links" in e for e in report.examples)
+    assert any("'c00000'" in e and "more than 40 links" in e for e in report.examples["link"])
 
 
 def test_forty_links_through_folder_components_count_too(tmp_path: Path) -> None:
@@ -312,7 +312,7 @@ def test_judged_after_the_duplicate_rule(tmp_path: Path) -> None:
     assert links(view) == {"y": "f"}
     assert view.lookup("z").is_dir and view.lookup("w").kind == MemberKind.FILE
     assert report.dropped_links == 1
-    assert any("'x'" in e for e in report.examples)
+    assert any("'x'" in e for e in report.examples["link"])
 
 
 def test_link_folder_component_becomes_a_real_folder_by_the_duplicate_rule(

@@ -111,9 +111,14 @@ def test_duplicates_later_shard_wins_and_are_counted(tmp_path: Path) -> None:
     assert content(view, shards, "same.txt") == b"from b!"
     assert content(view, shards, "d/dup") == b"cccc"  # last shard, last member within it
     assert report.duplicates == 4
+    # d/dup: one copy lost to a later member of c.tar, two to c.tar; same.txt: one to b.tar.
+    assert (report.same_shard_duplicates, report.later_shard_duplicates) == (1, 3)
     assert report.files == 3
-    assert any("same.txt" in e and "b.tar" in e for e in report.examples)
-    assert any("d/dup" in e and "c.tar" in e for e in report.examples)
+    assert report.examples["same_shard"] == ["'d/dup': 2 copies in c.tar"]
+    assert report.examples["later_shard"] == [
+        "'same.txt': 2 copies in a.tar and b.tar; the one in b.tar is served",
+        "'d/dup': 4 copies in 3 shards, a.tar to c.tar; the one in c.tar is served",
+    ]
 
 
 def test_file_versus_directory_conflict_directory_wins(tmp_path: Path) -> None:
@@ -268,7 +273,7 @@ def test_images_without_labels_auto_falls_back_to_raw(tmp_path: Path) -> None:
     assert view.layout == report.layout == "raw"
     assert sorted(files(view)) == ["a.cls", "a.jpg", "b.jpg", "c.cls", "c.jpg"]
     assert report.unlabeled == 0  # raw leaves nothing out
-    assert report.examples == []
+    assert report.examples == {}
     # ... but why auto chose raw is kept, and survives in the stored view.
     for kept in (report, view.report):
         assert (kept.requested, kept.auto_unlabeled, kept.labeled) == ("auto", 1, 2)
@@ -315,7 +320,10 @@ def test_images_without_labels_explicit_imagefolder_drops_them(tmp_path: Path) -
     assert view.layout == "imagefolder"
     assert sorted(files(view)) == ["0/a.jpg", "1/c.jpg"]
     assert report.unlabeled == 2
-    assert any("b.jpg" in e and "no label" in e for e in report.examples)
+    assert report.examples["unlabelled"] == [
+        "image b.jpg in s.tar has no label",
+        "image d.jpg in s.tar has no label",
+    ]
 
 
 def test_no_labels_at_all(tmp_path: Path) -> None:
@@ -351,8 +359,172 @@ def test_label_only_and_non_image_members(tmp_path: Path) -> None:
     }
     view, report = view_of(tmp_path, shards, "imagefolder")
     assert files(view) == {"0/a.jpg": "file:s.tar+1"}
-    assert report.ignored == 2  # a.txt and README
+    assert report.ignored == 3  # a.txt, README and the symlink
+    assert report.examples["other"] == ["a.txt in s.tar", "README in s.tar", "symlink lnk in s.tar"]
     assert report.unlabeled == 0
+
+
+# The four-sample shard of issue 19: two keys share a basename, one has dotted extensions.
+COLLISION_SHARD = [
+    ("x/s1.png", b"x-s1"),
+    ("x/s1.cls", b"0"),
+    ("y/s1.png", b"y-s1"),
+    ("y/s1.cls", b"1"),
+    ("s3.v2.png", b"s3"),
+    ("s3.v2.cls", b"2"),
+    ("k4.png", b"k4"),
+    ("k4.cls", b"0"),
+]
+
+
+def test_imagefolder_presents_every_sample_of_the_collision_shard(tmp_path: Path) -> None:
+    shards = {"s.tar": make_tar(COLLISION_SHARD)}
+    view, report = view_of(tmp_path, shards, "auto")
+    assert view.layout == "imagefolder"
+    assert files(view) == {
+        "0/k4.png": "file:s.tar+2",
+        "0/x/s1.png": "file:s.tar+4",
+        "1/y/s1.png": "file:s.tar+4",
+        "2/s3.v2.png": "file:s.tar+2",
+    }
+    assert content(view, shards, "0/x/s1.png") == b"x-s1"
+    assert content(view, shards, "1/y/s1.png") == b"y-s1"
+    assert (report.images, report.images_presented, report.labeled) == (4, 4, 4)
+    assert (report.duplicates, report.unlabeled, report.unsplit, report.ignored) == (0, 0, 0, 0)
+    assert report.examples == {}
+
+
+def test_imagefolder_keeps_folders_with_dots_and_does_not_repeat_the_class_folder(
+    tmp_path: Path,
+) -> None:
+    """``cat/x.jpg`` labelled ``cat`` (a tree packed as CLASS/KEY.jpg) stays ``cat/x.jpg``;
+    a folder of another name is kept under the class."""
+    shards = {
+        "train/s.tar": make_tar(
+            [
+                ("cat/x.jpg", b"x"),
+                ("cat/x.cls", b"0"),
+                ("dog/y.jpg", b"y"),
+                ("dog/y.cls", b"0"),
+                ("a.b/c.d/e.f.JPG", b"e"),
+                ("a.b/c.d/e.f.cls", b"1"),
+                ("cat", b"a file named as a class"),
+            ]
+        )
+    }
+    view, report = view_of(tmp_path, shards, "imagefolder", classes=("cat", "dog"))
+    assert sorted(files(view)) == [
+        "train/cat/dog/y.jpg",
+        "train/cat/x.jpg",
+        "train/dog/a.b/c.d/e.f.JPG",
+    ]
+    assert content(view, shards, "train/dog/a.b/c.d/e.f.JPG") == b"e"
+    assert (report.images, report.images_presented, report.ignored) == (3, 3, 1)
+    assert report.examples["other"] == ["cat in train/s.tar"]
+
+
+def test_imagefolder_serves_hard_linked_images_and_labels(tmp_path: Path) -> None:
+    shards = {
+        "s.tar": make_tar(
+            [
+                ("a.png", b"A"),
+                ("a.cls", b"1"),
+                hardlink("b.png", "a.png"),
+                hardlink("b.cls", "a.cls"),
+                hardlink("c.png", "elsewhere.png"),
+                ("c.cls", b"0"),
+            ]
+        )
+    }
+    view, report = view_of(tmp_path, shards, "imagefolder")
+    assert sorted(files(view)) == ["1/a.png", "1/b.png"]
+    assert content(view, shards, "1/b.png") == b"A"
+    assert report.dropped_links == 1
+    assert report.examples["link"] == [
+        "hard link 'c.png' -> 'elsewhere.png': target not in the same shard"
+    ]
+
+
+def test_imagefolder_counts_and_names_each_kind_left_out(tmp_path: Path) -> None:
+    shards = {
+        "a.tar": make_tar(
+            [
+                ("x/s1.png", b"first"),
+                ("x/s1.cls", b"0"),
+                ("d.png", b"d"),
+                ("d.cls", b"0"),
+                ("d.png", b"d again"),  # a later member of the same shard wins
+                ("nolabel.png", b"n"),
+                (".png", b"no key"),
+                ("dir/.x.jpg", b"no key either"),
+                ("k.txt", b"caption"),
+            ]
+        ),
+        "b.tar": make_tar(
+            [
+                ("x/s1.png", b"second"),  # the later shard wins
+                ("x/s1.cls", b"0"),
+                ("f.png", b"a file"),  # loses to the folder 0/f.png/ below
+                ("f.cls", b"0"),
+                ("f.png/g.png", b"g"),
+                ("f.png/g.cls", b"0"),
+            ]
+        ),
+    }
+    view, report = view_of(tmp_path, shards, "imagefolder")
+    assert sorted(files(view)) == ["0/d.png", "0/f.png/g.png", "0/x/s1.png"]
+    assert content(view, shards, "0/x/s1.png") == b"second"
+    assert content(view, shards, "0/d.png") == b"d again"
+    assert (report.images, report.images_presented) == (9, 3)
+    assert (report.unlabeled, report.unsplit, report.ignored) == (1, 2, 1)
+    assert (report.same_shard_duplicates, report.later_shard_duplicates) == (1, 1)
+    assert report.duplicates == 3  # and f.png, which lost to a folder
+    assert report.examples == {
+        "same_shard": ["'0/d.png': 2 copies in a.tar"],
+        "later_shard": ["'0/x/s1.png': 2 copies in a.tar and b.tar; the one in b.tar is served"],
+        "folder": ["file '0/f.png' in b.tar is also a folder"],
+        "unlabelled": ["image nolabel.png in a.tar has no label"],
+        "unsplit": ["image .png in a.tar", "image dir/.x.jpg in a.tar"],
+        "other": ["k.txt in a.tar"],
+    }
+
+
+def test_auto_counts_an_image_without_a_key_as_one_without_a_label(tmp_path: Path) -> None:
+    shards = {"s.tar": make_tar([("a.jpg", b"a"), ("a.cls", b"0"), ("d/.b.jpg", b"b")])}
+    view, report = view_of(tmp_path, shards, "auto")
+    assert view.layout == "raw"
+    assert (report.auto_unlabeled, report.auto_example) == (1, "d/.b.jpg in s.tar")
+    assert (report.unsplit, report.images, report.images_presented) == (0, 2, 2)
+
+
+def test_raw_counts_the_images_it_holds_and_presents(tmp_path: Path) -> None:
+    shards = {
+        "a.tar": make_tar([("p/1.jpg", b"1"), ("p/2.PNG", b"2"), ("notes.txt", b"n")]),
+        "b.tar": make_tar([("p/1.jpg", b"1 again"), hardlink("p/3.jpg", "p/1.jpg")]),
+    }
+    _, report = view_of(tmp_path, shards, "raw")
+    assert (report.images, report.images_presented, report.files) == (4, 3, 4)
+    assert (report.later_shard_duplicates, report.same_shard_duplicates) == (1, 0)
+
+
+def test_a_view_cached_under_the_old_key_rule_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Views are files named by ``view_key``: the rule keeping member folders and the
+    index schema that reads ``KEY.v2.cls`` labels each give a view a new name."""
+    import hashlib
+    import json
+
+    from shardfs import views
+    from shardfs.views import view_key
+
+    config = ViewConfig()
+    text = json.dumps([3, "fingerprint", config.layout, config.classes, {}])
+    before = hashlib.sha256(text.encode()).hexdigest()[:20]  # how view 3 named it
+    now = view_key("fingerprint", config, {})
+    assert now != before
+    monkeypatch.setattr(views, "SCHEMA_VERSION", views.SCHEMA_VERSION + 1)
+    assert view_key("fingerprint", config, {}) not in (now, before)
 
 
 def test_inode_numbers_stable_when_rebuilt_from_same_index(tmp_path: Path) -> None:

@@ -235,8 +235,10 @@ def _start_daemon(
     if code != 0:
         print(f"shardfs: error: {text}", file=sys.stderr)
         return code
-    files, _, layout = text.partition(" ")
-    print(f"mounted {source.url} at {config.mountpoint} ({files} files, {layout} layout)")
+    files, _, rest = text.partition(" ")
+    layout, _, images = rest.partition(" ")
+    summary = f"mounted {source.url} at {config.mountpoint} ({files} files, {layout} layout)"
+    print(f"{summary}: {images}" if images else summary)
     return 0
 
 
