@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from .control import pid_file, process_running, socket_path
+from .control import pid_file, process_running, remove_created_mountpoint, socket_path
 from .errors import MountError
 from .mounttable import find_mount, is_disconnected
 
@@ -266,6 +266,7 @@ def _stop_daemon(child: subprocess.Popen[bytes], mountpoint: Path) -> None:
         with contextlib.suppress(MountError):
             run_unmount_command(str(mountpoint), mountpoint, lazy=True)
         forget_dead_daemon(mountpoint)
+    remove_created_mountpoint(mountpoint)  # where the daemon ended before it could
 
 
 def _show_daemon_traceback(child: subprocess.Popen[bytes], log_path: Path, start: int) -> None:
@@ -316,8 +317,10 @@ def unmount(mountpoint: Path, *, lazy: bool = False, timeout: float = 30.0) -> U
     """Unmount a shardfs mount, live or left dead by a killed daemon.
 
     A live mount is unmounted and its daemon waited for ("live"). A dead one is only
-    removed from the mount table ("dead"). ``lazy`` detaches the mount even while a
-    process still uses it; its daemon then exits once the last user lets go ("detached")."""
+    removed from the mount table ("dead"), and its mountpoint too if a mount created it.
+    ``lazy`` detaches the mount even while a process still uses it; its daemon then exits
+    once the last user lets go ("detached"). A live daemon removes a mountpoint it created
+    as it exits."""
     entry = find_mount(mountpoint)
     if entry is None:
         raise MountError(f"{mountpoint}: not mounted")
@@ -331,6 +334,7 @@ def unmount(mountpoint: Path, *, lazy: bool = False, timeout: float = 30.0) -> U
     run_unmount_command(entry.mountpoint, mountpoint, lazy=lazy)
     if dead:
         forget_dead_daemon(mountpoint)
+        remove_created_mountpoint(mountpoint)  # the killed daemon could not
         return "dead"
     if lazy:
         return "detached"

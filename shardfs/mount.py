@@ -23,14 +23,19 @@ from .config import (
     SourceConfig,
     ViewConfig,
 )
-from .control import ControlServer, lock_mountpoint, pid_file
+from .control import ControlServer, lock_mountpoint, pid_file, remove_created_mountpoint
 from .daemon import ReadyChannel, note_both, warn_both
 from .dataset import OpenedSource, open_source
 from .errors import FuseUnavailableError, MountError
 from .filesystem import Owner, ShardFileSystem
 from .fuse.session import FuseSession
 from .index import Progress
-from .mountpoints import check_cache_dir, check_mountpoint, diagnose_fuse_failure
+from .mountpoints import (
+    check_cache_dir,
+    check_mountpoint,
+    diagnose_fuse_failure,
+    make_mountpoint,
+)
 from .readahead import Prefetcher
 from .reader import CachedReader, DirectReader, RangeReader
 from .stats import Stats
@@ -305,12 +310,20 @@ class Mount:
 def run_foreground(
     settings: MountSettings, channel: ReadyChannel, progress: Progress | None
 ) -> None:
-    """Be the daemon: take the mountpoint, check it, and serve a Mount until unmounted."""
+    """Be the daemon: take the mountpoint, check it (making it when missing), and serve a
+    Mount until unmounted; a mountpoint that shardfs made is removed as the daemon ends."""
     mountpoint = settings.mount.mountpoint
     # Held until this process exits (the descriptor is never closed): a second mount of
     # this mountpoint fails at once while this one scans or serves.
     lock_mountpoint(mountpoint)
     check_mountpoint(mountpoint, nonempty=settings.mount.nonempty)
-    check_cache_dir(settings.index.cache_dir)
-    Mount(settings, Stats(), channel, progress).serve()
+    if make_mountpoint(mountpoint):  # the waiting parent says so once the mount is ready
+        log.info("created mountpoint %s (removed at unmount)", mountpoint)
+    try:
+        check_cache_dir(settings.index.cache_dir)
+        Mount(settings, Stats(), channel, progress).serve()
+    finally:
+        # Made by this mount or by one killed before it could remove it: this mount's
+        # end, failed or not, is where it goes.
+        remove_created_mountpoint(mountpoint)
     log.info("unmounted %s", mountpoint)

@@ -5,6 +5,7 @@ with the arguments this command was given plus ``--foreground``."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -70,7 +71,12 @@ def _owner(database: str) -> Callable[[str], int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     source_arguments(parser)
     read_arguments(parser)
-    parser.add_argument("mountpoint", type=Path, help="an existing, empty folder")
+    parser.add_argument(
+        "mountpoint",
+        type=Path,
+        help="an empty folder; a missing one is created (its parent must exist) and removed "
+        "again at unmount",
+    )
     long_options_argument(parser, mounts=True)
     _view_arguments(parser)
     _daemon_arguments(parser)
@@ -228,6 +234,7 @@ def _start_daemon(
     readahead_config(args)
     check_mountpoint(config.mountpoint, notice=notice, nonempty=args.nonempty)
     check_cache_dir(cache_dir)
+    missing = not os.path.lexists(config.mountpoint)  # the daemon makes it
     log_path = log_file_for(cache_dir, args.log_file)
     code, text = spawn_daemon(
         args.argv, config.mountpoint, log_path, sys.stderr.isatty(), verbose=args.verbose > 0
@@ -235,6 +242,8 @@ def _start_daemon(
     if code != 0:
         print(f"shardfs: error: {text}", file=sys.stderr)
         return code
+    if missing:
+        notice(f"created mountpoint {config.mountpoint} (removed at unmount)")
     files, _, layout = text.partition(" ")
     print(f"mounted {source.url} at {config.mountpoint} ({files} files, {layout} layout)")
     return 0
