@@ -8,18 +8,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from .control import pid_file, process_running, remove_created_mountpoint, socket_path
 from .errors import MountError
 from .mounttable import find_mount, is_disconnected
+from .progress_bar import tick, update_progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -122,27 +124,50 @@ class _StopSignals:
             raise _Stopped(self._pending[0])
 
 
+_TICK = 0.5  # seconds between redraws of a bar while the daemon sends no news
+
+
 class _ProgressLines:
-    """Shows what the daemon reports on the ready channel until ``ready`` or ``error``."""
+    """Shows what the daemon reports on the ready channel until ``ready`` or ``error``.
+
+    The daemon runs detached from the terminal, so the scan's bar is drawn here, by the
+    process the user started, from the numbers the daemon sends."""
 
     def __init__(self, show_progress: bool) -> None:
         self.show_progress = show_progress
         self.bar: Any = None
 
-    def follow(self, pipe: Iterable[str]) -> tuple[str, str] | None:
-        """Show progress, warnings and notes; return the final (kind, text), or None when
-        the daemon closed the channel without one."""
-        for line in pipe:
-            kind, _, text = line.rstrip("\n").partition(" ")
-            if kind == "progress" and self.show_progress:
-                done, total, done_bytes, total_bytes = (int(x) for x in text.split())
-                self.bar = update_progress_bar(self.bar, done, total, done_bytes, total_bytes)
-            elif kind == "warn":
-                _print_line(self.bar, f"shardfs: warning: {text}")
-            elif kind == "note":
-                _print_line(self.bar, f"shardfs: {text}")
-            elif kind in ("ready", "error"):
-                return kind, text
+    def follow(self, fd: int) -> tuple[str, str] | None:
+        """Show progress, warnings and notes from the pipe ``fd``; return the final (kind,
+        text), or None when the daemon closed the channel without one. A bar is redrawn
+        every _TICK seconds between lines, so that its clock runs through a long shard."""
+        pending = b""
+        while True:
+            ready, _, _ = select.select([fd], [], [], _TICK)
+            if not ready:
+                if self.bar is not None and not self.bar.disable:
+                    tick(self.bar)
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                outcome = self._show(line.decode("utf-8", "replace"))
+                if outcome is not None:
+                    return outcome
+
+    def _show(self, line: str) -> tuple[str, str] | None:
+        kind, _, text = line.partition(" ")
+        if kind == "progress" and self.show_progress:
+            done, total, done_bytes, total_bytes = (int(x) for x in text.split())
+            self.bar = update_progress_bar(self.bar, done, total, done_bytes, total_bytes)
+        elif kind == "warn":
+            _print_line(self.bar, f"shardfs: warning: {text}")
+        elif kind == "note":
+            _print_line(self.bar, f"shardfs: {text}")
+        elif kind in ("ready", "error"):
+            return kind, text
         return None
 
     def close(self) -> None:
@@ -182,9 +207,7 @@ def spawn_daemon(
                     log_path = _name_log_by_pid(log_path, child.pid)
                 os.close(write_fd)
                 write_fd = -1
-                with os.fdopen(read_fd, "r") as pipe:
-                    read_fd = -1
-                    outcome = lines.follow(pipe)
+                outcome = lines.follow(read_fd)
                 return _daemon_outcome(outcome, child, log_path, log_start, verbose=verbose)
             except _Stopped as stopped:
                 lines.close()
@@ -293,21 +316,6 @@ def _print_line(bar: Any, text: str) -> None:
         bar.write(text, file=sys.stderr)
     else:
         print(text, file=sys.stderr)
-
-
-def update_progress_bar(
-    bar: object | None, done: int, total: int, done_bytes: int, total_bytes: int
-) -> object:
-    """Show an index scan's progress (shards and bytes done of total) on a tqdm bar, made
-    at the first call; returns the bar for the next call."""
-    from tqdm import tqdm
-
-    if bar is None:
-        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="indexing shards")
-    assert isinstance(bar, tqdm)
-    bar.update(done_bytes - bar.n)
-    bar.set_postfix_str(f"{done}/{total} shards")
-    return bar
 
 
 Unmounted = Literal["live", "dead", "detached"]

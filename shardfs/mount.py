@@ -198,7 +198,7 @@ class Mount:
         assert self.dataset is not None
         mountpoint = self.settings.mount.mountpoint
         pid_file(mountpoint).write_text(str(os.getpid()))
-        log.info("mounted %s at %s", self.settings.source.url, mountpoint)
+        log.info("mounted %s at %s", self.settings.source.describe(), mountpoint)
         view = self.dataset.view
         self.channel.send("ready", f"{view.report.files} {view.layout}")
         if isinstance(self.reader, CachedReader) and self.settings.readahead.prefetch == "all":
@@ -231,7 +231,7 @@ class Mount:
         cache, config, view = self.cache, self.settings.cache, self.dataset.view
         values = self.stats.snapshot()
         values.update(
-            source=self.settings.source.url,
+            source=self.settings.source.describe(),
             mountpoint=str(self.settings.mount.mountpoint),
             layout=view.layout,
             files=view.report.files,

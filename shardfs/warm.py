@@ -16,6 +16,7 @@ from .config import (
     plural,
 )
 from .dataset import open_source
+from .progress_bar import new_bar, scan_progress
 from .readahead import Prefetcher
 from .reader import CachedReader
 from .stats import Stats
@@ -56,7 +57,13 @@ def warm(
     stats = Stats()
     cache = BlockCache(cache_config, stats)
     try:
-        opened = open_source(source, index_config, ViewConfig(layout="raw"), cache=cache)
+        opened = open_source(
+            source,
+            index_config,
+            ViewConfig(layout="raw"),
+            cache=cache,
+            progress=scan_progress() if show_progress else None,
+        )
     except BaseException:
         cache.close()
         raise
@@ -78,9 +85,7 @@ def warm(
     started = time.perf_counter()
     bar = None
     if show_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=sum(s.size for s in shards), unit="B", unit_scale=True, desc="warming")
+        bar = new_bar("warming", sum(s.size for s in shards))
     try:
         for shard in shards:
             reader.read_ahead(shard)
