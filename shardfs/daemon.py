@@ -8,20 +8,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from .control import pid_file, process_running, remove_created_mountpoint, socket_path
 from .errors import MountError
 from .mounttable import find_mount, is_disconnected
-from .progress_bar import tick, update_progress_bar
+from .progress_bar import update_progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +123,6 @@ class _StopSignals:
             raise _Stopped(self._pending[0])
 
 
-_TICK = 0.5  # seconds between redraws of a bar while the daemon sends no news
-
-
 class _ProgressLines:
     """Shows what the daemon reports on the ready channel until ``ready`` or ``error``.
 
@@ -137,37 +133,20 @@ class _ProgressLines:
         self.show_progress = show_progress
         self.bar: Any = None
 
-    def follow(self, fd: int) -> tuple[str, str] | None:
-        """Show progress, warnings and notes from the pipe ``fd``; return the final (kind,
-        text), or None when the daemon closed the channel without one. A bar is redrawn
-        every _TICK seconds between lines, so that its clock runs through a long shard."""
-        pending = b""
-        while True:
-            ready, _, _ = select.select([fd], [], [], _TICK)
-            if not ready:
-                if self.bar is not None and not self.bar.disable:
-                    tick(self.bar)
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                outcome = self._show(line.decode("utf-8", "replace"))
-                if outcome is not None:
-                    return outcome
-
-    def _show(self, line: str) -> tuple[str, str] | None:
-        kind, _, text = line.partition(" ")
-        if kind == "progress" and self.show_progress:
-            done, total, done_bytes, total_bytes = (int(x) for x in text.split())
-            self.bar = update_progress_bar(self.bar, done, total, done_bytes, total_bytes)
-        elif kind == "warn":
-            _print_line(self.bar, f"shardfs: warning: {text}")
-        elif kind == "note":
-            _print_line(self.bar, f"shardfs: {text}")
-        elif kind in ("ready", "error"):
-            return kind, text
+    def follow(self, pipe: Iterable[str]) -> tuple[str, str] | None:
+        """Show progress, warnings and notes; return the final (kind, text), or None when
+        the daemon closed the channel without one."""
+        for line in pipe:
+            kind, _, text = line.rstrip("\n").partition(" ")
+            if kind == "progress" and self.show_progress:
+                done, total, done_bytes, total_bytes = (int(x) for x in text.split())
+                self.bar = update_progress_bar(self.bar, done, total, done_bytes, total_bytes)
+            elif kind == "warn":
+                _print_line(self.bar, f"shardfs: warning: {text}")
+            elif kind == "note":
+                _print_line(self.bar, f"shardfs: {text}")
+            elif kind in ("ready", "error"):
+                return kind, text
         return None
 
     def close(self) -> None:
@@ -207,7 +186,9 @@ def spawn_daemon(
                     log_path = _name_log_by_pid(log_path, child.pid)
                 os.close(write_fd)
                 write_fd = -1
-                outcome = lines.follow(read_fd)
+                with os.fdopen(read_fd, "r") as pipe:
+                    read_fd = -1
+                    outcome = lines.follow(pipe)
                 return _daemon_outcome(outcome, child, log_path, log_start, verbose=verbose)
             except _Stopped as stopped:
                 lines.close()

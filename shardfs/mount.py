@@ -325,5 +325,5 @@ def run_foreground(
     finally:
         # Made by this mount or by one killed before it could remove it: this mount's
         # end, failed or not, is where it goes.
-        remove_created_mountpoint(mountpoint)
+        remove_created_mountpoint(mountpoint, by_its_daemon=True)
     log.info("unmounted %s", mountpoint)

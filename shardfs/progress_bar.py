@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # index loads fsspec; the CLI starts without it
@@ -16,22 +18,23 @@ if TYPE_CHECKING:  # index loads fsspec; the CLI starts without it
 
 SHOW_AFTER = 1.0
 """Seconds of work before a bar is drawn: a short scan leaves no bar behind."""
+TICK = 0.5
+"""Seconds between redraws of a bar that gets no news."""
 FALLBACK_SIZE = (80, 24)
 """Columns and rows of a terminal that reports none."""
 
 
-def shows_progress(stream: IO[str] | None = None) -> bool:
-    """Whether bars are drawn: ``stream`` (stderr) is a terminal."""
-    stream = stream if stream is not None else sys.stderr
+def shows_progress() -> bool:
+    """Whether bars are drawn: stderr is a terminal."""
     try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced, or closed
         return False
 
 
 def _size_if_unreported(stream: IO[str]) -> tuple[int, int] | None:
-    """The fallback size where the terminal reports none (0 columns), else None (tqdm then
-    follows the terminal's own size)."""
+    """FALLBACK_SIZE (its columns from ``$COLUMNS`` if set) where the terminal reports no
+    size, else None: tqdm then follows the terminal's own size, resizes included."""
     try:
         columns = os.get_terminal_size(stream.fileno()).columns
     except (AttributeError, ValueError, OSError):
@@ -39,17 +42,18 @@ def _size_if_unreported(stream: IO[str]) -> tuple[int, int] | None:
     if columns > 0:
         return None
     wanted = os.environ.get("COLUMNS", "")
-    return (int(wanted) if wanted.isdigit() and int(wanted) > 0 else FALLBACK_SIZE[0]), (
-        FALLBACK_SIZE[1]
-    )
+    columns = int(wanted) if wanted.isdigit() and int(wanted) > 0 else FALLBACK_SIZE[0]
+    return columns, FALLBACK_SIZE[1]
 
 
 def new_bar(desc: str, total: int | None = None, unit: str = "B") -> Any:
-    """A tqdm bar on stderr (bytes by default), drawn after SHOW_AFTER seconds."""
+    """A tqdm bar on stderr (bytes by default), drawn after SHOW_AFTER seconds and redrawn
+    every TICK seconds until it is closed, so that its clock runs while the work sends no
+    news (one large shard)."""
     from tqdm import tqdm
 
     size = _size_if_unreported(sys.stderr)
-    return tqdm(
+    bar = tqdm(
         total=total,
         desc=desc,
         unit=unit,
@@ -60,11 +64,20 @@ def new_bar(desc: str, total: int | None = None, unit: str = "B") -> Any:
         nrows=size[1] if size else None,
     )
 
+    def keep_ticking() -> None:
+        while not bar.disable:  # closed
+            time.sleep(TICK)
+            _tick(bar)
 
-def tick(bar: Any) -> None:
-    """Redraw a bar whose work goes on without news (the clock moves), once it shows."""
-    if bar._time() >= bar.start_t + bar.delay:
-        bar.refresh()
+    threading.Thread(target=keep_ticking, name="shardfs-progress", daemon=True).start()
+    return bar
+
+
+def _tick(bar: Any) -> None:
+    """Redraw ``bar`` if it is open and shows (under tqdm's lock, as its updates are)."""
+    with bar.get_lock():
+        if not bar.disable and bar._time() >= bar.start_t + bar.delay:
+            bar.refresh(nolock=True)
 
 
 def update_progress_bar(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,8 @@ from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.mounts import assert_one_error_line, mount, process_gone, umount, wait_for
 from support.processes import is_mounted, run_shardfs, spawn_shardfs, stop_process
 
-from shardfs.control import created_marker, pid_file
+from shardfs.control import created_marker, lock_held, pid_file, remove_created_mountpoint
+from shardfs.mountpoints import make_mountpoint
 
 pytestmark = pytest.mark.integration
 
@@ -111,3 +114,34 @@ def test_a_failed_mount_removes_the_mountpoint_it_created(missing: Path, tmp_pat
     assert not is_mounted(missing)
     assert not missing.exists()
     assert not created_marker(missing).exists()
+
+
+def test_a_created_mountpoint_is_left_to_the_mount_that_holds_it(tmp_path: Path) -> None:
+    """Only the daemon of a mount that starts or runs there removes it; a command that
+    stops another daemon (or clears a dead mount) meanwhile leaves it in place."""
+    target = tmp_path / "mnt"
+    assert make_mountpoint(target) and created_marker(target).exists()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from shardfs.control import lock_mountpoint; "
+            "lock_mountpoint(Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()",
+            str(target),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        assert lock_held(target)
+        assert not remove_created_mountpoint(target)
+        assert target.is_dir()
+        assert remove_created_mountpoint(target, by_its_daemon=True)
+        assert not target.exists() and not created_marker(target).exists()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
+    assert not lock_held(target)

@@ -7,8 +7,10 @@ delay."""
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import pty
+import re
 import select
 import struct
 import subprocess
@@ -24,7 +26,7 @@ from support.processes import is_mounted, run_shardfs
 from support.s3 import S3Server
 from support.tarbuild import make_tar
 
-from shardfs.progress_bar import SHOW_AFTER, update_progress_bar
+from shardfs.progress_bar import FALLBACK_SIZE, SHOW_AFTER, TICK, new_bar, update_progress_bar
 
 SHARDS = 3
 SCAN_DELAY = 1.5 * SHOW_AFTER  # seconds each GET waits: the scan outlasts SHOW_AFTER
@@ -43,6 +45,31 @@ def test_index_progress_reaches_the_bar_as_numbers() -> None:
     again = update_progress_bar(bar, 0, 2, 0, 100)  # a later scan gets a bar of its own
     assert again is not bar and again.total == 100
     again.close()
+
+
+def test_a_bar_shows_only_after_a_second_and_then_its_clock_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No bar for work shorter than SHOW_AFTER; a longer one is drawn (80 columns where the
+    stream reports no size) and redrawn without news, so a long shard does not look hung."""
+    shown = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", shown)
+    quick = new_bar("quick", 100)
+    quick.update(100)
+    quick.close()
+    assert shown.getvalue() == ""
+
+    slow = new_bar("slow", 100)
+    slow.update(10)  # the only news
+    time.sleep(SHOW_AFTER + 3 * TICK)
+    slow.close()
+    frames = [f for f in shown.getvalue().split("\r") if f.startswith("slow:")]
+    assert len(frames) >= 3, frames  # redrawn by the clock alone
+    assert all(len(f.rstrip("\n")) <= FALLBACK_SIZE[0] for f in frames)
+    elapsed = [re.search(r"\[(\d\d):(\d\d)<", f) for f in frames]
+    seconds = [int(m[1]) * 60 + int(m[2]) for m in elapsed if m]
+    assert seconds == sorted(seconds) and seconds[-1] >= SHOW_AFTER + 2 * TICK  # the clock ran
+    assert " 10.0/100 " in frames[-1]  # while the count stood still
 
 
 @pytest.fixture
