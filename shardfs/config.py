@@ -38,6 +38,10 @@ class SourceConfig:
     connect_timeout: seconds to open a connection to the store. Default: 10.
     stall_timeout: seconds a response may go without sending a byte before the request is
         abandoned and retried. Default: 10.
+    extra_urls: further sources, each like ``url`` and on any store, mounted into the same
+        tree (``shardfs mount A B MNT``); where two present the same path, the later source
+        wins, as the later shard does. The storage options apply to every source, the
+        endpoint to the S3 ones. Default: none.
     """
 
     url: str
@@ -46,6 +50,16 @@ class SourceConfig:
     read_timeout: float = 30.0
     connect_timeout: float = 10.0
     stall_timeout: float = 10.0
+    extra_urls: tuple[str, ...] = ()
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every source URL, in command-line order."""
+        return (self.url, *self.extra_urls)
+
+    def describe(self) -> str:
+        """The sources as the user named them, for messages."""
+        return ", ".join(self.urls)
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,9 @@ class MountConfig:
     file_mode: permission bits of every regular file (``--file-mode``). Default: None,
         read-only for everyone plus the member's own execute bits.
     dir_mode: permission bits of every folder (``--dir-mode``). Default: None, 0o555.
+    fsname: what the mount table shows as the mounted source (``findmnt``, ``df``,
+        ``mount``); the CLI gives the source URLs (``source_urls.table_name``). Its type is
+        always ``fuse.shardfs``, by which shardfs finds its mounts. Default: ``shardfs``.
     """
 
     mountpoint: Path
@@ -128,6 +145,7 @@ class MountConfig:
     gid: int | None = None
     file_mode: int | None = None
     dir_mode: int | None = None
+    fsname: str = "shardfs"
 
 
 def parse_storage_option(text: str) -> tuple[str, Any]:

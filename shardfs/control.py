@@ -1,10 +1,11 @@
 """The control channel of a running mount: a unix socket that answers with live stats.
 
 ``shardfs stats MOUNTPOINT`` connects to the socket of that mountpoint, sends one command
-line and reads one JSON document. The socket, the daemon's pid file and its lock file live
-in a private runtime folder (``$XDG_RUNTIME_DIR`` or the temp folder), named after the
-mountpoint. The daemon holds the lock from before its scan until it exits, so a second
-mount of the same mountpoint fails at once instead of stacking a second mount on it.
+line and reads one JSON document. The socket, the daemon's pid file, its lock file (and a
+marker when the mount created its mountpoint) live in a private runtime folder
+(``$XDG_RUNTIME_DIR`` or the temp folder), named after the mountpoint. The daemon holds
+the lock from before its scan until it exits, so a second mount of the same mountpoint
+fails at once instead of stacking a second mount on it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,46 @@ def socket_path(mountpoint: Path) -> Path:
 
 def lock_path(mountpoint: Path) -> Path:
     return runtime_dir() / f"{_runtime_name(mountpoint)}.lock"
+
+
+def lock_held(mountpoint: Path) -> bool:
+    """Whether a process holds the mountpoint's lock (a mount starts or runs there)."""
+    try:
+        fd = os.open(lock_path(mountpoint), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # and with it the probe's own lock
+    return False
+
+
+def created_marker(mountpoint: Path) -> Path:
+    """Present while the mountpoint is a folder that a mount created (it is removed at
+    unmount): kept past a killed daemon, so the next ``umount`` or mount still knows."""
+    return runtime_dir() / f"{_runtime_name(mountpoint)}.created"
+
+
+def remove_created_mountpoint(mountpoint: Path, *, by_its_daemon: bool = False) -> bool:
+    """Remove the mountpoint if a mount created it and it is an empty folder, mounted no
+    more; True if it is gone. Any other folder is left as it is, and so is one where a
+    mount starts or runs, unless the caller is that mount's daemon (``by_its_daemon``)."""
+    marker = created_marker(mountpoint)
+    if not marker.exists() or (not by_its_daemon and lock_held(mountpoint)):
+        return False
+    try:
+        os.rmdir(mountpoint)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # still mounted, or someone put files in it: not ours to remove
+        log.info("left the mountpoint %s in place (%s)", mountpoint, exc.strerror)
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        marker.unlink()
+    return True
 
 
 def lock_mountpoint(mountpoint: Path) -> int:

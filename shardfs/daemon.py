@@ -17,9 +17,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from .control import pid_file, process_running, socket_path
+from .control import pid_file, process_running, remove_created_mountpoint, socket_path
 from .errors import MountError
 from .mounttable import find_mount, is_disconnected, not_a_shardfs_mount
+from .progress_bar import update_progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,10 @@ class _StopSignals:
 
 
 class _ProgressLines:
-    """Shows what the daemon reports on the ready channel until ``ready`` or ``error``."""
+    """Shows what the daemon reports on the ready channel until ``ready`` or ``error``.
+
+    The daemon runs detached from the terminal, so the scan's bar is drawn here, by the
+    process the user started, from the numbers the daemon sends."""
 
     def __init__(self, show_progress: bool) -> None:
         self.show_progress = show_progress
@@ -266,6 +270,7 @@ def _stop_daemon(child: subprocess.Popen[bytes], mountpoint: Path) -> None:
         with contextlib.suppress(MountError):
             run_unmount_command(str(mountpoint), mountpoint, lazy=True)
         forget_dead_daemon(mountpoint)
+    remove_created_mountpoint(mountpoint)  # where the daemon ended before it could
 
 
 def _show_daemon_traceback(child: subprocess.Popen[bytes], log_path: Path, start: int) -> None:
@@ -294,21 +299,6 @@ def _print_line(bar: Any, text: str) -> None:
         print(text, file=sys.stderr)
 
 
-def update_progress_bar(
-    bar: object | None, done: int, total: int, done_bytes: int, total_bytes: int
-) -> object:
-    """Show an index scan's progress (shards and bytes done of total) on a tqdm bar, made
-    at the first call; returns the bar for the next call."""
-    from tqdm import tqdm
-
-    if bar is None:
-        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="indexing shards")
-    assert isinstance(bar, tqdm)
-    bar.update(done_bytes - bar.n)
-    bar.set_postfix_str(f"{done}/{total} shards")
-    return bar
-
-
 Unmounted = Literal["live", "dead", "detached"]
 
 
@@ -316,8 +306,10 @@ def unmount(mountpoint: Path, *, lazy: bool = False, timeout: float = 30.0) -> U
     """Unmount a shardfs mount, live or left dead by a killed daemon.
 
     A live mount is unmounted and its daemon waited for ("live"). A dead one is only
-    removed from the mount table ("dead"). ``lazy`` detaches the mount even while a
-    process still uses it; its daemon then exits once the last user lets go ("detached")."""
+    removed from the mount table ("dead"), and its mountpoint too if a mount created it.
+    ``lazy`` detaches the mount even while a process still uses it; its daemon then exits
+    once the last user lets go ("detached"). A live daemon removes a mountpoint it created
+    as it exits."""
     entry = find_mount(mountpoint)
     if entry is None or not entry.is_shardfs:
         raise MountError(not_a_shardfs_mount(mountpoint, entry))
@@ -326,6 +318,7 @@ def unmount(mountpoint: Path, *, lazy: bool = False, timeout: float = 30.0) -> U
     run_unmount_command(entry.mountpoint, mountpoint, lazy=lazy)
     if dead:
         forget_dead_daemon(mountpoint)
+        remove_created_mountpoint(mountpoint)  # the killed daemon could not
         return "dead"
     if lazy:
         return "detached"

@@ -34,6 +34,7 @@ from .index import BlockSink, IndexBuilder, Progress, connect, fingerprint
 from .reader import shard_key_of
 from .stats import Stats
 from .store import ShardInfo, Store
+from .store_set import open_store
 from .views import CLASSES_FILE, View, ViewReport, build_view, parse_classes, view_key
 
 log = logging.getLogger(__name__)
@@ -337,7 +338,7 @@ def open_source(
     With a ``cache``, the bytes an index scan streams are kept as cache blocks, so reading
     the files afterwards downloads nothing again. ``stats`` counts what the store fetches,
     the scan included (``Store.stats``)."""
-    store = Store(source, stats)
+    store = open_store(source, stats)
     shards = store.list_shards()
     for warning in store.listing_warnings:
         warn(warning)
@@ -374,6 +375,32 @@ def open_source(
     return OpenedSource(store, view, index_path, scanned, scratch.path)
 
 
+def _classes_files(store: Store, shards: list[ShardInfo]) -> dict[str, list[str]]:
+    """The ``classes.txt`` next to the shards, by folder: in the root and in each shard
+    folder, of each source. Sources whose files for one folder differ are refused: a label
+    would then name two classes."""
+    classes: dict[str, tuple[list[str], Store]] = {}
+    for part, suffix in store.parts():
+        mine = [s.name.removesuffix(suffix) for s in shards if s.name.endswith(suffix)]
+        for folder in sorted({""} | {posixpath.dirname(n) for n in mine}):
+            name = posixpath.join(folder, CLASSES_FILE)
+            data = part.read_object(name)
+            if data is None:
+                continue
+            try:
+                names = parse_classes(data.decode("utf-8"), name)
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{name}: not UTF-8 text ({exc.reason})") from exc
+            first, source = classes.setdefault(folder, (names, part))
+            if first != names:
+                raise UsageError(
+                    f"{part.describe()}: its {name} differs from the one of "
+                    f"{source.describe()}, so a label would name two classes; mount them "
+                    "apart, or give --classes FILE"
+                )
+    return {folder: names for folder, (names, _) in classes.items()}
+
+
 def _open_index_and_view(
     store: Store,
     shards: list[ShardInfo],
@@ -403,15 +430,7 @@ def _open_index_and_view(
         warn(f"skipped bad shard {bad.name}: {bad.reason} at offset {bad.offset}")
     classes: dict[str, list[str]] = {}
     if view_config.layout != "raw" and view_config.classes is None:
-        folders = sorted({""} | {posixpath.dirname(s.name) for s in shards})
-        for folder in folders:
-            name = posixpath.join(folder, CLASSES_FILE)
-            data = store.read_object(name)
-            if data is not None:
-                try:
-                    classes[folder] = parse_classes(data.decode("utf-8"), name)
-                except UnicodeDecodeError as exc:
-                    raise UsageError(f"{name}: not UTF-8 text ({exc.reason})") from exc
+        classes = _classes_files(store, shards)
 
     def classes_for(folder: str) -> list[str] | None:
         return classes.get(folder, classes.get(""))

@@ -211,14 +211,30 @@ class IndexBuilder:
         return self.path
 
     def _sidecars(self, missing: list[ShardInfo]) -> dict[tuple[str, int, str], _Source]:
-        """Sidecars next to the missing shards: in the source root and in each shard folder.
+        """Sidecars next to the missing shards: in the source root and in each shard folder
+        (of each source, for several).
 
         A sidecar names its shards and members relative to its own folder."""
         found: dict[tuple[str, int, str], _Source] = {}
         if not self.config.use_sidecar:
             return found
-        for folder in sorted({posixpath.dirname(s.name) for s in missing} | {""}):
-            data = self.store.read_object(posixpath.join(folder, SIDECAR_NAME))
+        for part, suffix in self.store.parts():
+            names = [s.name.removesuffix(suffix) for s in missing if s.name.endswith(suffix)]
+            if names:
+                self._sidecars_of(part, suffix, names, found)
+        return found
+
+    def _sidecars_of(
+        self,
+        part: Store,
+        suffix: str,
+        names: list[str],
+        found: dict[tuple[str, int, str], _Source],
+    ) -> None:
+        """Add to ``found`` the shards of one source's sidecars; ``names`` are its missing
+        shards as it names them, ``suffix`` what its shard names carry here."""
+        for folder in sorted({posixpath.dirname(n) for n in names} | {""}):
+            data = part.read_object(posixpath.join(folder, SIDECAR_NAME))
             if data is None:
                 continue
             fd, name = tempfile.mkstemp(prefix=".sidecar-", suffix=".sqlite", dir=self.index_dir)
@@ -235,9 +251,8 @@ class IndexBuilder:
             where = f"folder {folder}/" if folder else "the source root"
             log.info("using the index sidecar in %s for %d shard(s)", where, len(table))
             for (shard_name, size, etag), sid in table.items():
-                identity = (posixpath.join(folder, shard_name), size, etag)
+                identity = (posixpath.join(folder, shard_name) + suffix, size, etag)
                 found.setdefault(identity, _Source(Path(name), sid, folder))
-        return found
 
     def _rebuild(self, shards: list[ShardInfo], local: ShardTable) -> None:
         missing = [s for s in shards if s.identity not in local]

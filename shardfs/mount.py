@@ -23,14 +23,19 @@ from .config import (
     SourceConfig,
     ViewConfig,
 )
-from .control import ControlServer, lock_mountpoint, pid_file
+from .control import ControlServer, lock_mountpoint, pid_file, remove_created_mountpoint
 from .daemon import ReadyChannel, note_both, warn_both
 from .dataset import OpenedSource, images_line, open_source
 from .errors import FuseUnavailableError, MountError
 from .filesystem import Owner, ShardFileSystem
 from .fuse.session import FuseSession
 from .index import Progress
-from .mountpoints import check_cache_dir, check_mountpoint, diagnose_fuse_failure
+from .mountpoints import (
+    check_cache_dir,
+    check_mountpoint,
+    diagnose_fuse_failure,
+    make_mountpoint,
+)
 from .readahead import Prefetcher
 from .reader import CachedReader, DirectReader, RangeReader
 from .stats import Stats
@@ -194,7 +199,7 @@ class Mount:
         assert self.dataset is not None
         mountpoint = self.settings.mount.mountpoint
         pid_file(mountpoint).write_text(str(os.getpid()))
-        log.info("mounted %s at %s", self.settings.source.url, mountpoint)
+        log.info("mounted %s at %s", self.settings.source.describe(), mountpoint)
         view = self.dataset.view
         self.channel.send("ready", f"{view.report.files} {view.layout} {images_line(view.report)}")
         if isinstance(self.reader, CachedReader) and self.settings.readahead.prefetch == "all":
@@ -227,7 +232,7 @@ class Mount:
         cache, config, view = self.cache, self.settings.cache, self.dataset.view
         values = self.stats.snapshot()
         values.update(
-            source=self.settings.source.url,
+            source=self.settings.source.describe(),
             mountpoint=str(self.settings.mount.mountpoint),
             layout=view.layout,
             files=view.report.files,
@@ -306,12 +311,20 @@ class Mount:
 def run_foreground(
     settings: MountSettings, channel: ReadyChannel, progress: Progress | None
 ) -> None:
-    """Be the daemon: take the mountpoint, check it, and serve a Mount until unmounted."""
+    """Be the daemon: take the mountpoint, check it (making it when missing), and serve a
+    Mount until unmounted; a mountpoint that shardfs made is removed as the daemon ends."""
     mountpoint = settings.mount.mountpoint
     # Held until this process exits (the descriptor is never closed): a second mount of
     # this mountpoint fails at once while this one scans or serves.
     lock_mountpoint(mountpoint)
     check_mountpoint(mountpoint, nonempty=settings.mount.nonempty)
-    check_cache_dir(settings.index.cache_dir)
-    Mount(settings, Stats(), channel, progress).serve()
+    if make_mountpoint(mountpoint):  # the waiting parent says so once the mount is ready
+        log.info("created mountpoint %s (removed at unmount)", mountpoint)
+    try:
+        check_cache_dir(settings.index.cache_dir)
+        Mount(settings, Stats(), channel, progress).serve()
+    finally:
+        # Made by this mount or by one killed before it could remove it: this mount's
+        # end, failed or not, is where it goes.
+        remove_created_mountpoint(mountpoint, by_its_daemon=True)
     log.info("unmounted %s", mountpoint)

@@ -1,5 +1,6 @@
 """Whether a folder can be mounted on, and why FUSE refused when it could not: the checks
-``shardfs mount`` makes before it starts, and the diagnosis after a failed mount."""
+``shardfs mount`` makes before it starts, the mountpoint it makes when missing, and the
+diagnosis after a failed mount."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .control import created_marker
 from .daemon import forget_dead_daemon, run_unmount_command
 from .errors import MountError, UsageError
 from .mounttable import find_mount, is_disconnected
@@ -23,8 +25,9 @@ log = logging.getLogger(__name__)
 def check_mountpoint(
     mountpoint: Path, *, notice: Callable[[str], None] = log.warning, nonempty: bool = False
 ) -> None:
-    """Refuse a mountpoint that is missing, not a folder, already mounted, or not empty
-    (unless ``nonempty``).
+    """Refuse a mountpoint that is not a folder, already mounted, or not empty (unless
+    ``nonempty``), or that is missing along with its parent folder. A missing one whose
+    parent exists passes: the mount makes it (``make_mountpoint``).
 
     A dead shardfs mount left there (its daemon was killed) is removed first, and
     ``notice`` says so; a dead mount of another filesystem is not ours to remove."""
@@ -43,8 +46,13 @@ def check_mountpoint(
         forget_dead_daemon(mountpoint)
         notice(f"removed a dead shardfs mount at {mountpoint}")
     try:
-        if not mountpoint.exists():
-            raise MountError(f"{mountpoint}: mountpoint does not exist")
+        if not mountpoint.exists() and not mountpoint.is_symlink():
+            if not mountpoint.parent.is_dir():
+                raise MountError(
+                    f"{mountpoint}: mountpoint does not exist, nor does its parent folder "
+                    f"{mountpoint.parent} (create it first, e.g. mkdir -p {mountpoint})"
+                )
+            return
         if not mountpoint.is_dir():
             raise MountError(f"{mountpoint}: mountpoint is not a folder")
         if not nonempty and any(mountpoint.iterdir()):
@@ -54,6 +62,20 @@ def check_mountpoint(
             )
     except OSError as exc:
         raise MountError(f"{mountpoint}: {exc.strerror}") from exc
+
+
+def make_mountpoint(mountpoint: Path) -> bool:
+    """Create a missing mountpoint (its parent exists: ``check_mountpoint``) and mark it as
+    made by shardfs, so that the unmount removes it (``control.remove_created_mountpoint``).
+    True if it was made now."""
+    try:
+        mountpoint.mkdir()
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise MountError(f"{mountpoint}: cannot create the mountpoint ({exc.strerror})") from exc
+    created_marker(mountpoint).touch()
+    return True
 
 
 def check_cache_dir(cache_dir: Path) -> None:

@@ -36,7 +36,8 @@ class MountEntry:
     fstype: str
     """e.g. ``fuse.shardfs``, ``tmpfs``."""
     source: str
-    """What was mounted (``shardfs`` for our mounts)."""
+    """What was mounted: for our mounts, the source URLs (``source_urls.table_name``);
+    shardfs tells its mounts by ``fstype``, never by this."""
 
     @property
     def is_shardfs(self) -> bool:

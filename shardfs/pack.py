@@ -41,6 +41,7 @@ from .index import (
     label_extension,
     parse_label,
 )
+from .source_urls import is_within
 from .store import SHARD_SUFFIX, ShardInfo, Store
 from .tar import MemberKind
 from .views import CLASSES_FILE, IMAGE_EXTENSIONS
@@ -129,6 +130,7 @@ class PackReport:
     written: int = 0
     skipped_existing: int = 0
     errors: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # shardfs's own files (``scan_tree``)
 
 
 def _header(member: PlannedMember) -> bytes:
@@ -177,8 +179,15 @@ def index_rows(shard: PlannedShard, root: Path | None = None) -> list[MemberRow]
     return rows
 
 
-def scan_tree(root: Path) -> tuple[list[SourceFile], list[str], list[str]]:
-    """Every regular file under ``root`` (sorted), every folder, and what cannot be read."""
+def scan_tree(
+    root: Path, left_out: list[str] | None = None
+) -> tuple[list[SourceFile], list[str], list[str]]:
+    """Every regular file under ``root`` (sorted), every folder, and what cannot be read.
+
+    shardfs's own files are no data: a folder holding a pack's manifest (an earlier pack's
+    output: shards and sidecar) and any index sidecar or manifest elsewhere are left out,
+    each with why in ``left_out``, so that packing a tree twice never packs the first
+    output."""
     files: list[SourceFile] = []
     folders: list[str] = []
     errors: list[str] = []
@@ -194,11 +203,20 @@ def scan_tree(root: Path) -> tuple[list[SourceFile], list[str], list[str]]:
             dirnames.clear()
             continue
         seen.add((folder_info.st_dev, folder_info.st_ino))
+        if rel_dir != "." and MANIFEST_NAME in filenames:
+            if left_out is not None:
+                left_out.append(f"{rel_dir}/: the output of an earlier pack ({MANIFEST_NAME})")
+            dirnames.clear()
+            continue
         if rel_dir != ".":
             folders.append(rel_dir.replace(os.sep, "/"))
         for name in sorted(filenames):
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, root).replace(os.sep, "/")
+            if name in (MANIFEST_NAME, SIDECAR_NAME):
+                if left_out is not None:
+                    left_out.append(f"{rel}: shardfs's own file, not data")
+                continue
             try:
                 info = os.stat(path)
                 if not stat.S_ISREG(info.st_mode):
@@ -347,6 +365,12 @@ class Packer:
     ) -> None:
         if not src.is_dir():
             raise UsageError(f"{src}: not a folder")
+        if is_within(dest.url, str(src)):
+            raise UsageError(
+                f"{dest.url}: the destination lies inside the source folder {src}, so the "
+                "shards would be packed into the tree they are made from; choose a "
+                "destination outside it"
+            )
         self.src = src
         self.dest = dest
         self.config = config
@@ -357,9 +381,10 @@ class Packer:
         self._done_files = 0
 
     def run(self) -> PackReport:
-        files, folders, errors = scan_tree(self.src)
+        left_out: list[str] = []
+        files, folders, errors = scan_tree(self.src, left_out)
         shards, classes = make_plan(files, folders, self.config, errors)
-        report = PackReport(errors=errors)
+        report = PackReport(errors=errors, left_out=left_out)
         if errors and not self.config.skip_errors:
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
             raise PackError(f"{errors[0]}{more}; nothing was written (--skip-errors skips them)")

@@ -1,11 +1,15 @@
 """Which shards a source URL names: a folder, one ``.tar``, a brace pattern
-(``shard-{000..009}.tar``) or a glob (``shard-*.tar``). Pure text: nothing here talks to
-the store. Shard names are relative to the part of the URL before the first wildcard.
+(``shard-{000..009}.tar``) or a glob (``shard-*.tar``); and how the mount table names the
+sources. Pure text: nothing here talks to the store. Shard names are relative to the part
+of the URL before the first wildcard.
 """
 
 from __future__ import annotations
 
+import os
+import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import UsageError
@@ -108,6 +112,49 @@ def _refuse_compressed(url: str, names: tuple[str, ...]) -> None:
     if compressed:
         first = compressed[0]
         raise UsageError(f"{url}: {compressed_advice(first, len(compressed))}")
+
+
+MAX_TABLE_NAME = 1024
+"""Characters of the mount table's source field at most (the kernel takes under 4096)."""
+_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/@]*@")
+
+
+def table_name(urls: Sequence[str]) -> str:
+    """The sources as the mount table shows them (FUSE's fsname, in ``findmnt``, ``df``
+    and ``mount``): the URLs joined by commas, local paths made absolute. The table is
+    readable by every user, so a password in a URL is left out; control characters become
+    ``?``, and a long text is cut to MAX_TABLE_NAME characters, ending in ``...``."""
+    names = []
+    for url in urls:
+        if "://" not in url:
+            url = os.path.abspath(url)
+        names.append(_PASSWORD.sub(r"\1@", url))
+    text = "".join(c if c.isprintable() else "?" for c in ",".join(names))
+    return text if len(text) <= MAX_TABLE_NAME else text[: MAX_TABLE_NAME - 3] + "..."
+
+
+_LOCAL_SCHEMES = ("file", "local")
+_SAME_STORE = {"s3a": "s3", "gcs": "gs"}  # two spellings of one store
+
+
+def _place(url: str) -> tuple[str, str]:
+    """(store, path) of a URL or local path: a local one absolute with its symlinks
+    resolved (as far as it exists), any other normalised, without a trailing ``/``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme in _LOCAL_SCHEMES:
+        return "file", os.path.realpath(rest if sep else url)
+    return _SAME_STORE.get(scheme, scheme), posixpath.normpath(rest).rstrip("/")
+
+
+def is_within(inner: str, outer: str) -> bool:
+    """Whether ``inner`` is ``outer`` or lies below it, on the same store: local paths
+    compared resolved (symlinks included), URLs by their path (``s3://b/x/out`` lies in
+    ``s3://b/x``, ``s3://b/xy`` does not)."""
+    inner_store, inner_path = _place(inner)
+    outer_store, outer_path = _place(outer)
+    if inner_store != outer_store:
+        return False
+    return inner_path == outer_path or inner_path.startswith(outer_path.rstrip("/") + "/")
 
 
 def _path_start(url: str) -> int:

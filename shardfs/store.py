@@ -145,6 +145,12 @@ class Store:
     def describe(self) -> str:
         return self.config.url
 
+    def parts(self) -> list[tuple[Store, str]]:
+        """The stores of the sources behind this one, each with the suffix its shard names
+        carry here: this store itself, with none (several sources: ``store_set``). Objects
+        next to the shards (sidecars, ``classes.txt``) are read from each part."""
+        return [(self, "")]
+
     def list_shards(self) -> list[ShardInfo]:
         """The shards the source URL names, sorted by name (``ShardListing.shards``)."""
         shards = self._listing.shards()

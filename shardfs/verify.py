@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .config import IndexConfig, SourceConfig, ViewConfig
 from .dataset import open_source
+from .index import Progress
 from .pack import scan_tree
 from .store import ShardInfo, Store
 from .views import Node
@@ -91,11 +92,14 @@ def verify(
     *,
     workers: int = 4,
     progress: Callable[[int, int, int, int], None] | None = None,
+    scan_progress: Progress | None = None,
 ) -> VerifyReport:
+    """Compare; ``progress`` gets (shards hashed, shards to hash, 0, 0), ``scan_progress``
+    the index scan's progress where the packed shards have no index yet."""
     files, _folders, errors = scan_tree(src)
     for error in errors:
         log.warning("source: %s", error)
-    opened = open_source(source, index_config, view_config)
+    opened = open_source(source, index_config, view_config, progress=scan_progress)
     view, store = opened.view, opened.store
     packed = list(view.files())
     report = VerifyReport(files=len(files), bytes=sum(f.size for f in files))

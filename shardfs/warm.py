@@ -16,6 +16,7 @@ from .config import (
     plural,
 )
 from .dataset import open_source
+from .progress_bar import new_bar, scan_progress
 from .readahead import Prefetcher
 from .reader import CachedReader
 from .stats import Stats
@@ -61,7 +62,12 @@ def warm(
     started = time.perf_counter()
     try:
         opened = open_source(
-            source, index_config, ViewConfig(layout="raw"), cache=cache, stats=stats
+            source,
+            index_config,
+            ViewConfig(layout="raw"),
+            cache=cache,
+            stats=stats,
+            progress=scan_progress() if show_progress else None,
         )
     except BaseException:
         cache.close()
@@ -85,9 +91,7 @@ def warm(
     scanned = stats.bytes_fetched
     bar = None
     if show_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=sum(s.size for s in shards), unit="B", unit_scale=True, desc="warming")
+        bar = new_bar("warming", sum(s.size for s in shards))
         bar.update(min(scanned, bar.total))
     try:
         for shard in shards:

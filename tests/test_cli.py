@@ -257,9 +257,9 @@ def test_unknown_protocol(tmp_path: Path) -> None:
 # --- mount: every case fails before FUSE is touched -------------------------------------------
 
 
-def test_mount_missing_mountpoint(tmp_path: Path, shards: Path) -> None:
-    result = run(tmp_path, "mount", shards, tmp_path / "missing")
-    assert_one_error(result, 5, "missing", "does not exist")
+def test_mount_missing_mountpoint_and_parent(tmp_path: Path, shards: Path) -> None:
+    result = run(tmp_path, "mount", shards, tmp_path / "missing" / "mnt")
+    assert_one_error(result, 5, "missing", "does not exist, nor does its parent folder")
 
 
 def test_mount_non_empty_mountpoint(tmp_path: Path, shards: Path, mnt: Path) -> None:

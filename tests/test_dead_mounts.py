@@ -25,7 +25,7 @@ from support.processes import (
 )
 
 import shardfs
-from shardfs.control import pid_file, socket_path
+from shardfs.control import created_marker, pid_file, socket_path
 from shardfs.mounttable import find_mount
 
 pytestmark = pytest.mark.integration
@@ -189,6 +189,35 @@ def test_a_foreground_mount_over_a_dead_one_logs_the_removal(
         stop_process(proc)
     assert proc.returncode == 0, log
     assert f"removed a dead shardfs mount at {mountpoint}" in log
+
+
+def test_a_killed_daemons_created_mountpoint_goes_with_its_dead_mount(
+    dataset: tuple[str, dict[str, str]], mountpoint: Path, tmp_path: Path
+) -> None:
+    """A mountpoint that a mount created outlives its killed daemon only as long as the
+    dead mount: ``shardfs umount`` removes both, and so does the end of a mount made over
+    the dead one."""
+    source, expected = dataset
+    cache = tmp_path / "cache"
+    mountpoint.rmdir()
+    mount_without_stat(source, mountpoint, cache)
+    kill_daemon(mountpoint)
+    assert created_marker(mountpoint).exists()
+    result = run_shardfs("umount", mountpoint)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [removed_line(mountpoint)]
+    assert not os.path.lexists(mountpoint)
+    assert not created_marker(mountpoint).exists()
+
+    mount_without_stat(source, mountpoint, cache)
+    kill_daemon(mountpoint)
+    result = run_shardfs("mount", source, mountpoint, "--cache-dir", cache)
+    assert result.returncode == 0, result.stderr
+    assert removed_line(mountpoint) in result.stderr.splitlines()
+    assert sha256_tree(mountpoint) == expected
+    umount(mountpoint)
+    assert not os.path.lexists(mountpoint)
+    assert not created_marker(mountpoint).exists()
 
 
 @pytest.fixture

@@ -35,21 +35,14 @@ def _run(
 
 
 @pytest.fixture(scope="module")
-def core_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The python of a fresh venv holding shardfs with its core dependencies only."""
+def core_install(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The python of a fresh venv holding shardfs with its core dependencies only, and what
+    the install printed (verbose, so the build backend's own warnings are in it)."""
     where = tmp_path_factory.mktemp("core-venv")
     venv.EnvBuilder(with_pip=True).create(where)
     python = where / "bin" / "python"
     result = _run(
-        [
-            str(python),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            str(CHECKOUT),
-        ],
+        [str(python), "-m", "pip", "install", "-v", "--disable-pip-version-check", str(CHECKOUT)],
         timeout=600,
     )
     if result.returncode != 0:
@@ -60,7 +53,21 @@ def core_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ):
             pytest.skip(f"pip cannot reach the package index: {text.strip().splitlines()[-1]}")
         raise AssertionError(f"core install failed:\n{text}")
-    return python
+    return python, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def core_python(core_install: tuple[Path, str]) -> Path:
+    return core_install[0]
+
+
+def test_core_install_builds_without_setuptools_warnings(core_install: tuple[Path, str]) -> None:
+    """The build (setuptools in pip's isolated build env) warns about nothing: no
+    ``project.license`` deprecation, no other SetuptoolsDeprecationWarning."""
+    log = core_install[1]
+    assert "running bdist_wheel" in log, "the build backend's output is not in the log"
+    warnings = [line for line in log.splitlines() if "DeprecationWarning" in line]
+    assert not warnings, "\n".join(warnings)
 
 
 def test_core_install_has_no_s3_or_torch_packages(core_python: Path) -> None:
@@ -104,5 +111,7 @@ def test_core_install_indexes_and_mounts_local_file_and_http(
             _run([*shardfs, "umount", str(mountpoint)], env=env, cwd=cwd)
             if is_mounted(mountpoint):
                 unmount(mountpoint)
-    where = _run([str(core_python), "-c", "import shardfs; print(shardfs.__file__)"], cwd=cwd)
+    where = _run(
+        [str(core_python), "-c", "import shardfs; print(shardfs.__file__)"], env=env, cwd=cwd
+    )
     assert not where.stdout.startswith(str(CHECKOUT)), where.stdout

@@ -188,13 +188,18 @@ def good_source(s3_server: S3Server, good: tuple[Path, list[Path]]) -> str:
     return upload_shards(s3_server, "goodsrc", {s.name: s.read_bytes() for s in good[1]})
 
 
-def test_mountpoint_does_not_exist(good_source: str, env: dict[str, str], tmp_path: Path) -> None:
-    missing = tmp_path / "nowhere"
+def test_mountpoint_does_not_exist_nor_its_parent(
+    good_source: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "nowhere" / "mnt"
     result = run_shardfs("mount", good_source, missing, "--cache-dir", tmp_path / "c", env=env)
     line = assert_one_error_line(result)
     assert result.returncode == 5
-    assert "does not exist" in line
-    assert not missing.exists()
+    assert line == (
+        f"shardfs: error: {missing}: mountpoint does not exist, nor does its parent folder "
+        f"{missing.parent} (create it first, e.g. mkdir -p {missing})"
+    )
+    assert not missing.parent.exists()
 
 
 def test_mountpoint_not_empty(

@@ -1,15 +1,20 @@
-"""The mount table reader: mountinfo lines, the kernel's octal escapes, and path spelling."""
+"""The mount table: the reader (mountinfo lines, the kernel's octal escapes, path spelling),
+and what a shardfs mount puts there (its sources as the source, type ``fuse.shardfs``)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from shardfs.config import MountConfig
 from shardfs.errors import MountError
+from shardfs.fuse.session import mount_options
 from shardfs.mounttable import (
     MountEntry,
     find_mount,
@@ -18,6 +23,7 @@ from shardfs.mounttable import (
     table_path,
     unescape,
 )
+from shardfs.source_urls import MAX_TABLE_NAME, table_name
 
 # Lines as Linux 6.x writes them: zero, one and two optional fields before the "-".
 SAMPLE = (
@@ -154,3 +160,73 @@ def test_a_plain_folder_is_not_disconnected(tmp_path: Path) -> None:
 def test_an_unreadable_table_is_one_mount_error(tmp_path: Path) -> None:
     with pytest.raises(MountError, match="cannot read the mount table"):
         find_mount(tmp_path, tmp_path / "no-such-mountinfo")
+
+
+# -- what a shardfs mount puts in the table --------------------------------------------------
+
+
+def test_the_table_names_the_sources_absolute_and_without_passwords(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert table_name(["shards/a.tar"]) == f"{tmp_path}/shards/a.tar"
+    assert table_name(["s3://b/p/", "file:///d/x.tar"]) == "s3://b/p/,file:///d/x.tar"
+    assert table_name(["https://me:secret@host/p/"]) == "https://me@host/p/"
+    assert table_name(["s3://b/train-{a,b}-?.tar"]) == "s3://b/train-{a,b}-?.tar"
+    assert table_name(["/d/line\nbreak\tx"]) == "/d/line?break?x"
+    long = table_name([f"s3://b/{'x' * 5000}"])
+    assert len(long) == MAX_TABLE_NAME and long.endswith("...")
+
+
+def test_libfuse_gets_the_source_with_commas_and_backslashes_escaped() -> None:
+    config = MountConfig(Path("/mnt"), fsname="/d/a,b\\c")
+    options = mount_options(config)
+    assert "fsname=/d/a\\,b\\\\c" in options
+    assert "subtype=shardfs" in options  # the type, fuse.shardfs, is how mounts are found
+
+
+@pytest.fixture
+def odd_source(tmp_path: Path) -> Path:
+    """A local source whose path holds what mount options and mountinfo must escape."""
+    from support.datagen import make_imagefolder, pack_with_gnu_tar
+
+    source = tmp_path / "shards, v1\\x y"
+    make_imagefolder(tmp_path / "src", {"ant": 2, "bee": 1})
+    pack_with_gnu_tar(tmp_path / "src", source, files_per_shard=2)
+    return source
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_mount_shows_its_source_and_type_fuse_shardfs(
+    kind: str, request: pytest.FixtureRequest, odd_source: Path, mountpoint: Path, tmp_path: Path
+) -> None:
+    """``findmnt``, ``df`` and ``mount`` show ``SOURCE on MNT type fuse.shardfs``, and
+    shardfs still finds its mount (by type) to unmount it."""
+    from support.mounts import mount, new_bucket, umount
+
+    env: dict[str, str] = {}
+    source = str(odd_source)
+    if kind == "s3":
+        server = request.getfixturevalue("s3_server")
+        bucket = new_bucket(server, "table")
+        fs = server.filesystem()
+        for shard in sorted(odd_source.iterdir()):
+            fs.pipe_file(f"{bucket}/p/{shard.name}", shard.read_bytes())
+        source, env = f"s3://{bucket}/p/", server.env()
+    mount(source, mountpoint, tmp_path / "cache", env=env)
+
+    entry = find_mount(mountpoint)
+    assert entry is not None and (entry.fstype, entry.source) == ("fuse.shardfs", source)
+    found = subprocess.run(
+        ["findmnt", "-J", str(mountpoint)], capture_output=True, text=True, check=True
+    )
+    (shown,) = json.loads(found.stdout)["filesystems"]
+    assert (shown["source"], shown["fstype"]) == (source, "fuse.shardfs")
+    df = subprocess.run(
+        ["df", "--output=source,fstype", str(mountpoint)], capture_output=True, text=True
+    )
+    assert df.stdout.splitlines()[1].split() == [*source.split(), "fuse.shardfs"]
+    table = subprocess.run(["mount"], capture_output=True, text=True, check=True).stdout
+    assert f"{source} on {mountpoint} type fuse.shardfs (" in table
+    umount(mountpoint, env)

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import pwd
+import shlex
 import shutil
 import site
 import subprocess
@@ -44,6 +45,9 @@ def shardfs(*args):
 report = {"uid": os.getuid()}
 report["mount"] = shardfs("mount", source, mountpoint, "--cache-dir", cache, *extra)
 if report["mount"][0] == 0:
+    from shardfs.mounttable import find_mount
+    entry = find_mount(mountpoint)
+    report["table"] = [entry.fstype, entry.source] if entry else None
     hashes = {}
     for folder, _, names in os.walk(mountpoint):
         for name in names:
@@ -145,7 +149,9 @@ def place(user: User) -> Iterator[Place]:
     # Not under pytest's tmp_path: /tmp/pytest-of-root is closed to other users.
     root = Path(tempfile.mkdtemp(prefix="shardfs-nonroot-"))
     root.chmod(0o755)
-    made = Place(root, root / "shards", root / "cache", root / "mnt")
+    # A comma and a space in the source: the mount table must show it as it is, through
+    # fusermount3's option parsing.
+    made = Place(root, root / "shards, v1", root / "cache", root / "mnt")
     for folder in (made.shards, made.cache, made.mountpoint):
         folder.mkdir()
     for folder in (made.cache, made.mountpoint):
@@ -215,7 +221,8 @@ def run_in_private_namespace(
     env = " ".join(f"{k}={v}" for k, v in user.env.items())
     steps.append(
         f'runuser -u {user.name} -- env -i {env} {user.python} -c "$USER_SCRIPT" '
-        f"{place.shards} {target} {place.cache} {' '.join(extra)} || status=$?"
+        f"{shlex.quote(str(place.shards))} {target} {place.cache} {' '.join(extra)} "
+        "|| status=$?"
     )
     steps.append(f"fusermount3 -u -z {target} 2>/dev/null || true")
     steps.append("exit ${status:-0}")
@@ -240,6 +247,7 @@ def test_unprivileged_user_mounts_reads_every_file_and_unmounts(user: User, plac
     code, stdout, stderr = report["mount"]  # type: ignore[misc]
     assert code == 0, stderr
     assert "mounted" in stdout
+    assert report["table"] == ["fuse.shardfs", str(place.shards)]
     assert report["files"] == expected
     assert report["umount"][0] == 0, report["umount"]  # type: ignore[index]
     assert report["mounted_after_umount"] is False

@@ -360,6 +360,67 @@ def test_pack_refuses_a_non_empty_destination_without_resume(
     assert {p.name: p.read_bytes() for p in again.iterdir()} == before
 
 
+@pytest.mark.parametrize(
+    "spell",
+    [
+        lambda src, tmp: src / "out",
+        lambda src, tmp: src,
+        lambda src, tmp: f"file://{src}/sub/out",
+        lambda src, tmp: tmp / "link-to-src" / "out",  # a symlink into the source
+        lambda src, tmp: src / ".." / src.name / "out",
+    ],
+    ids=["inside", "itself", "file-url", "through-a-symlink", "dot-dot"],
+)
+def test_pack_refuses_a_destination_inside_its_source(
+    imagefolder: Path, tmp_path: Path, spell: object
+) -> None:
+    (tmp_path / "link-to-src").symlink_to(imagefolder)
+    dest = spell(imagefolder, tmp_path)  # type: ignore[operator]
+    before = relative_files(imagefolder)
+    line = one_error_line(run(tmp_path, "pack", imagefolder, dest), 2)
+    assert line == (
+        f"shardfs: error: {dest}: the destination lies inside the source folder "
+        f"{imagefolder}, so the shards would be packed into the tree they are made from; "
+        "choose a destination outside it"
+    )
+    assert relative_files(imagefolder) == before  # nothing written
+
+
+def test_a_url_destination_is_inside_a_source_by_store_and_path() -> None:
+    from shardfs.source_urls import is_within
+
+    assert is_within("s3://b/x/out", "s3://b/x")
+    assert is_within("s3a://b/x/out/", "s3://b/x/")
+    assert is_within("s3://b/x", "s3://b/x/")
+    assert not is_within("s3://b/xy", "s3://b/x")
+    assert not is_within("s3://c/x/out", "s3://b/x")
+    assert not is_within("gs://b/x/out", "s3://b/x")
+    assert not is_within("s3://b/x/out", "/b/x")  # a local folder is another store
+
+
+def test_an_earlier_pack_inside_the_source_is_left_out_and_said(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    """A pack output that got into the tree (copied in, or made before pack refused it)
+    is never packed again: not its shards, sidecar or manifest."""
+    src = tmp_path / "src"
+    subprocess.run(["cp", "-r", str(imagefolder), str(src)], check=True)
+    assert run(tmp_path, "pack", imagefolder, src / "old-pack").returncode == 0
+    (src / SIDECAR_NAME).write_bytes(b"a stray sidecar")
+    dest = tmp_path / "new"
+    result = run(tmp_path, "pack", src, dest)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"shardfs: left out {SIDECAR_NAME}: shardfs's own file, not data",
+        f"shardfs: left out old-pack/: the output of an earlier pack ({MANIFEST_NAME})",
+    ]
+    with tarfile.open(dest / "shard-000000.tar") as tar:
+        packed = [m.name for m in tar.getmembers() if m.isfile()]
+    assert sorted(packed) == relative_files(imagefolder)
+    verified = run(tmp_path, "verify", src, dest)  # verify leaves the same files out
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
 def test_resume_refuses_a_destination_packed_from_something_else(
     imagefolder: Path, tmp_path: Path
 ) -> None:

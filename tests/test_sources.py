@@ -603,3 +603,114 @@ def test_mount_hf_reads_every_file_by_sha256(
         assert sha256_tree(mountpoint) == expected_tree(site)
     finally:
         umount(mountpoint)
+
+
+# -- several sources on one command line, mounted as one tree ---------------------------------
+
+
+@dataclass(frozen=True)
+class Tars:
+    """Two trees packed by GNU tar into one shard each, both named shard-000000.tar; both
+    trees hold ``shared/readme.txt``, with different bytes."""
+
+    first: Path
+    second: Path
+    trees: tuple[Path, Path]
+
+
+@pytest.fixture(scope="module")
+def tars(tmp_path_factory: pytest.TempPathFactory) -> Tars:
+    base = tmp_path_factory.mktemp("several")
+    shards = []
+    for name, classes in (("one", {"ant": 3}), ("two", {"emu": 2})):
+        tree = base / name
+        make_imagefolder(tree, classes)
+        (tree / "shared").mkdir()
+        (tree / "shared" / "readme.txt").write_text(f"the {name} tree\n")
+        (shard,) = pack_with_gnu_tar(tree, base / f"{name}-shards", files_per_shard=100)
+        shards.append(shard)
+    return Tars(shards[0], shards[1], (base / "one", base / "two"))
+
+
+def merged(*trees: Path) -> dict[str, str]:
+    """What the mount of ``trees``' shards shows: every file, the later tree's on a clash."""
+    out: dict[str, str] = {}
+    for tree in trees:
+        out.update(sha256_tree(tree))
+    return out
+
+
+@pytest.mark.integration
+def test_two_tars_mount_as_one_tree_where_the_later_wins_a_path(
+    tars: Tars, mountpoint: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    one, two = tars.trees
+    for shards, trees in (
+        ((tars.first, tars.second), (one, two)),
+        ((tars.second, tars.first), (two, one)),
+    ):
+        result = run_shardfs("mount", *shards, mountpoint, "--cache-dir", cache)
+        assert result.returncode == 0, result.stderr
+        try:
+            assert result.stdout.startswith(f"mounted {shards[0]}, {shards[1]} at {mountpoint}")
+            assert sha256_tree(mountpoint) == merged(*trees)
+            readme = (mountpoint / "shared/readme.txt").read_text()
+            assert readme == f"the {trees[1].name} tree\n"
+            # The duplicate is reported like one across shards, naming the source that wins.
+            assert "the one in shard-000000.tar (source 2) wins" in result.stderr
+        finally:
+            umount(mountpoint)
+
+
+@pytest.mark.integration
+def test_sources_on_different_stores_mount_as_one_tree(
+    site: Site, tars: Tars, s3_server: S3Server, mountpoint: Path, tmp_path: Path
+) -> None:
+    """An S3 prefix and a local tar: every file of both, by SHA-256."""
+    source = data_url(site, "s3") + "/"
+    result = run_shardfs(
+        "mount", source, tars.second, mountpoint, "--cache-dir", tmp_path, env=s3_server.env()
+    )
+    assert result.returncode == 0, result.stderr
+    try:
+        assert sha256_tree(mountpoint) == {**expected_tree(site), **sha256_tree(tars.trees[1])}
+        from shardfs.mounttable import find_mount
+
+        entry = find_mount(mountpoint)
+        assert entry is not None and entry.source == f"{source},{tars.second}"
+    finally:
+        umount(mountpoint, s3_server.env())
+
+
+def test_index_warm_and_verify_take_several_sources_as_mount_does(
+    tars: Tars, tmp_path: Path
+) -> None:
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    both = (tars.first, tars.second)
+    first = run_shardfs("index", *both, *cache)
+    assert first.returncode == 0, first.stderr
+    assert "indexed 2 shards (2 scanned)" in first.stdout
+    again = run_shardfs("index", *both, *cache)
+    assert "indexed 2 shards (0 scanned)" in again.stdout  # the same index, keyed by both
+    reordered = run_shardfs("index", *reversed(both), *cache)
+    assert "indexed 2 shards (2 scanned)" in reordered.stdout  # another tree: its own index
+
+    warmed = run_shardfs("warm", *both, *cache)
+    assert warmed.returncode == 0, warmed.stderr
+    assert warmed.stdout.startswith("warmed 2 shards: ")
+
+    tree = tmp_path / "merged"
+    for source_tree in tars.trees:
+        shutil.copytree(source_tree, tree, dirs_exist_ok=True)
+    verified = run_shardfs("verify", tree, *both, *cache)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.startswith("verified: ")
+    wrong = run_shardfs("verify", tree, *reversed(both), *cache)
+    assert wrong.returncode == 4  # shared/readme.txt comes from the other tree
+    assert "1 with different bytes (e.g. 'shared/readme.txt')" in wrong.stderr
+
+    sidecar = run_shardfs("index", *both, *cache, "--write-sidecar")
+    line = assert_one_error_line(sidecar)
+    assert sidecar.returncode == 2
+    assert "--write-sidecar takes one SOURCE" in line

@@ -19,14 +19,27 @@ def _positive_seconds(text: str) -> float:
 
 
 def source_arguments(
-    parser: argparse.ArgumentParser, positional: str = "source", what: str = ""
+    parser: argparse.ArgumentParser,
+    positional: str = "source",
+    what: str = "",
+    *,
+    several: bool = False,
 ) -> None:
+    """The source positional (``several``: one or more, mounted as one tree) and the
+    options that reach the store."""
     parser.add_argument(
         positional,
+        nargs="+" if several else None,
         help=what
         or "where the *.tar shards are: a folder or prefix (s3://b/p/, gs://..., "
         "https://host/p/, file:///data, a local path), one .tar, a brace pattern "
-        "(https://host/train-{000..146}.tar) or a glob (s3://b/p/train-*.tar)",
+        "(https://host/train-{000..146}.tar) or a glob (s3://b/p/train-*.tar)"
+        + (
+            "; several sources, on any stores, make one tree, where a path in two is "
+            "served from the later one"
+            if several
+            else ""
+        ),
     )
     parser.add_argument(
         "--storage-option",

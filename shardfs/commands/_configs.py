@@ -23,8 +23,11 @@ MIN_CACHE_BLOCKS = 4  # fewer, and readers evict each other's blocks before they
 
 
 def source_config(args: argparse.Namespace) -> SourceConfig:
+    urls = args.dest if args.command == "pack" else args.source
+    urls = [urls] if isinstance(urls, str) else urls  # several for mount, index, warm, verify
     return SourceConfig(
-        url=args.dest if args.command == "pack" else args.source,
+        url=urls[0],
+        extra_urls=tuple(urls[1:]),
         storage_options=storage_options_from_pairs(args.storage_option),
         endpoint_url=args.endpoint_url,
         read_timeout=getattr(args, "read_timeout", SourceConfig.read_timeout),

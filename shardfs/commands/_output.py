@@ -14,14 +14,7 @@ def notice(text: str) -> None:
 
 
 def progress_printer() -> Progress | None:
-    """A tqdm bar for index scans when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        return None
-    from ..daemon import update_progress_bar
+    """A bar for index scans when stderr is a terminal (``progress_bar.scan_progress``)."""
+    from ..progress_bar import scan_progress
 
-    state: dict[str, object] = {}
-
-    def progress(done: int, total: int, done_bytes: int, total_bytes: int) -> None:
-        state["bar"] = update_progress_bar(state.get("bar"), done, total, done_bytes, total_bytes)
-
-    return progress
+    return scan_progress()

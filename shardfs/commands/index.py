@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from ..config import plural
+from ..errors import UsageError
 from ._arguments import long_options_argument, read_arguments, source_arguments
 from ._command import Command
 from ._configs import index_config, source_config
@@ -14,7 +15,7 @@ from ._output import progress_printer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    source_arguments(parser)
+    source_arguments(parser, several=True)
     long_options_argument(parser)
     read_arguments(parser)
     parser.add_argument(
@@ -27,12 +28,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..index import SIDECAR_NAME, IndexBuilder, write_sidecar
     from ..mountpoints import check_cache_dir
-    from ..store import Store
+    from ..store_set import open_store
 
     source = source_config(args)
+    if args.write_sidecar and source.extra_urls:
+        raise UsageError(
+            "--write-sidecar takes one SOURCE: a sidecar lies next to one source's shards "
+            "(run shardfs index --write-sidecar once per source)"
+        )
     indexing = index_config(args)
     check_cache_dir(indexing.cache_dir)
-    store = Store(source)
+    store = open_store(source)
     shards = store.list_shards()
     for line in store.listing_warnings:
         print(f"shardfs: warning: {line}", file=sys.stderr)
@@ -53,8 +59,9 @@ def run(args: argparse.Namespace) -> int:
 COMMAND = Command(
     name="index",
     summary="build the index ahead of time (optionally as a sidecar next to the shards)",
-    description="Scan the shards of SOURCE into the persisted index. With --write-sidecar, "
-    "also store it next to the shards so that any machine mounts without scanning.",
+    description="Scan the shards of SOURCE into the persisted index (of several SOURCEs: "
+    "the one index their mount uses). With --write-sidecar, also store it next to the "
+    "shards so that any machine mounts without scanning.",
     examples=("shardfs index s3://bucket/train/ --write-sidecar",),
     add_arguments=add_arguments,
     run=run,

@@ -5,6 +5,7 @@ with the arguments this command was given plus ``--foreground``."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -68,9 +69,14 @@ def _owner(database: str) -> Callable[[str], int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    source_arguments(parser)
+    source_arguments(parser, several=True)
     read_arguments(parser)
-    parser.add_argument("mountpoint", type=Path, help="an existing, empty folder")
+    parser.add_argument(
+        "mountpoint",
+        type=Path,
+        help="an empty folder; a missing one is created (its parent must exist) and removed "
+        "again at unmount",
+    )
     long_options_argument(parser, mounts=True)
     _view_arguments(parser)
     _daemon_arguments(parser)
@@ -187,9 +193,12 @@ def _view_config(args: argparse.Namespace) -> ViewConfig:
     return ViewConfig(layout=args.layout, classes=classes)
 
 
-def _mount_config(args: argparse.Namespace) -> MountConfig:
+def _mount_config(args: argparse.Namespace, source: SourceConfig) -> MountConfig:
+    from ..source_urls import table_name
+
     return MountConfig(
         mountpoint=args.mountpoint.absolute(),
+        fsname=table_name(source.urls),
         foreground=args.foreground,
         allow_other=args.allow_other,
         allow_root=args.allow_root,
@@ -207,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     source = source_config(args)
     indexing = index_config(args)
     view = _view_config(args)  # a bad --classes fails here, before a daemon is started
-    mount_config = _mount_config(args)
+    mount_config = _mount_config(args, source)
     if args.allow_other and args.allow_root:
         raise UsageError("allow_other and allow_root exclude each other; give one")
     if not args.foreground:
@@ -228,6 +237,7 @@ def _start_daemon(
     readahead_config(args)
     check_mountpoint(config.mountpoint, notice=notice, nonempty=args.nonempty)
     check_cache_dir(cache_dir)
+    missing = not os.path.lexists(config.mountpoint)  # the daemon makes it
     log_path = log_file_for(cache_dir, args.log_file)
     code, text = spawn_daemon(
         args.argv, config.mountpoint, log_path, sys.stderr.isatty(), verbose=args.verbose > 0
@@ -235,9 +245,11 @@ def _start_daemon(
     if code != 0:
         print(f"shardfs: error: {text}", file=sys.stderr)
         return code
+    if missing:
+        notice(f"created mountpoint {config.mountpoint} (removed at unmount)")
     files, _, rest = text.partition(" ")
     layout, _, images = rest.partition(" ")
-    summary = f"mounted {source.url} at {config.mountpoint} ({files} files, {layout} layout)"
+    summary = f"mounted {source.describe()} at {config.mountpoint} ({files} files, {layout} layout)"
     print(f"{summary}: {images}" if images else summary)
     return 0
 
@@ -284,12 +296,15 @@ def _serve(
 
 COMMAND = Command(
     name="mount",
-    summary="mount a sharded dataset (returns once the mount is ready)",
-    description="Mount SOURCE at MOUNTPOINT, read-only. Indexes the shards on first use (or "
-    "uses a sidecar / the persisted index) and returns once the mount is ready. Also run by "
-    "mount(8) as mount.shardfs, for `mount -t shardfs` and /etc/fstab.",
+    summary="mount a sharded dataset, or several as one tree (returns once it is ready)",
+    description="Mount SOURCE at MOUNTPOINT, read-only; several SOURCEs make one tree. "
+    "Indexes the shards on first use (or uses a sidecar / the persisted index) and returns "
+    "once the mount is ready. Also run by mount(8) as mount.shardfs, for `mount -t shardfs` "
+    "and /etc/fstab, with one SOURCE (an fstab line has one; a brace pattern names several "
+    "shards of one folder).",
     examples=(
         "shardfs mount s3://bucket/train/ /mnt/train",
+        "shardfs mount a.tar b.tar /mnt/ab",
         "shardfs mount -o allow_other,uid=1000,cache_size=50G s3://bucket/train/ /mnt/train",
         "shardfs mount --storage-option anon=true s3://public-bucket/data/ /mnt/data",
         "shardfs mount ./shards /mnt/data --layout raw --no-cache",

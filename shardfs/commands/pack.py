@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         close()
     seconds = time.perf_counter() - started
+    for text in report.left_out:
+        print(f"shardfs: left out {text}", file=sys.stderr)
     for error in report.errors:
         print(f"shardfs: skipped: {error}", file=sys.stderr)
     resumed = f", {report.skipped_existing} already there" if report.skipped_existing else ""
@@ -98,12 +100,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _progress_bar() -> tuple[Callable[[int, int, int, int], None] | None, Callable[[], None]]:
-    """A tqdm bar (bytes, throughput, ETA, files) when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        return None, lambda: None
-    from tqdm import tqdm
+    """A bar (bytes, throughput, ETA, files) when stderr is a terminal."""
+    from ..progress_bar import new_bar, shows_progress
 
-    bar = tqdm(unit="B", unit_scale=True, desc="packing")
+    if not shows_progress():
+        return None, lambda: None
+    bar = new_bar("packing")
     lock = threading.Lock()
 
     def progress(files: int, total_files: int, done: int, total: int) -> None:
@@ -118,9 +120,10 @@ def _progress_bar() -> tuple[Callable[[int, int, int, int], None] | None, Callab
 COMMAND = Command(
     name="pack",
     summary="pack a folder tree (e.g. an ImageFolder) into tar shards plus an index sidecar",
-    description="Pack every file under SRC_DIR into tar shards at DEST (any fsspec URL), with "
-    "an index sidecar so the first mount needs no scan. No file is dropped: shards hold any "
-    "number of files and the last one may be small.",
+    description="Pack every file under SRC_DIR into tar shards at DEST (any fsspec URL, "
+    "outside SRC_DIR), with an index sidecar so the first mount needs no scan. No file is "
+    "dropped: shards hold any number of files and the last one may be small. shardfs's own "
+    "files are no data: an earlier pack's output inside SRC_DIR is left out, and said so.",
     examples=(
         "shardfs pack ./imagenet/train s3://bucket/train --format webdataset --verify",
         "shardfs pack ./photos /data/shards --shard-size 1G --shuffle-seed 0",

@@ -17,7 +17,7 @@ from ._configs import cache_config, index_config, readahead_config, source_confi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    source_arguments(parser)
+    source_arguments(parser, several=True)
     long_options_argument(parser)
     read_arguments(parser)
     cache_arguments(parser)
@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
 COMMAND = Command(
     name="warm",
     summary="stream a whole dataset into the local block cache",
-    description="Fetch every block of every shard of SOURCE into the block cache, with "
-    "concurrent ranged GETs, so that the next mount reads nothing from the store.",
+    description="Fetch every block of every shard of SOURCE (or of several) into the block "
+    "cache, with concurrent ranged GETs, so that the next mount reads nothing from the store.",
     examples=(
         "shardfs warm s3://bucket/train/ --cache-size 200G",
         "shardfs warm s3://bucket/train/ -o prefetch_streams=32",

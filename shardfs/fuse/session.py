@@ -57,9 +57,16 @@ class _LoopThread:
             self.thread.join(0.2)
 
 
+def _escaped(value: str) -> str:
+    """An option value as libfuse's option parser reads it back: a comma or backslash
+    (both may appear in a URL) escaped with a backslash, not taken as a separator."""
+    return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
 def mount_options(config: MountConfig) -> list[str]:
-    """libfuse's ``-o`` options for a mount."""
-    options = ["ro", "fsname=shardfs", "subtype=shardfs", "default_permissions"]
+    """libfuse's ``-o`` options for a mount: the type is ``fuse.shardfs`` (how shardfs
+    finds its mounts), the source shown is ``config.fsname``."""
+    options = ["ro", f"fsname={_escaped(config.fsname)}", "subtype=shardfs", "default_permissions"]
     if config.allow_other:
         options.append("allow_other")
     if config.allow_root:  # libfuse lets the owner and root in and denies the others
