@@ -84,6 +84,13 @@ bench-dist: bench-deps
 soak: setup
 	$(BIN)/python bench/soak.py
 
+.PHONY: newcomer
+# What a new user meets in a first hour (issue 19), with the installed command, real mounts
+# and real servers: the collision shards under ImageFolder, stats against the server, the
+# messages for a dead folder URL, an -o typo, pack into its source, a .tar.gz, and more.
+newcomer: setup
+	$(BIN)/python scripts/newcomer_check.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
