@@ -102,7 +102,7 @@ class Timeline:
         self._thread = threading.Thread(target=self._poll, name="timeline", daemon=True)
 
     def _sample(self) -> None:
-        from shardfs.control import query
+        from shardfs.mount.control import query
 
         fetched = query(self.mountpoint)["bytes_fetched"] - self._base
         self.samples.append(
@@ -118,7 +118,7 @@ class Timeline:
             self._sample()
 
     def __enter__(self) -> Timeline:
-        from shardfs.control import query
+        from shardfs.mount.control import query
 
         self._base = query(self.mountpoint)["bytes_fetched"]
         self._started = time.perf_counter()
@@ -245,7 +245,7 @@ class Figures:
         import urllib.request
 
         from shardfs.config import SourceConfig
-        from shardfs.store import Store
+        from shardfs.store.remote import Store
 
         folder = self.run_dir / "http-shards"
         if not folder.exists():

@@ -123,7 +123,7 @@ class HintCounters:
         self._thread = threading.Thread(target=self._poll, name="hint-counters", daemon=True)
 
     def _sample(self) -> None:
-        from shardfs.control import query
+        from shardfs.mount.control import query
 
         stats = query(self.mountpoint)
         self.hints = [self.hints[0] if self.samples else stats["hints_taken"], stats["hints_taken"]]
@@ -350,7 +350,7 @@ class Bench:
         prefetching when it is ready) and from its start, until the daemon has fetched
         every shard byte and written every block (polled over its control socket every
         20 ms)."""
-        from shardfs.control import query
+        from shardfs.mount.control import query
 
         cache = self.run_dir / "cache-prefetch-all"
         shutil.rmtree(cache, ignore_errors=True)
@@ -543,7 +543,7 @@ class Bench:
 
     @contextmanager
     def shardfs_mount(self, cache: Path) -> Iterator[tuple[int, float]]:
-        from shardfs.control import pid_file
+        from shardfs.mount.control import pid_file
 
         mnt = self.run_dir / "mnt-shardfs"
         mnt.mkdir(exist_ok=True)

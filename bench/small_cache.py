@@ -213,7 +213,7 @@ class SmallCacheBench:
 
     @contextmanager
     def mount(self, cache_size: int, cache: Path) -> Iterator[int]:
-        from shardfs.control import pid_file
+        from shardfs.mount.control import pid_file
 
         shutil.rmtree(cache, ignore_errors=True)
         self.mounted = True
@@ -229,7 +229,7 @@ class SmallCacheBench:
 
     def run_pair(self, fraction: float, contender: str) -> list[dict[str, Any]]:
         """Epochs 0 and 1 of one contender on one mount over a fresh cache."""
-        from shardfs.control import query
+        from shardfs.mount.control import query
 
         assert self.epochs is not None
         cache_size = int(fraction * self.dataset_bytes)

@@ -43,7 +43,7 @@ from support.datagen import FIXED_MTIME, pack_with_gnu_tar  # noqa: E402
 from support.fault_proxy import FaultProxy  # noqa: E402
 from support.s3 import S3Server  # noqa: E402
 
-from shardfs.control import pid_file  # noqa: E402
+from shardfs.mount.control import pid_file  # noqa: E402
 
 BUCKET = "soak"
 PREFIX = "train"

@@ -36,3 +36,20 @@ def _create_beside(final: Path, prefix: str, suffix: str, mode: int) -> Path:
         except FileExistsError:
             continue  # two threads in the same nanosecond: take the next one
         return temp
+
+
+def process_running(pid: int) -> bool:
+    """True while ``pid`` runs. An exited or killed process may stay a zombie until its
+    (new) parent reaps it, which a container's init may never do; a zombie is gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat_file:
+            state = stat_file.read().rpartition(")")[2].split()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return not state or state[0] not in ("Z", "X")

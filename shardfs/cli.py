@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from . import __version__
 from .commands import COMMANDS, Command
 from .errors import ShardfsError, UsageError
-from .mount_options import apply_options, close_option, long_options, option_name, split_options
+from .mount.options import apply_options, close_option, long_options, option_name, split_options
 
 EXIT_CODES = """exit codes:
   0  success

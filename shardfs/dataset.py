@@ -30,12 +30,13 @@ from .config import (
     ViewConfig,
 )
 from .errors import IndexFileError, UsageError
-from .index import BlockSink, IndexBuilder, Progress, connect, fingerprint
-from .reader import shard_key_of
+from .index.db import BlockSink, IndexBuilder, Progress, connect, fingerprint
+from .read.reader import shard_key_of
 from .stats import Stats
-from .store import ShardInfo, Store
-from .store_set import open_store
-from .views import CLASSES_FILE, View, ViewReport, build_view, parse_classes, view_key
+from .store.remote import Store
+from .store.sets import open_store
+from .store.shards import ShardInfo
+from .views.view import CLASSES_FILE, View, ViewReport, build_view, parse_classes, view_key
 
 log = logging.getLogger(__name__)
 

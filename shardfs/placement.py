@@ -53,7 +53,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .mounttable import MOUNTINFO, parse_mountinfo
+from .mount.table import MOUNTINFO, parse_mountinfo
 
 __all__ = [
     "HINT_NAME",

@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import ShardfsError
-from shardfs.index import IndexBuilder
-from shardfs.members import check_symlink_target, normalize_member_path, parse_label
-from shardfs.store import Store
-from shardfs.tar import MemberKind, iter_members
-from shardfs.views import View, build_view
+from shardfs.formats.members import check_symlink_target, normalize_member_path, parse_label
+from shardfs.formats.tar import MemberKind, iter_members
+from shardfs.index.db import IndexBuilder
+from shardfs.store.remote import Store
+from shardfs.views.view import View, build_view
 
 REGRESSIONS = Path(__file__).resolve().parent / "fuzz_regressions"
 SHARD = "fuzz.tar"

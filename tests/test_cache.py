@@ -27,7 +27,6 @@ import shardfs.cache.block_cache
 import shardfs.cache.claims
 import shardfs.cache.health
 import shardfs.cache.ledger
-from shardfs.block_fills import BlockFills
 from shardfs.cache import (
     EVICT_ANY,
     MAGIC,
@@ -42,6 +41,7 @@ from shardfs.cache import (
 )
 from shardfs.config import CacheConfig, resolve_cache_size
 from shardfs.errors import StoreReadError, UsageError
+from shardfs.read.fills import BlockFills
 from shardfs.stats import Stats
 
 BLOCK = 4096
@@ -656,7 +656,7 @@ def test_threads_asking_for_one_block_fetch_it_once(
 _WORKER = r"""
 import json, os, sys, threading, time
 from pathlib import Path
-from shardfs.block_fills import BlockFills
+from shardfs.read.fills import BlockFills
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig
 from shardfs.stats import Stats

@@ -14,7 +14,7 @@ import pytest
 from support.tarbuild import make_tar
 
 import shardfs
-from shardfs.index import SIDECAR_NAME
+from shardfs.index.db import SIDECAR_NAME
 
 ERROR_LINE = re.compile(r"shardfs: error: \S.*")
 
@@ -494,7 +494,7 @@ def test_daemon_gets_the_argv_main_was_given(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """In-process: main(argv) with a sys.argv that says something else; the spawn sees argv."""
-    import shardfs.daemon
+    import shardfs.mount.daemon
     from shardfs.cli import main, mount_helper
 
     spawned: list[list[str]] = []
@@ -503,7 +503,7 @@ def test_daemon_gets_the_argv_main_was_given(
         spawned.append(list(argv))
         return 0, "3 raw"
 
-    monkeypatch.setattr(shardfs.daemon, "spawn_daemon", spawn_daemon)
+    monkeypatch.setattr(shardfs.mount.daemon, "spawn_daemon", spawn_daemon)
     monkeypatch.setattr(sys, "argv", ["shardfs", "stats", "/somewhere/else"])
     cache = tmp_path / "cache"
     argv = ["mount", str(shards), str(mnt), "--cache-dir", str(cache), "-o", "cache_size=1G"]

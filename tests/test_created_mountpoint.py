@@ -17,8 +17,8 @@ from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.mounts import assert_one_error_line, mount, process_gone, umount, wait_for
 from support.processes import is_mounted, run_shardfs, spawn_shardfs, stop_process
 
-from shardfs.control import created_marker, lock_held, pid_file, remove_created_mountpoint
-from shardfs.mountpoints import make_mountpoint
+from shardfs.mount.control import created_marker, lock_held, pid_file, remove_created_mountpoint
+from shardfs.mount.mountpoints import make_mountpoint
 
 pytestmark = pytest.mark.integration
 
@@ -125,7 +125,8 @@ def test_a_created_mountpoint_is_left_to_the_mount_that_holds_it(tmp_path: Path)
         [
             sys.executable,
             "-c",
-            "import sys; from pathlib import Path; from shardfs.control import lock_mountpoint; "
+            "import sys; from pathlib import Path; "
+            "from shardfs.mount.control import lock_mountpoint; "
             "lock_mountpoint(Path(sys.argv[1])); print('locked', flush=True); sys.stdin.read()",
             str(target),
         ],

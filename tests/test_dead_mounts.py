@@ -25,8 +25,8 @@ from support.processes import (
 )
 
 import shardfs
-from shardfs.control import created_marker, pid_file, socket_path
-from shardfs.mounttable import find_mount
+from shardfs.mount.control import created_marker, pid_file, socket_path
+from shardfs.mount.table import find_mount
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from support.mounts import mount, mount_tmpfs, new_bucket, umount
 from support.processes import run_shardfs
 from support.s3 import S3Server
 
-from shardfs.readahead import MemoryReadahead
+from shardfs.read.readahead import MemoryReadahead
 
 # -- MemoryReadahead ---------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from shardfs.filesystem import Entry
+from shardfs.core.filesystem import Entry
 from shardfs.fuse import binding as libfuse
 from shardfs.fuse import dirents
 

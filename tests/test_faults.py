@@ -43,7 +43,7 @@ from support.mounts import new_bucket, wait_for
 from support.processes import is_mounted, run_shardfs, unmount
 from support.s3 import S3Server
 
-from shardfs.control import pid_file
+from shardfs.mount.control import pid_file
 
 pytestmark = pytest.mark.integration
 

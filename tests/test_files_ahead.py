@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from shardfs.files_ahead import FilesAhead
+from shardfs.read.files_ahead import FilesAhead
 
 DATA = bytes(range(256)) * 40
 

@@ -13,6 +13,7 @@ from support.inodes import names_in, open_path, resolve, stat_of
 from support.tarbuild import MTIME, directory, make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
+from shardfs.core.filesystem import XATTR_OFFSET, XATTR_SHARD, Owner, ShardFileSystem
 from shardfs.errors import (
     IsADirError,
     NoSuchAttributeError,
@@ -20,8 +21,7 @@ from shardfs.errors import (
     NotFoundError,
     UsageError,
 )
-from shardfs.filesystem import XATTR_OFFSET, XATTR_SHARD, Owner, ShardFileSystem
-from shardfs.index import IndexBuilder
+from shardfs.index.db import IndexBuilder
 from shardfs.placement import (
     HINT_NAME,
     TABLE_NAME,
@@ -31,8 +31,8 @@ from shardfs.placement import (
     hint_chunks,
 )
 from shardfs.stats import Stats
-from shardfs.store import ShardInfo
-from shardfs.views import View, build_view
+from shardfs.store.shards import ShardInfo
+from shardfs.views.view import View, build_view
 
 SMALL = bytes(range(256)) * 4  # 1024 bytes
 BIG = bytes((i * 7 + i // 256) % 251 for i in range(10_000))

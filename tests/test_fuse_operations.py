@@ -15,15 +15,15 @@ import pytest
 from support.tarbuild import make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, MountConfig, ReadConfig, ViewConfig
+from shardfs.core.filesystem import XATTR_SHARD, ShardFileSystem
 from shardfs.errors import StoreReadError
-from shardfs.filesystem import XATTR_SHARD, ShardFileSystem
 from shardfs.fuse import binding
 from shardfs.fuse.operations import FuseOperations
-from shardfs.index import IndexBuilder
-from shardfs.reader import DirectReader
+from shardfs.index.db import IndexBuilder
+from shardfs.read.direct import DirectReader
 from shardfs.stats import Stats
-from shardfs.store import ShardInfo
-from shardfs.views import ROOT_INO, View, build_view
+from shardfs.store.shards import ShardInfo
+from shardfs.views.view import ROOT_INO, View, build_view
 
 DATA = bytes(range(256)) * 20
 

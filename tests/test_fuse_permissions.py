@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_nonroot import Place, User, place, run_in_private_namespace, user, write_shards
 
-from shardfs.mountpoints import diagnose_fuse_failure
+from shardfs.mount.mountpoints import diagnose_fuse_failure
 
 __all__ = ["place", "user"]  # fixtures shared with test_nonroot
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shardfs.mounttable import parse_mountinfo
+from shardfs.mount.table import parse_mountinfo
 
 pytestmark = pytest.mark.integration
 
@@ -23,11 +23,11 @@ SCRIPT = textwrap.dedent(
     from support.tarbuild import make_tar, store_with
     from shardfs.fuse import session
     from shardfs.config import IndexConfig, MountConfig, ReadConfig, ViewConfig
-    from shardfs.filesystem import ShardFileSystem
-    from shardfs.index import IndexBuilder
-    from shardfs.reader import DirectReader
+    from shardfs.core.filesystem import ShardFileSystem
+    from shardfs.index.db import IndexBuilder
+    from shardfs.read.direct import DirectReader
     from shardfs.stats import Stats
-    from shardfs.views import View, build_view
+    from shardfs.views.view import View, build_view
 
     work, mountpoint = Path(sys.argv[1]), Path(sys.argv[2])
     store = store_with({"a.tar": make_tar([("f.txt", b"hello")])})

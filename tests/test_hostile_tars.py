@@ -34,10 +34,10 @@ from support.tarbuild import hardlink, make_tar, symlink
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, ShardfsError
-from shardfs.index import IndexBuilder
-from shardfs.store import Store
-from shardfs.tar import iter_members
-from shardfs.views import View, build_view
+from shardfs.formats.tar import iter_members
+from shardfs.index.db import IndexBuilder
+from shardfs.store.remote import Store
+from shardfs.views.view import View, build_view
 
 MTIME = 1_700_000_000
 GOOD = make_tar([("good/g.jpg", b"good image"), ("good/g.cls", b"0")])

@@ -22,12 +22,12 @@ from support.tarbuild import (
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, IndexFileError, UnsafeMemberError
-from shardfs.index import SIDECAR_NAME, IndexBuilder, fingerprint, write_sidecar
-from shardfs.members import label_extension, normalize_member_path, parse_label, split_key
-from shardfs.shard_scan import scan_shard
-from shardfs.store import Store
-from shardfs.tar import MemberKind
-from shardfs.views import build_view
+from shardfs.formats.members import label_extension, normalize_member_path, parse_label, split_key
+from shardfs.formats.tar import MemberKind
+from shardfs.index.db import SIDECAR_NAME, IndexBuilder, fingerprint, write_sidecar
+from shardfs.index.scan import scan_shard
+from shardfs.store.remote import Store
+from shardfs.views.view import build_view
 
 
 def shard_bytes(tag: str, count: int = 3) -> bytes:
@@ -231,7 +231,7 @@ def test_a_failing_cache_disk_leaves_the_scan_whole_and_stops_the_blocks(
         calls.append(index)
         raise OSError(28, "No space left on device")
 
-    with caplog.at_level("WARNING", logger="shardfs.index"):
+    with caplog.at_level("WARNING", logger="shardfs.index.db"):
         rows = scan_shard(store, shard, failing_disk, 4096)
     assert sorted(row[0] for row in rows) == sorted(f"f{i}.bin" for i in range(8))
     assert calls == [0]

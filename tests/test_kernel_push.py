@@ -16,13 +16,13 @@ from support.mounts import wait_for
 from support.tarbuild import make_tar, store_with
 
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
-from shardfs.filesystem import ShardFileSystem
+from shardfs.core.filesystem import ShardFileSystem
 from shardfs.fuse.pushes import _PUSH_RETRIES, KernelPusher
-from shardfs.index import IndexBuilder
-from shardfs.reader import DirectReader
+from shardfs.index.db import IndexBuilder
+from shardfs.read.direct import DirectReader
 from shardfs.stats import Stats
-from shardfs.store import ShardInfo
-from shardfs.views import Node, View, build_view
+from shardfs.store.shards import ShardInfo
+from shardfs.views.view import Node, View, build_view
 
 FILES = {f"f{i}.bin": bytes([i]) * (1000 + i) for i in range(4)}
 SHARD = make_tar(list(FILES.items()))

@@ -19,9 +19,9 @@ from shardfs import dataset as mount_module
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.dataset import images_line, layout_line, open_source, report_warnings
 from shardfs.errors import UsageError
-from shardfs.index import IndexBuilder, write_sidecar
-from shardfs.store import Store
-from shardfs.views import ViewReport
+from shardfs.index.db import IndexBuilder, write_sidecar
+from shardfs.store.remote import Store
+from shardfs.views.view import ViewReport
 
 # --- the layout line, from the facts of a report -----------------------------------------------
 
@@ -190,7 +190,7 @@ def test_sidecar_log_line_names_the_folder(
         store, IndexBuilder(store, IndexConfig(tmp_path / "a")).build(store.list_shards())
     )
     root = Store(SourceConfig(url))
-    with caplog.at_level(logging.INFO, logger="shardfs.index"):
+    with caplog.at_level(logging.INFO, logger="shardfs.index.db"):
         builder = IndexBuilder(root, IndexConfig(tmp_path / "b"))
         builder.build(root.list_shards())
     assert builder.scanned_shards == 0

@@ -25,7 +25,7 @@ from support.processes import is_mounted, run_shardfs, spawn_shardfs
 from support.s3 import S3Server
 from support.tarbuild import make_tar
 
-from shardfs.control import lock_path
+from shardfs.mount.control import lock_path
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from support.mounts import mount, new_bucket, process_gone, umount, wait_for
 from support.processes import is_mounted, spawn_shardfs, stop_process
 from support.s3 import S3Server
 
-from shardfs.control import pid_file, query
+from shardfs.mount.control import pid_file, query
 
 pytestmark = pytest.mark.integration
 

@@ -37,7 +37,7 @@ from support.mounts import mount as _mount
 from support.processes import is_mounted, run_shardfs, unmount
 from support.s3 import S3Server
 
-from shardfs.control import pid_file
+from shardfs.mount.control import pid_file
 
 pytestmark = pytest.mark.integration
 

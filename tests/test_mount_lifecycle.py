@@ -22,7 +22,7 @@ import pytest
 from support.mounts import wait_for
 from support.tarbuild import make_tar
 
-import shardfs.mount as mount_module
+import shardfs.mount.lifecycle as mount_module
 from shardfs.config import (
     CacheConfig,
     IndexConfig,
@@ -32,10 +32,10 @@ from shardfs.config import (
     SourceConfig,
     ViewConfig,
 )
-from shardfs.control import socket_path
-from shardfs.daemon import ReadyChannel
-from shardfs.mount import STOP_ORDER, Mount, MountSettings
-from shardfs.reader import CachedReader
+from shardfs.mount.control import socket_path
+from shardfs.mount.daemon import ReadyChannel
+from shardfs.mount.lifecycle import STOP_ORDER, Mount, MountSettings
+from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
 
 SHARDS = {
@@ -74,7 +74,7 @@ def settings_for(tmp_path: Path, prefetch: str = "all") -> MountSettings:
 
 
 class Recorder:
-    """Wraps the constructors ``shardfs.mount`` uses: records each part built and each
+    """Wraps the constructors ``shardfs.mount.lifecycle`` uses: records each part built and each
     close, and raises ``Injected`` at the step named by ``fail_at``."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fail_at: str | None = None) -> None:
@@ -299,14 +299,14 @@ SCRIPT = textwrap.dedent(
     from support.mounts import wait_for
     from test_mount_lifecycle import settings_for
     from shardfs.cache import BlockCache
-    from shardfs.control import ControlServer
-    from shardfs.daemon import ReadyChannel
+    from shardfs.mount.control import ControlServer
+    from shardfs.mount.daemon import ReadyChannel
     from shardfs.dataset import OpenedSource
     from shardfs.fuse import binding, session
     from shardfs.fuse.operations import FuseOperations
     from shardfs.fuse.pushes import KernelPusher
-    from shardfs.mount import Mount
-    from shardfs.readahead import Prefetcher
+    from shardfs.mount.lifecycle import Mount
+    from shardfs.read.readahead import Prefetcher
     from shardfs.stats import Stats
 
     events = []

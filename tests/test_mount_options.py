@@ -19,7 +19,7 @@ from support.tarbuild import make_tar
 
 from shardfs.cli import build_parser, mount_helper
 from shardfs.errors import UsageError
-from shardfs.mount_options import apply_options, split_options
+from shardfs.mount.options import apply_options, split_options
 
 REPO = Path(__file__).resolve().parents[1]
 

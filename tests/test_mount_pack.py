@@ -26,7 +26,7 @@ from support.mounts import imagefolder_view, mount, new_bucket, shard_keys, umou
 from support.processes import run_shardfs, stop_process
 from support.s3 import S3Server
 
-from shardfs.index import SIDECAR_NAME
+from shardfs.index.db import SIDECAR_NAME
 
 pytestmark = pytest.mark.integration
 

@@ -344,7 +344,7 @@ def test_sigterm_during_a_cold_epoch_with_pushes_stops_the_daemon(
 ) -> None:
     """Readers, readahead, kernel pushes and a slow GET all in flight when SIGTERM comes: the
     daemon still unmounts and exits (no reply waits forever on a stopped session)."""
-    from shardfs.control import pid_file
+    from shardfs.mount.control import pid_file
 
     mount(dataset.url, mountpoint, cache_dir, "--block-size", BLOCK_FLAG, env=env)
     names = sorted(os.listdir(mountpoint))  # the kernel knows every inode: pushes happen

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from shardfs.config import MountConfig
 from shardfs.errors import MountError
 from shardfs.fuse.session import mount_options
-from shardfs.mounttable import (
+from shardfs.mount.table import (
     MountEntry,
     find_mount,
     is_disconnected,
@@ -23,7 +23,7 @@ from shardfs.mounttable import (
     table_path,
     unescape,
 )
-from shardfs.source_urls import MAX_TABLE_NAME, table_name
+from shardfs.store.urls import MAX_TABLE_NAME, table_name
 
 # Lines as Linux 6.x writes them: zero, one and two optional fields before the "-".
 SAMPLE = (

@@ -45,7 +45,7 @@ def shardfs(*args):
 report = {"uid": os.getuid()}
 report["mount"] = shardfs("mount", source, mountpoint, "--cache-dir", cache, *extra)
 if report["mount"][0] == 0:
-    from shardfs.mounttable import find_mount
+    from shardfs.mount.table import find_mount
     entry = find_mount(mountpoint)
     report["table"] = [entry.fstype, entry.source] if entry else None
     hashes = {}

@@ -15,8 +15,9 @@ import pytest
 from support.datagen import DEFAULT_CLASS_SIZES, make_imagefolder, relative_files
 
 from shardfs.config import SourceConfig
-from shardfs.index import SIDECAR_NAME
-from shardfs.pack import (
+from shardfs.formats.tar import MemberKind
+from shardfs.index.db import SIDECAR_NAME
+from shardfs.tools.pack import (
     MANIFEST_NAME,
     PackConfig,
     Packer,
@@ -30,7 +31,6 @@ from shardfs.pack import (
     scan_tree,
     write_shard,
 )
-from shardfs.tar import MemberKind
 
 ERROR_LINE = re.compile(r"shardfs: error: \S.*")
 
@@ -387,7 +387,7 @@ def test_pack_refuses_a_destination_inside_its_source(
 
 
 def test_a_url_destination_is_inside_a_source_by_store_and_path() -> None:
-    from shardfs.source_urls import is_within
+    from shardfs.store.urls import is_within
 
     assert is_within("s3://b/x/out", "s3://b/x")
     assert is_within("s3a://b/x/out/", "s3://b/x/")
@@ -545,8 +545,8 @@ def test_a_tree_pack_sidecar_agrees_with_a_scan_on_labels(tmp_path: Path) -> Non
     """Label files packed as plain tree members (``k.cls``) must get the same label in the
     sidecar as a scan of the shard gives them, or a mount would pick a different view with
     and without the sidecar."""
-    from shardfs.shard_scan import scan_shard
-    from shardfs.store import Store
+    from shardfs.index.scan import scan_shard
+    from shardfs.store.remote import Store
 
     src = tmp_path / "src"
     (src / "a").mkdir(parents=True)

@@ -26,7 +26,7 @@ from support.processes import is_mounted, run_shardfs
 from support.s3 import S3Server
 from support.tarbuild import make_tar
 
-from shardfs.progress_bar import FALLBACK_SIZE, SHOW_AFTER, TICK, new_bar, update_progress_bar
+from shardfs.tools.progress import FALLBACK_SIZE, SHOW_AFTER, TICK, new_bar, update_progress_bar
 
 SHARDS = 3
 SCAN_DELAY = 1.5 * SHOW_AFTER  # seconds each GET waits: the scan outlasts SHOW_AFTER

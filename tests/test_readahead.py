@@ -14,13 +14,13 @@ import pytest
 from support.mounts import wait_for
 from support.tarbuild import memory_url, put
 
-from shardfs.block_fills import BlockFills, Fetch
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
-from shardfs.readahead import Prefetcher
-from shardfs.reader import CachedReader
+from shardfs.read.fills import BlockFills, Fetch
+from shardfs.read.readahead import Prefetcher
+from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
-from shardfs.store import Fetched, Store
+from shardfs.store.remote import Fetched, Store
 
 BLOCK = 4096
 KEY = "ab" * 16

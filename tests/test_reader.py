@@ -18,11 +18,13 @@ import shardfs.cache.claims
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.errors import ShardChangedError
-from shardfs.local_blocks import LocalBlocks
-from shardfs.readahead import Prefetcher
-from shardfs.reader import RUN_BLOCKS, CachedReader, DirectReader, RangeReader
+from shardfs.read.direct import DirectReader
+from shardfs.read.local_blocks import LocalBlocks
+from shardfs.read.readahead import Prefetcher
+from shardfs.read.reader import RUN_BLOCKS, CachedReader, RangeReader
 from shardfs.stats import Stats
-from shardfs.store import ShardInfo, Store
+from shardfs.store.remote import Store
+from shardfs.store.shards import ShardInfo
 
 BLOCK = 4096
 SIZE = 5 * BLOCK + 123  # the last block is short
@@ -407,7 +409,7 @@ def test_a_failing_listener_costs_neither_the_read_nor_the_block(
     events.subscribe(failing)
     told = listen(events)
     reader = CachedReader(store, block_cache, block_cache.stats, retries=1, local_blocks=events)
-    with caplog.at_level(logging.ERROR, logger="shardfs.local_blocks"):
+    with caplog.at_level(logging.ERROR, logger="shardfs.read.local_blocks"):
         assert reader.read(shard, 0, 100) == data[:100]
     assert [r.getMessage() for r in caplog.records] == ["a listener for local blocks failed"]
     assert told == [("a.tar", 0, BLOCK, data[:BLOCK])]

@@ -1,6 +1,7 @@
-"""README claims that had no test of their own: the documented defaults, the exit codes of
-the Commands table, ``cache clear --all``, reads that do not queue behind prefetches, and
-hard links whose target lies in another shard. Each test names the README passage."""
+"""Claims of the README and of the reference in docs/ that had no test of their own: the
+documented defaults, the exit codes of the Commands table, ``cache clear --all``, reads that
+do not queue behind prefetches, and hard links whose target lies in another shard. Each test
+names the page and passage."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from support.s3 import S3Server
 from shardfs import cli
 from shardfs.commands import _configs
 from shardfs.config import CacheConfig, ReadaheadConfig, SourceConfig
-from shardfs.control import query
+from shardfs.mount.control import query
 
 MTIME = 1_700_000_000
 
@@ -33,7 +34,7 @@ MTIME = 1_700_000_000
 
 
 def test_the_defaults_are_the_ones_the_readme_documents(tmp_path: Path) -> None:
-    """README "The block cache": --cache-size default 50%, --cache-min-free 1G,
+    """docs/cache.md "The block cache": --cache-size default 50%, --cache-min-free 1G,
     --block-size 8 MiB, 64 KiB checksummed chunks; "Readahead": --prefetch shard on
     --prefetch-streams 8 threads, --miss-fetch block; "Degrades": --read-timeout 30 s.
     Checked both in the configs and in what the CLI builds from a bare ``mount``."""
@@ -56,7 +57,7 @@ def test_the_defaults_are_the_ones_the_readme_documents(tmp_path: Path) -> None:
 
 
 def test_exit_1_for_an_unexpected_error_in_one_line() -> None:
-    """README "Commands": 1 = unexpected error (run with -v for a traceback). A command that
+    """docs/commands.md: 1 = unexpected error (run with -v for a traceback). A command that
     fails with a foreign exception goes through the real ``main`` of a real process."""
     program = (
         "import dataclasses, sys, shardfs.cli as c\n"
@@ -107,7 +108,7 @@ def _slow_dataset(s3_server: S3Server, tmp_path: Path, stem: str) -> str:
 
 @pytest.mark.s3
 def test_exit_130_when_a_command_is_interrupted(s3_server: S3Server, tmp_path: Path) -> None:
-    """README "Commands": 130 = interrupted. SIGINT while ``shardfs index`` waits on a slow
+    """docs/commands.md: 130 = interrupted. SIGINT while ``shardfs index`` waits on a slow
     store: one line, no traceback, code 130."""
     source = _slow_dataset(s3_server, tmp_path, "interrupt")
     s3_server.reset_counts()
@@ -151,7 +152,7 @@ def local_shards(tmp_path: Path) -> Path:
 def test_exit_5_when_umount_finds_the_mount_busy(
     local_shards: Path, mountpoint: Path, tmp_path: Path
 ) -> None:
-    """README "Commands": 5 = mountpoint problem ... busy. A process whose working folder is
+    """docs/commands.md: 5 = mountpoint problem ... busy. A process whose working folder is
     inside the mount keeps ``shardfs umount`` from unmounting; ``--lazy`` still does."""
     mount(str(local_shards), mountpoint, tmp_path / "cache", env={})
     holder = subprocess.Popen(
@@ -182,7 +183,7 @@ def _setpriv() -> str:
 def test_exit_5_when_fuse_cannot_mount_names_the_cause(
     local_shards: Path, mountpoint: Path, tmp_path: Path
 ) -> None:
-    """README "Commands": 5 = ... FUSE failed (with the cause and the fix). The mount runs
+    """docs/commands.md: 5 = ... FUSE failed (with the cause and the fix). The mount runs
     without CAP_SYS_ADMIN in its bounding set (as in a container started without
     --cap-add SYS_ADMIN), so the kernel refuses the mount."""
     if os.geteuid() != 0:
@@ -225,7 +226,7 @@ def _cache_info(cache_dir: Path) -> dict[str, Any]:
 def test_cache_clear_drops_blocks_and_with_all_the_indexes_and_views(
     s3_server: S3Server, mountpoint: Path, tmp_path: Path
 ) -> None:
-    """README "The block cache": ``shardfs cache clear [--all]`` drops every block (and with
+    """docs/cache.md "The block cache": ``shardfs cache clear [--all]`` drops every block (and with
     ``--all`` the indexes and views). Measured at the server: after a plain clear a remount
     reuses the index (no GET), after ``--all`` it scans every shard again."""
     source = _slow_dataset(s3_server, tmp_path, "clear")
@@ -310,7 +311,7 @@ def test_reads_never_wait_behind_queued_prefetches_with_prefetch_on(
     mountpoint: Path,
     tmp_path: Path,
 ) -> None:
-    """README "Readahead": a read that misses fetches its whole block in its own thread;
+    """docs/cache.md "Readahead": a read that misses fetches its whole block in its own thread;
     reads never wait behind queued prefetches. ``--prefetch all`` on one stream queues
     every block of both shards, the slow shard's first (shards go in name order); its GET
     hangs on the only stream, so the fast shard's blocks stay queued behind it. Every file
@@ -360,7 +361,7 @@ def _shard_bytes(s3_server: S3Server, source: str, shard: str) -> int:
 def test_a_hard_link_to_a_member_of_another_shard_is_left_out_and_reported(
     mountpoint: Path, tmp_path: Path
 ) -> None:
-    """README "Safety" says hard links are served as the file they point to; that holds in
+    """docs/layouts.md "Safety" says hard links are served as the file they point to; that holds in
     one shard only. A tar hard link names an earlier member of its own archive, so one whose
     target is in another shard is left out, counted in the mount's warnings."""
     folder = tmp_path / "shards"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardfs.http_ranges import version_of
-from shardfs.responses import (
+from shardfs.store.http_ranges import version_of
+from shardfs.store.responses import (
     LAST_MODIFIED_PREFIX,
     PreconditionFailed,
     TransientError,

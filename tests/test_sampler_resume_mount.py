@@ -22,7 +22,7 @@ from support.processes import run_shardfs
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision.datasets import ImageFolder
 
-from shardfs.control import query
+from shardfs.mount.control import query
 from shardfs.placement import read_placement
 from shardfs.torch import ShardSampler
 

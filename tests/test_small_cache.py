@@ -25,7 +25,7 @@ from support.mounts import drop_page_cache, mount, new_bucket, umount
 from support.processes import run_shardfs
 from support.s3 import S3Server, settled_counts
 
-from shardfs.control import query
+from shardfs.mount.control import query
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from shardfs.block_fills import BlockFills
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
-from shardfs.reader import CachedReader
+from shardfs.read.fills import BlockFills
+from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
-from shardfs.store import Fetched, ShardInfo, Store
+from shardfs.store.remote import Fetched, Store
+from shardfs.store.shards import ShardInfo
 
 BLOCK = 4096
 FILE = 300  # about 13 files per block: a whole block per miss costs about 13x

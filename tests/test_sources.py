@@ -35,7 +35,7 @@ from support.processes import is_mounted, run_shardfs
 from support.s3 import S3Server, free_port
 
 from shardfs import cli
-from shardfs.index import SIDECAR_NAME
+from shardfs.index.db import SIDECAR_NAME
 
 # data/shard-000000..2.tar and data/more/shard-000003.tar: a folder holds 4 shards, a glob
 # without ** only the 3 at its own level.
@@ -531,7 +531,7 @@ def test_shard_replaced_on_the_http_server_fails_never_mixes(
 def test_select_splits_root_and_names(
     url: str, root: str, names: tuple[str, ...] | None, globs: tuple[str, ...] | None
 ) -> None:
-    from shardfs.source_urls import select
+    from shardfs.store.urls import select
 
     selection = select(url)
     assert (selection.root, selection.names, selection.globs) == (root, names, globs)
@@ -550,7 +550,7 @@ def test_select_splits_root_and_names(
     ],
 )
 def test_glob_regex(pattern: str, matches: list[str], misses: list[str]) -> None:
-    from shardfs.source_urls import glob_regex
+    from shardfs.store.urls import glob_regex
 
     regex = glob_regex(pattern)
     assert [m for m in matches if not regex.fullmatch(m)] == []
@@ -559,7 +559,7 @@ def test_glob_regex(pattern: str, matches: list[str], misses: list[str]) -> None
 
 def test_a_wildcard_in_the_bucket_is_a_usage_error() -> None:
     from shardfs.errors import UsageError
-    from shardfs.source_urls import select
+    from shardfs.store.urls import select
 
     with pytest.raises(UsageError, match="bucket or host"):
         select("s3://b*/x.tar")
@@ -675,7 +675,7 @@ def test_sources_on_different_stores_mount_as_one_tree(
     assert result.returncode == 0, result.stderr
     try:
         assert sha256_tree(mountpoint) == {**expected_tree(site), **sha256_tree(tars.trees[1])}
-        from shardfs.mounttable import find_mount
+        from shardfs.mount.table import find_mount
 
         entry = find_mount(mountpoint)
         assert entry is not None and entry.source == f"{source},{tars.second}"

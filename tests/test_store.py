@@ -22,11 +22,12 @@ from shardfs.errors import (
     StoreReadError,
     UsageError,
 )
-from shardfs.presigned import PresignedRanges
-from shardfs.responses import PreconditionFailed, TransientError, WrongLengthError
-from shardfs.source_urls import expand_braces
-from shardfs.store import ShardInfo, Store
-from shardfs.store_client import translate_errors
+from shardfs.store.client import translate_errors
+from shardfs.store.presigned import PresignedRanges
+from shardfs.store.remote import Store
+from shardfs.store.responses import PreconditionFailed, TransientError, WrongLengthError
+from shardfs.store.shards import ShardInfo
+from shardfs.store.urls import expand_braces
 
 # --- brace patterns ---------------------------------------------------------------------------
 
@@ -530,8 +531,8 @@ def test_core_modules_do_not_import_urllib3_for_non_s3_stores() -> None:
 
     code = (
         "import sys; sys.modules['urllib3'] = None\n"
-        "from shardfs.store import Store; from shardfs.config import SourceConfig\n"
-        "import shardfs.cli, shardfs.mount\n"
+        "from shardfs.store.remote import Store; from shardfs.config import SourceConfig\n"
+        "import shardfs.cli, shardfs.mount.lifecycle\n"
         "Store(SourceConfig('memory://x')); print('ok')"
     )
     result = subprocess.run(

@@ -11,7 +11,7 @@ from support.s3 import S3Server
 
 from shardfs.config import SourceConfig
 from shardfs.errors import ShardChangedError
-from shardfs.store import Store
+from shardfs.store.remote import Store
 
 pytestmark = pytest.mark.s3  # moto only: no FUSE mount
 

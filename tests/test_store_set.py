@@ -14,10 +14,10 @@ from support.tarbuild import make_tar, memory_url, put, store_with
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.dataset import open_source
 from shardfs.errors import UsageError
-from shardfs.index import IndexBuilder, write_sidecar
-from shardfs.reader import shard_key_of
-from shardfs.store import Store
-from shardfs.store_set import StoreSet, open_store
+from shardfs.index.db import IndexBuilder, write_sidecar
+from shardfs.read.reader import shard_key_of
+from shardfs.store.remote import Store
+from shardfs.store.sets import StoreSet, open_store
 
 
 def source_of(*urls: str) -> SourceConfig:

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from support.tarbuild import Entry, directory, make_tar, store_with, symlink
 
-import shardfs.members
+import shardfs.formats.members
 from shardfs.config import IndexConfig, ViewConfig
 from shardfs.errors import NotFoundError
-from shardfs.index import IndexBuilder
-from shardfs.symlink_walk import MAX_LINK_HOPS
-from shardfs.tar import MemberKind
-from shardfs.views import View, ViewReport, build_view
+from shardfs.formats.tar import MemberKind
+from shardfs.index.db import IndexBuilder
+from shardfs.views.symlinks import MAX_LINK_HOPS
+from shardfs.views.view import View, ViewReport, build_view
 
 _counter = itertools.count()
 
@@ -336,7 +336,7 @@ def test_member_path_of_2000_components(tmp_path: Path, monkeypatch: pytest.Monk
     """The scan refuses paths deeper than MAX_PATH_DEPTH; the view must not rely on that."""
     depth = 2000
     assert depth > sys.getrecursionlimit()
-    monkeypatch.setattr(shardfs.members, "MAX_PATH_DEPTH", depth + 1)
+    monkeypatch.setattr(shardfs.formats.members, "MAX_PATH_DEPTH", depth + 1)
     folder = "/".join(["d"] * depth)
     mid = "/".join(["d"] * 1000)
     view, report = build(

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from shardfs.errors import CorruptShardError
-from shardfs.tar import MemberKind, TarMember, iter_members
+from shardfs.formats.tar import MemberKind, TarMember, iter_members
 
 SHARD = "s3://bucket/shard-000000.tar"
 UNICODE_NAME = "data/κατηγορία/ünïcödé_文件_0001.jpg"

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from shardfs.errors import ShardfsError, UnsafeMemberError
-from shardfs.members import normalize_member_path, parse_label
-from shardfs.tar import MemberKind, iter_members
+from shardfs.formats.members import normalize_member_path, parse_label
+from shardfs.formats.tar import MemberKind, iter_members
 
 SHARD = "prop.tar"
 COMMON = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

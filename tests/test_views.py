@@ -12,10 +12,10 @@ from support.tarbuild import MTIME, directory, hardlink, make_tar, store_with, s
 
 from shardfs.config import IndexConfig, Layout, ViewConfig
 from shardfs.errors import NotADirError, NotFoundError, UsageError
-from shardfs.index import IndexBuilder
-from shardfs.store import Store
-from shardfs.tar import MemberKind
-from shardfs.views import View, ViewReport, build_view, parse_classes
+from shardfs.formats.tar import MemberKind
+from shardfs.index.db import IndexBuilder
+from shardfs.store.remote import Store
+from shardfs.views.view import View, ViewReport, build_view, parse_classes
 
 _counter = itertools.count()
 
@@ -515,8 +515,8 @@ def test_a_view_cached_under_the_old_key_rule_is_not_reused(
     import hashlib
     import json
 
-    from shardfs import views
-    from shardfs.views import view_key
+    from shardfs.views import view as views
+    from shardfs.views.view import view_key
 
     config = ViewConfig()
     text = json.dumps([3, "fingerprint", config.layout, config.classes, {}])

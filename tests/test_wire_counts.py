@@ -32,10 +32,12 @@ from support.tarbuild import make_tar
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, IndexConfig, SourceConfig, ViewConfig, format_bytes
 from shardfs.dataset import open_source
-from shardfs.reader import CachedReader, DirectReader
+from shardfs.read.direct import DirectReader
+from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
-from shardfs.store import ShardInfo, Store
-from shardfs.whole_shards import WHOLE_SHARDS_MEMORY, WholeShards
+from shardfs.store.remote import Store
+from shardfs.store.shards import ShardInfo
+from shardfs.store.whole_shards import WHOLE_SHARDS_MEMORY, WholeShards
 
 BLOCK = 64 << 10
 BLOCK_FLAG = "64K"
@@ -157,7 +159,7 @@ def test_a_server_that_ignores_range_is_counted_warned_once_and_asked_once_per_s
     rangeless.sent.clear()
     first, second = listed[0], listed[2]
     data = {s.name: (shards.folder / s.name).read_bytes() for s in (first, second)}
-    with caplog.at_level(logging.WARNING, logger="shardfs.store"):
+    with caplog.at_level(logging.WARNING, logger="shardfs.store.remote"):
         for shard in (first, second, first):
             for start, end in [(600, 4000), (10_000, 10_001), (100, shard.size)]:
                 assert store.read_range(shard, start, end) == data[shard.name][start:end]
@@ -266,9 +268,9 @@ def test_a_scan_that_finds_the_server_ignores_range_says_so_and_keeps_the_blocks
     assert len(said) == 1 and said[0].startswith(f"{server.url} ignores Range"), notes
 
 
-def test_the_readme_states_the_memory_bound() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert f"up to {WHOLE_SHARDS_MEMORY >> 20} MiB of shards" in readme
+def test_the_sources_page_states_the_memory_bound() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "sources.md").read_text()
+    assert f"up to {WHOLE_SHARDS_MEMORY >> 20} MiB of shards" in page
 
 
 def test_whole_shards_in_memory_stay_within_their_bound() -> None:

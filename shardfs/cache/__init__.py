@@ -11,12 +11,13 @@ The parts, each the one owner of its lock and its file:
 
 - ``block_format``: the header with a checksum per chunk; reads verify what they return;
 - ``writer``: temp file, then rename (a killed daemon leaves a whole block or none);
-- ``ledger``: ``cache.sqlite``, the bound, eviction victims, ``cache info`` and ``clear``;
+- ``ledger``: ``cache.sqlite``, the bound, eviction victims, ``cache clear``;
+- ``info``: ``cache info``, read without a mount;
 - ``claims``: one fetch per block in this process and, via ``locks``, across mounts, held
   as a ``Claim`` that its owner may hand to another thread;
 - ``open_blocks``: block files kept open, and the reads that pin them;
 - ``block_cache``: ``BlockCache``, which ties them together: look up, claim, put, evict.
-  It never fetches; readers fill it (``shardfs.block_fills``).
+  It never fetches; readers fill it (``shardfs.read.fills``).
 
 The block files are the truth; the ledger is only bookkeeping over them. An unreadable
 ledger is rebuilt from the block headers (one warning), and an unusable ``locks`` file is
@@ -39,7 +40,8 @@ from .block_format import (
     shard_key,
 )
 from .claims import Claim, open_lock_file
-from .ledger import cache_info, clear_cache, heal_cache_folder, ledger_damaged, rebuild_ledger
+from .info import cache_info
+from .ledger import clear_cache, heal_cache_folder, ledger_damaged, rebuild_ledger
 from .space import EVICT_ANY, EVICT_NONE
 from .writer import remove_any
 

@@ -52,7 +52,7 @@ class BlockCache:
     A store of blocks and nothing more: it looks blocks up (``peek``), hands out claims
     (``claim``), stores what a claim's owner brings (``put``), and keeps the bound (room,
     eviction). It never fetches: the reader decides what to fetch on a miss, brings it and
-    puts it (``shardfs.block_fills``), as mountpoint-s3's caching part stream does around
+    puts it (``shardfs.read.fills``), as mountpoint-s3's caching part stream does around
     its ``DataCache``."""
 
     def __init__(

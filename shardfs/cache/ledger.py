@@ -175,7 +175,7 @@ def heal_cache_folder(cache_dir: Path) -> None:
         locks.close()
 
 
-def _ledger_totals(db_path: Path) -> tuple[int, int]:
+def ledger_totals(db_path: Path) -> tuple[int, int]:
     """(blocks, bytes) the ledger records; sqlite3.Error if it cannot be read."""
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
     try:
@@ -184,34 +184,6 @@ def _ledger_totals(db_path: Path) -> tuple[int, int]:
     finally:
         conn.close()
     return blocks, used
-
-
-def cache_info(cache_dir: Path) -> dict[str, int | str]:
-    """What is in a cache folder; a damaged ledger is rebuilt first (one warning)."""
-    info: dict[str, int | str] = {"cache_dir": str(cache_dir)}
-    db_path = cache_dir / LEDGER
-    blocks = used = 0
-    if os.path.lexists(db_path):
-        try:
-            blocks, used = _ledger_totals(db_path)
-        except sqlite3.Error as exc:
-            if ledger_damaged(exc, db_path) or "no such table" in str(exc):
-                with contextlib.suppress(OSError, sqlite3.Error):
-                    heal_cache_folder(cache_dir)
-            with contextlib.suppress(sqlite3.Error):
-                blocks, used = _ledger_totals(db_path)
-    info["blocks"] = blocks
-    info["block_bytes"] = used
-    for name in ("index", "views"):
-        folder = cache_dir / name
-        files = list(folder.glob("*.sqlite")) if folder.is_dir() else []
-        sizes = []
-        for path in files:
-            with contextlib.suppress(OSError):
-                sizes.append(path.stat().st_size)
-        info[f"{name}_files"] = len(sizes)
-        info[f"{name}_bytes"] = sum(sizes)
-    return info
 
 
 def _move_blocks(blocks_dir: Path, trash: Path) -> None:

@@ -19,7 +19,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from ..control import process_running
+from ..atomic import process_running
 
 log = logging.getLogger(__name__)
 

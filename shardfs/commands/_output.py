@@ -6,7 +6,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # index loads fsspec; the CLI starts without it
-    from ..index import Progress
+    from ..index.db import Progress
 
 
 def notice(text: str) -> None:
@@ -15,6 +15,6 @@ def notice(text: str) -> None:
 
 def progress_printer() -> Progress | None:
     """A bar for index scans when stderr is a terminal (``progress_bar.scan_progress``)."""
-    from ..progress_bar import scan_progress
+    from ..tools.progress import scan_progress
 
     return scan_progress()

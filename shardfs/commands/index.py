@@ -26,9 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..index import SIDECAR_NAME, IndexBuilder, write_sidecar
-    from ..mountpoints import check_cache_dir
-    from ..store_set import open_store
+    from ..index.db import SIDECAR_NAME, IndexBuilder, write_sidecar
+    from ..mount.mountpoints import check_cache_dir
+    from ..store.sets import open_store
 
     source = source_config(args)
     if args.write_sidecar and source.extra_urls:

@@ -32,7 +32,7 @@ from ._configs import cache_config, index_config, readahead_config, source_confi
 from ._output import notice, progress_printer
 
 if TYPE_CHECKING:  # index loads fsspec; the CLI starts without it
-    from ..index import Progress
+    from ..index.db import Progress
 
 
 def _mode(text: str) -> int:
@@ -180,7 +180,7 @@ def _session_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _view_config(args: argparse.Namespace) -> ViewConfig:
-    from ..views import parse_classes
+    from ..views.view import parse_classes
 
     classes = None
     if args.classes is not None:
@@ -194,7 +194,7 @@ def _view_config(args: argparse.Namespace) -> ViewConfig:
 
 
 def _mount_config(args: argparse.Namespace, source: SourceConfig) -> MountConfig:
-    from ..source_urls import table_name
+    from ..store.urls import table_name
 
     return MountConfig(
         mountpoint=args.mountpoint.absolute(),
@@ -230,8 +230,8 @@ def _start_daemon(
 ) -> int:
     """Check what can be checked here, then run ``shardfs`` again, as the daemon, with the
     argv that ``main`` was given (``args.argv``), and wait for it to be ready."""
-    from ..daemon import log_file_for, spawn_daemon
-    from ..mountpoints import check_cache_dir, check_mountpoint
+    from ..mount.daemon import log_file_for, spawn_daemon
+    from ..mount.mountpoints import check_cache_dir, check_mountpoint
 
     cache_config(args, cache_dir)
     readahead_config(args)
@@ -263,8 +263,8 @@ def _serve(
 ) -> None:
     """Be the daemon: mount and serve until unmounted, telling the waiting parent (if any)
     about progress, readiness or the error that stopped the mount."""
-    from ..daemon import ReadyChannel
-    from ..mount import MountSettings, run_foreground
+    from ..mount.daemon import ReadyChannel
+    from ..mount.lifecycle import MountSettings, run_foreground
 
     channel = ReadyChannel(args.ready_fd)
     progress: Progress | None

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..pack import PackConfig, Packer
+    from ..tools.pack import PackConfig, Packer
 
     if args.max_count is not None and args.max_count < 1:
         raise UsageError("--max-count must be at least 1")
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _progress_bar() -> tuple[Callable[[int, int, int, int], None] | None, Callable[[], None]]:
     """A bar (bytes, throughput, ETA, files) when stderr is a terminal."""
-    from ..progress_bar import new_bar, shows_progress
+    from ..tools.progress import new_bar, shows_progress
 
     if not shows_progress():
         return None, lambda: None

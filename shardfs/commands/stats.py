@@ -12,12 +12,14 @@ from ._command import Command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("mountpoint", type=Path)
+    parser.add_argument(
+        "mountpoint", type=Path, metavar="PATH", help="the mountpoint, or any path inside it"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..control import query, serving_mountpoint
+    from ..mount.control import query, serving_mountpoint
 
     values = query(serving_mountpoint(args.mountpoint.absolute()))
     if args.json:
@@ -88,10 +90,14 @@ def _whole_shard_answers(count: int) -> str:
 COMMAND = Command(
     name="stats",
     summary="live counters of a mount: bytes fetched and served, cache hits, evictions",
-    description="Ask the daemon serving MOUNTPOINT for its counters since it mounted: bytes "
+    description="Ask the daemon of the mount that holds PATH for its counters since it mounted: bytes "
     "served and fetched (as they crossed the wire, the index scan at mount included), store "
     "requests, cache hits, misses and evictions, cache usage.",
-    examples=("shardfs stats /mnt/train", "shardfs stats /mnt/train --json | jq .hit_ratio"),
+    examples=(
+        "shardfs stats /mnt/train",
+        "shardfs stats /mnt/train/cat   (any path inside the mount)",
+        "shardfs stats /mnt/train --json | jq .hit_ratio",
+    ),
     add_arguments=add_arguments,
     run=run,
 )

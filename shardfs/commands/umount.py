@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..daemon import unmount
+    from ..mount.daemon import unmount
 
     mountpoint = args.mountpoint.absolute()
     outcome = unmount(mountpoint, lazy=args.lazy)

@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
 def compare(args: argparse.Namespace) -> int:
     """Compare ``args.src_dir`` with the shards at the source (``dest`` for pack); 4 on a
     difference."""
-    from ..progress_bar import new_bar, scan_progress, shows_progress
-    from ..verify import verify
+    from ..tools.progress import new_bar, scan_progress, shows_progress
+    from ..tools.verify import verify
 
     bar = new_bar("verifying", unit="shard") if shows_progress() else None
     lock = threading.Lock()  # shards are hashed on several threads

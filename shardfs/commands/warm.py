@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..warm import warm
+    from ..tools.warm import warm
 
     indexing = index_config(args)
     report = warm(

@@ -19,7 +19,7 @@ import struct
 from array import array
 from collections.abc import Iterable
 
-from ..filesystem import Entry
+from ..core.filesystem import Entry
 
 # fuse_dirent: ino, off, namelen, type; the name follows.
 _DIRENT = struct.Struct("<QQII")

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from .. import placement
-from ..attributes import BLOCK_SIZE
 from ..config import MountConfig
+from ..core.attributes import BLOCK_SIZE
+from ..core.filesystem import ShardFileSystem
 from ..errors import NotFoundError, ShardfsError
-from ..filesystem import ShardFileSystem
-from ..tar import MemberKind
-from ..views import Node
+from ..formats.tar import MemberKind
+from ..views.view import Node
 from . import binding as libfuse
 from . import dirents
 from .pushes import KernelPusher

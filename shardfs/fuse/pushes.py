@@ -9,9 +9,9 @@ import queue
 import threading
 import time
 
-from ..filesystem import ShardFileSystem
-from ..store import ShardInfo
-from ..views import Node
+from ..core.filesystem import ShardFileSystem
+from ..store.shards import ShardInfo
+from ..views.view import Node
 from . import binding as libfuse
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import MountConfig
-from ..filesystem import ShardFileSystem
+from ..core.filesystem import ShardFileSystem
 from . import binding as libfuse
 from .operations import FuseOperations
 from .pushes import KernelPusher
@@ -171,7 +171,7 @@ def serve(
 
     Raises RuntimeError when the mount itself fails, and what ``on_ready`` raised when it
     fails (after unmounting). Call from the main thread. A whole mount uses ``FuseSession``
-    through ``shardfs.mount.Mount``, which stops it with the rest of the mount."""
+    through ``shardfs.mount.lifecycle.Mount``, which stops it with the rest of the mount."""
     fuse = FuseSession(core, config, on_ready, keep_handles=keep_handles)
     try:
         fuse.start()

@@ -5,8 +5,8 @@ and walk to them here, so they exercise the same calls the kernel's lookups make
 
 from __future__ import annotations
 
-from shardfs.filesystem import ShardFileSystem
-from shardfs.nodes import ROOT_INO, Node
+from shardfs.core.filesystem import ShardFileSystem
+from shardfs.views.nodes import ROOT_INO, Node
 
 
 def resolve(fs: ShardFileSystem, path: str) -> Node:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import fsspec
 
 from shardfs.config import SourceConfig
-from shardfs.store import Store
+from shardfs.store.remote import Store
 
 MTIME = 1_700_000_000
 

@@ -1,0 +1,255 @@
+"""The placement table and the order hint (``shardfs.placement``): the table lists where
+every file lies, built at its first read; a hint is the order in which this node will read
+those files, which the reader then fetches ahead of the reads, block by block and file by
+file."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .. import placement
+from ..errors import UsageError
+from ..read.readahead import HintedOrder
+from ..read.reader import CachedReader, RangeReader
+from ..stats import Stats
+from ..views.nodes import Node
+from ..views.view import View
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Table:
+    """The placement table of the view, built once: its bytes and the row of each inode."""
+
+    fingerprint: str
+    data: bytes
+    rows: int
+    row_of_ino: array[int]  # 'i': table row of each inode, -1 for none
+    shard_ids: list[int]  # table shard id -> view shard id
+    shards: array[int]  # table shard id of each row
+    offsets: array[int]
+    sizes: array[int]
+
+
+FILES_AHEAD = 128
+"""Hint positions whose files are queued ahead of the furthest read: while the cache is
+full they are fetched as ranges (at most ``files_ahead.DEFAULT_BUDGET`` bytes held)."""
+
+
+@dataclass
+class _ActiveHint:
+    """An order hint being followed: each row's position in it, and the block plan."""
+
+    epoch: int
+    position_of_row: array[int]  # 'i': first position of each row in the hint, -1 if absent
+    plan: HintedOrder
+    rows: Sequence[int]  # the hint's rows, in reading order
+    files_queued: int = 0  # hint positions below this had their files queued
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _HintParts:
+    """A hint whose chunks are still arriving."""
+
+    buffer: bytearray
+    offsets: set[int] = field(default_factory=set)
+    received: int = 0
+
+
+_HINT_PARTS = 4  # hints being received at once (one per sender, normally one)
+
+
+class OrderHints:
+    """The placement table of one view, and the order hint being followed over it."""
+
+    def __init__(self, view: View, reader: RangeReader, stats: Stats) -> None:
+        self.view = view
+        self.reader = reader
+        self.stats = stats
+        self._table: _Table | None = None
+        self._table_lock = threading.Lock()
+        self._hint: _ActiveHint | None = None
+        self._hint_parts: dict[bytes, _HintParts] = {}
+        self._hint_lock = threading.Lock()
+
+    def table(self) -> _Table:
+        """The placement table, built at its first use and kept for the mount's life."""
+        with self._table_lock:
+            if self._table is None:
+                started = time.monotonic()
+                self._table = self._build_table()
+                log.info(
+                    "placement table: %d rows, %d bytes in %.2f s",
+                    self._table.rows,
+                    len(self._table.data),
+                    time.monotonic() - started,
+                )
+            return self._table
+
+    def _build_table(self) -> _Table:
+        view = self.view
+        shard_ids = sorted(view.shards)
+        dense = {sid: i for i, sid in enumerate(shard_ids)}
+        row_of_ino = array("i", [-1]) * (view.max_ino + 1)
+        inos = array("i")
+        rows = []
+        for path, node in view.files():
+            inos.append(node.ino)
+            rows.append((path, dense[node.shard], node.offset, node.size))
+        for row, ino in enumerate(inos):
+            row_of_ino[ino] = row
+        names = [view.shards[sid].name for sid in shard_ids]
+        fingerprint, data = placement.encode_table(names, rows)
+        return _Table(
+            fingerprint,
+            data,
+            len(rows),
+            row_of_ino,
+            shard_ids,
+            array("i", (shard for _, shard, _, _ in rows)),
+            array("q", (offset for _, _, offset, _ in rows)),
+            array("q", (size for _, _, _, size in rows)),
+        )
+
+    def take_chunk(self, chunk: bytes) -> None:
+        """One ioctl of an order hint (``placement.hint_chunks``). UsageError (EINVAL) when
+        the hint is for another table or malformed; the last chunk starts following it."""
+        try:
+            hint_id, total, offset, data = placement.parse_chunk(chunk)
+        except ValueError as exc:
+            raise UsageError(f"order hint refused: {exc}") from None
+        table = self.table()
+        if offset == 0:
+            fingerprint = placement.hint_fingerprint(data)
+            if fingerprint != table.fingerprint:
+                raise UsageError(
+                    f"order hint refused: it is for table {fingerprint}, "
+                    f"this mount's is {table.fingerprint}"
+                )
+        with self._hint_lock:
+            parts = self._hint_parts.get(hint_id)
+            if parts is None:
+                if offset != 0:
+                    raise UsageError("order hint refused: a chunk came before its first one")
+                while len(self._hint_parts) >= _HINT_PARTS:
+                    self._hint_parts.pop(next(iter(self._hint_parts)))
+                parts = self._hint_parts[hint_id] = _HintParts(bytearray(total))
+            if len(parts.buffer) != total:
+                raise UsageError("order hint refused: chunks disagree on its length")
+            if offset not in parts.offsets:
+                parts.offsets.add(offset)
+                parts.received += len(data)
+                parts.buffer[offset : offset + len(data)] = data
+            if parts.received < total:
+                return
+            del self._hint_parts[hint_id]
+        self.take(bytes(parts.buffer))
+
+    def take(self, payload: bytes) -> None:
+        """Follow a whole order hint: UsageError (EINVAL) if it is not one for this table.
+        The block plan is made on a thread of its own (a second for 1.28M rows)."""
+        table = self.table()
+        try:
+            hint = placement.decode_hint(payload)
+        except ValueError as exc:
+            raise UsageError(f"order hint refused: {exc}") from None
+        if hint.fingerprint != table.fingerprint:
+            raise UsageError(
+                f"order hint refused: it is for table {hint.fingerprint}, "
+                f"this mount's is {table.fingerprint}"
+            )
+        if hint.rows and not 0 <= min(hint.rows) <= max(hint.rows) < table.rows:
+            raise UsageError("order hint refused: it names rows the table does not have")
+        self.stats.add(hints_taken=1)
+        threading.Thread(
+            target=self._follow, args=(table, hint), name="shardfs-hint", daemon=True
+        ).start()
+
+    def follow(self, hint: placement.Hint) -> None:
+        """Follow a decoded, checked hint now (on this thread)."""
+        self._follow(self.table(), hint)
+
+    def _follow(self, table: _Table, hint: placement.Hint) -> None:
+        reader = self.reader
+        block_size = reader.block_size if isinstance(reader, CachedReader) else 1 << 20
+        position_of_row = array("i", [-1]) * table.rows
+        blocks: list[tuple[int, int]] = []
+        first_use: list[int] = []
+        seen: set[tuple[int, int]] = set()
+        shards, offsets, sizes = table.shards, table.offsets, table.sizes
+        for position, row in enumerate(hint.rows):
+            if position_of_row[row] >= 0:
+                continue
+            position_of_row[row] = position
+            offset = offsets[row]
+            shard = shards[row]
+            for index in range(
+                offset // block_size, (offset + max(sizes[row], 1) - 1) // block_size + 1
+            ):
+                if (shard, index) not in seen:
+                    seen.add((shard, index))
+                    blocks.append((shard, index))
+                    first_use.append(position)
+        plan = HintedOrder(blocks, first_use)
+        active = self._hint = _ActiveHint(hint.epoch, position_of_row, plan, hint.rows)
+        log.info(
+            "following an order hint: epoch %d, %d reads over %d blocks",
+            hint.epoch,
+            len(hint.rows),
+            len(blocks),
+        )
+        if isinstance(reader, CachedReader):
+            reader.follow_hint = True
+        self._queue(table, plan.start())
+        self._queue_files(table, active, 0)
+
+    def _queue(self, table: _Table, blocks: list[tuple[int, int]]) -> None:
+        if blocks and isinstance(self.reader, CachedReader):
+            shards = self.view.shards
+            ids = table.shard_ids
+            self.reader.prefetch_blocks([(shards[ids[shard]], index) for shard, index in blocks])
+
+    def note_read(self, node: Node) -> None:
+        """A read of ``node``: count it if hinted, and move the hint's window forward."""
+        hint = self._hint
+        table = self._table
+        if hint is None or table is None or node.ino >= len(table.row_of_ino):
+            return
+        row = table.row_of_ino[node.ino]
+        if row < 0:
+            return
+        position = hint.position_of_row[row]
+        if position < 0:
+            return
+        self.stats.add(hinted_reads=1)
+        if position > hint.plan.furthest:
+            self._queue(table, hint.plan.reached(position))
+        if position + FILES_AHEAD > hint.files_queued:
+            self._queue_files(table, hint, position)
+
+    def _queue_files(self, table: _Table, hint: _ActiveHint, position: int) -> None:
+        """Queue the files the readers will ask for next, ``FILES_AHEAD`` hint positions
+        past ``position``: while the cache is full, the reader fetches them as ranges."""
+        reader = self.reader
+        if not isinstance(reader, CachedReader) or not reader.wants_files_ahead():
+            return  # later reads ask again: the window has not moved
+        with hint.lock:
+            first = max(hint.files_queued, position + 1 if position else 0)
+            upto = min(len(hint.rows), position + FILES_AHEAD)
+            if upto <= first:
+                return
+            hint.files_queued = upto
+        shards, ids = self.view.shards, table.shard_ids
+        extents = []
+        for row in hint.rows[first:upto]:
+            start = table.offsets[row]
+            shard = shards[ids[table.shards[row]]]
+            extents.append((shard, start, start + table.sizes[row]))
+        reader.prefetch_files(extents)

@@ -1,0 +1,131 @@
+"""One shard streamed front to back into index rows: the tar parser's members, their
+paths made safe, small label members read in the same pass; optionally every block of the
+stream handed to the block cache, so that the bytes a scan downloads are not downloaded
+again when files are read."""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import sqlite3
+from collections.abc import Callable
+
+from ..formats.members import (
+    MAX_LABEL_BYTES,
+    MemberRow,
+    check_symlink_target,
+    label_extension,
+    normalize_member_path,
+    parse_label,
+)
+from ..formats.tar import MemberKind, TarMember, iter_members
+from ..store.remote import Store
+from ..store.shards import Readable, ShardInfo
+
+log = logging.getLogger(__name__)
+
+
+def _wants_content(member: TarMember) -> bool:
+    return (
+        member.kind == MemberKind.FILE
+        and member.size <= MAX_LABEL_BYTES
+        and label_extension(member.path) is not None
+    )
+
+
+BlockSink = Callable[[ShardInfo, int, bytes], None]
+"""Receives (shard, block index, block bytes) for every whole block a scan streamed."""
+
+
+class _BlockTee:
+    """Passes a shard stream through while cutting it into cache blocks for a sink, so the
+    bytes a scan downloads are not downloaded again when files are read."""
+
+    def __init__(
+        self, stream: Readable, shard: ShardInfo, block_size: int, sink: BlockSink
+    ) -> None:
+        self._stream = stream
+        self._shard = shard
+        self._block_size = block_size
+        self._sink = sink
+        self._buffer = bytearray()
+        self._index = 0
+        self._sink_failed = False
+
+    def read(self, n: int = -1, /) -> bytes:
+        data = self._stream.read(n)
+        self._buffer += data
+        while len(self._buffer) >= self._block_size:
+            self._emit(bytes(self._buffer[: self._block_size]))
+            del self._buffer[: self._block_size]
+        return data
+
+    def finish(self) -> None:
+        """Read the archive's tail padding too, so that the last block is whole."""
+        while self.read(1 << 20):
+            pass
+        if self._buffer and self._index * self._block_size + len(self._buffer) == self._shard.size:
+            self._emit(bytes(self._buffer))
+        self._buffer.clear()
+
+    def _emit(self, block: bytes) -> None:
+        if self._sink_failed:
+            return
+        try:
+            self._sink(self._shard, self._index, block)
+        except (OSError, sqlite3.Error) as exc:
+            # The cache disk failed: the scan goes on (the blocks are an optimisation
+            # here), says so once, and stops handing this shard's blocks over. Any other
+            # error is a bug and is raised.
+            log.warning("not caching the blocks of %s while indexing: %s", self._shard.name, exc)
+            self._sink_failed = True
+        self._index += 1
+
+
+def scan_shard(
+    store: Store,
+    shard: ShardInfo,
+    block_sink: BlockSink | None = None,
+    block_size: int = 0,
+) -> list[MemberRow]:
+    """Stream one shard and return a row per member worth serving; with ``block_sink``, also
+    hand every block of the shard to it."""
+    rows: list[MemberRow] = []
+    shard_dir = posixpath.dirname(shard.name)
+    with store.open_stream(shard) as raw:
+        tee = _BlockTee(raw, shard, block_size, block_sink) if block_sink and block_size else None
+        stream: Readable = tee if tee is not None else raw
+        for member, content in iter_members(stream, shard.name, capture=_wants_content):
+            if member.kind == MemberKind.OTHER:
+                continue
+            path = normalize_member_path(member.path, shard.name, member.header_offset)
+            link = member.linkname
+            if member.kind == MemberKind.HARDLINK:
+                link = normalize_member_path(link, shard.name, member.header_offset)
+            elif member.kind == MemberKind.SYMLINK:
+                link = check_symlink_target(link, shard.name, member.header_offset)
+            if shard_dir:
+                path = posixpath.join(shard_dir, path) if path else shard_dir
+                if member.kind == MemberKind.HARDLINK:
+                    link = posixpath.join(shard_dir, link)
+            if not path:
+                continue  # the archive's own "./" entry
+            label = None
+            ext = label_extension(path) if content is not None else None
+            if content is not None and ext is not None:
+                label = parse_label(ext, content)
+            rows.append(
+                (
+                    path,
+                    member.data_offset,
+                    member.size,
+                    member.mode,
+                    member.mtime,
+                    int(member.kind),
+                    link,
+                    label,
+                )
+            )
+        if tee is not None:
+            tee.finish()
+    return rows

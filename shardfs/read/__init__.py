@@ -1,0 +1,8 @@
+"""Reading: where the bytes of a presented file come from.
+
+- ``reader``: the seam (``RangeReader``) and ``CachedReader``: cache hit, block fill, range;
+- ``fills``: filling a missing block from the store, one fetch per block;
+- ``readahead``: background fetches: the rest of a block, then whole shards;
+- ``files_ahead``: files an order hint names, fetched ahead as ranges when the cache is full;
+- ``local_blocks``: the news that a block is on local disk, for whoever pushes it to the kernel.
+"""

@@ -1,0 +1,494 @@
+"""The seam between the filesystem core and where bytes come from.
+
+The core asks a ``RangeReader`` for byte ranges of a shard. ``DirectReader`` goes straight
+to the store; the block cache and readahead implement the same protocol. The store counts
+the bytes and GETs it fetches (``Store.stats``, the same ``Stats`` in a mount).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from ..cache import EVICT_ANY, BlockCache, BlockKey, NoRoom, shard_key
+from ..stats import Stats
+from ..store.remote import Store
+from ..store.shards import ShardInfo
+from .files_ahead import FilesAhead
+from .fills import Arrivals, BlockFills, ColdClock, Completion, Fetch
+from .local_blocks import LocalBlocks
+from .readahead import MemoryReadahead, Prefetcher
+
+
+def shard_key_of(store: Store, shard: ShardInfo, block_size: int) -> str:
+    """The cache key of ``shard`` as ``store`` reaches it: the one place for the recipe
+    (its location, size, ETag and the block size)."""
+    return shard_key(store.location(shard), shard.size, shard.etag, block_size)
+
+
+class RangeReader(Protocol):
+    def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of ``shard``; raises ShardfsError on failure.
+        ``extent_end``: where the file being read ends (reads ahead stop there)."""
+        ...
+
+    def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
+        """The same bytes if they can be had at once (no network, no disk wait), else None."""
+        ...
+
+
+RUN_BLOCKS = 4
+"""Consecutive blocks of a shard that readahead fetches with one GET: a server that reads
+the whole object for every ranged GET (moto does) pays a quarter as often, and one larger
+GET moves more bytes per round trip (see docs/design.md, "Block size")."""
+
+
+class CachedReader:
+    """Reads through the persistent block cache: each block of a shard is fetched once.
+
+    A miss fetches its whole block in the reader's thread (one GET), or with
+    ``split_misses`` only the bytes asked for, completing the block in the background
+    (``block_fills``). Each block that becomes local, stored or first found cached, is
+    published once on ``local_blocks`` (the kernel pusher listens there). With a
+    ``Prefetcher``, the first read inside a shard also schedules the rest of that shard.
+    While the cache is paused (full or read-only disk), blocks already cached are still
+    served, and misses fetch only what is read plus a little readahead kept in memory.
+
+    A cache smaller than the data (``dataset_bytes``): a miss fetches its whole block only
+    when the block fits, or when room can be made from *cold* blocks, those no read has
+    used while this reader served ``dataset_bytes`` (an epoch's worth of reads). Otherwise
+    it fetches the bytes read, as above, and keeps nothing: under a shuffled order every
+    cached block is as likely to be read next as the missing one, so trading one for the
+    other only adds egress. Once full, the cache's contents change only as blocks go cold.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        cache: BlockCache,
+        stats: Stats,
+        *,
+        retries: int = 4,
+        prefetcher: Prefetcher | None = None,
+        split_misses: bool = False,
+        dataset_bytes: int | None = None,
+        local_blocks: LocalBlocks | None = None,
+    ) -> None:
+        self.split_misses = split_misses
+        # None: plain LRU, any block may be evicted for a miss (readers outside a mount).
+        self.dataset_bytes = dataset_bytes
+        self._cold = ColdClock(dataset_bytes)
+        self.store = store
+        self.cache = cache
+        self.stats = stats
+        self._fills = BlockFills(cache, stats)
+        self.retries = retries
+        self.prefetcher = prefetcher
+        self.block_size = cache.config.block_size
+        self._keys: dict[ShardInfo, str] = {}
+        self._scheduled: set[str] = set()
+        self._lock = threading.Lock()
+        # Told once per block when the block is first known to be on local disk (stored by
+        # this process, or hit), with its bytes when this process just stored it.
+        self.local_blocks = local_blocks if local_blocks is not None else LocalBlocks()
+        self._announced: set[tuple[str, int]] = set()
+        self._memory = MemoryReadahead()
+        self._ahead = FilesAhead()
+        self._cache_full = (-1.0, False)  # (when checked, whether the cache was full)
+        # While an order hint is followed, reads no longer queue their whole shard: the
+        # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
+        self.follow_hint = False
+        # Blocks this process prefetched that no read has touched yet (for the
+        # prefetched-but-unread statistic).
+        self._unread_prefetched: set[tuple[str, int]] = set()
+        # Blocks a readahead GET for several blocks is bringing, not yet stored.
+        self._coming = Arrivals(store.config.read_timeout)
+
+    def _announce(
+        self, shard: ShardInfo, skey: str, index: int, block: bytes | None = None
+    ) -> None:
+        """Publish that a block is local, once per block (while anyone listens)."""
+        if not self.local_blocks.listening or (skey, index) in self._announced:
+            return
+        with self._lock:
+            if (skey, index) in self._announced:
+                return
+            self._announced.add((skey, index))
+        start = index * self.block_size
+        self.local_blocks.publish(shard, start, start + self._block_len(shard, index), block)
+
+    def _announce_if_local(self, shard: ShardInfo, skey: str, index: int) -> None:
+        unknown = self.local_blocks.listening and (skey, index) not in self._announced
+        if unknown and self.cache.contains(BlockKey(skey, index)):
+            self._announce(shard, skey, index)
+
+    def shard_key(self, shard: ShardInfo) -> str:
+        key = self._keys.get(shard)
+        if key is None:
+            key = shard_key_of(self.store, shard, self.block_size)
+            self._keys[shard] = key
+        return key
+
+    def _fetch_range(self, shard: ShardInfo, index: int) -> Fetch:
+        base = index * self.block_size
+
+        def fetch(start: int, end: int) -> bytes:
+            return self._get(shard, base + start, base + end)
+
+        return fetch
+
+    def _get(self, shard: ShardInfo, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` from the store (``_get_pieces``), in one piece."""
+        pieces = self._get_pieces(shard, start, end, max(1, end - start))
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _get_pieces(self, shard: ShardInfo, start: int, end: int, piece: int) -> list[bytes]:
+        """One GET from the store, as pieces; a whole shard the server sent instead (it
+        ignores Range) is offered to the cache, every block of it."""
+        got = self.store.fetch(shard, start, end, piece, retries=self.retries)
+        if got.whole is not None:
+            self._keep_whole(shard, got.whole)
+        return got.pieces
+
+    def _keep_whole(self, shard: ShardInfo, body: bytes) -> None:
+        """Store the blocks of a whole shard that are not cached or being fetched, as far as
+        they fit without evicting (as an index scan's blocks)."""
+        skey = self.shard_key(shard)
+        size = self.block_size
+        for index in range(self.block_count(shard)):
+            block = body[index * size : (index + 1) * size]
+            if self.cache.offer(BlockKey(skey, index), block):
+                self._announce(shard, skey, index, block)
+
+    def block_count(self, shard: ShardInfo) -> int:
+        return -(-shard.size // self.block_size)
+
+    def _block_len(self, shard: ShardInfo, index: int) -> int:
+        return min(self.block_size, shard.size - index * self.block_size)
+
+    def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
+        if start >= end:
+            return b""
+        skey = self.shard_key(shard)
+        if self.cache.degraded:
+            return self._read_uncached(shard, skey, start, end, extent_end)
+        size = self.block_size
+        evict_before = self._tick(end - start)
+        first, last = start // size, (end - 1) // size
+        if self._over_budget(shard, skey, first, last, evict_before):
+            self.stats.add(range_reads=1, reads_waited_on_network=1)
+            return self._read_uncached(shard, skey, start, end, extent_end)
+        pieces = []
+        waited = False
+        for index in range(first, last + 1):
+            block_start = index * size
+            block_len = self._block_len(shard, index)
+            key = BlockKey(skey, index)
+            if not waited and not self.cache.contains(key):
+                waited = True
+                self.stats.add(reads_waited_on_network=1)
+                self._coming.wait(skey, index)
+            self._first_read(skey, index, block_len)
+            lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
+            hi -= block_start
+            fetch = self._fetch_range(shard, index)
+            if self.prefetcher is not None and self.split_misses:
+                data, rest = self._fills.read_split(
+                    key, lo, hi, block_len, fetch, evict_before=evict_before
+                )
+                if rest is not None:
+                    self._complete_later(shard, skey, index, rest)
+            else:
+                try:
+                    data, stored = self._fills.read(
+                        key, lo, hi, block_len, fetch, evict_before=evict_before
+                    )
+                except NoRoom:  # the room went to another fetch meanwhile
+                    self.stats.add(range_reads=1)
+                    data, stored = (
+                        self._read_uncached(
+                            shard, skey, block_start + lo, block_start + hi, extent_end
+                        ),
+                        None,
+                    )
+                if stored is not None:
+                    self._announce(shard, skey, index, stored)
+            pieces.append(data)
+            self._announce_if_local(shard, skey, index)
+        if self.prefetcher is not None and skey not in self._scheduled and not self.follow_hint:
+            self.read_ahead(shard, after=last)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _complete_later(self, shard: ShardInfo, skey: str, index: int, rest: Completion) -> None:
+        """Have a fill thread complete a split miss's block, then publish it."""
+
+        def complete() -> None:
+            block = rest()
+            if block is not None:
+                self._announce(shard, skey, index, block)
+
+        assert self.prefetcher is not None
+        try:
+            self.prefetcher.run_soon(complete)
+        except Exception:
+            complete()  # it holds the block's claim: it must run
+
+    def _first_read(self, skey: str, index: int, block_len: int) -> None:
+        """Count a prefetched block as read the first time a read touches it."""
+        if self._unread_prefetched and (skey, index) in self._unread_prefetched:
+            with self._lock:
+                if (skey, index) not in self._unread_prefetched:
+                    return
+                self._unread_prefetched.discard((skey, index))
+            self.stats.add(prefetched_bytes_read=block_len)
+
+    def _tick(self, length: int) -> float:
+        """Count ``length`` bytes read; the wall time before which a block unused is cold."""
+        return self._cold.tick(length)
+
+    def _over_budget(
+        self, shard: ShardInfo, skey: str, first: int, last: int, evict_before: float
+    ) -> bool:
+        """Whether a block of this read is missing and could be kept only by evicting
+        blocks that are not cold (then the read is fetched as a range)."""
+        if evict_before == EVICT_ANY:
+            return False
+        for index in range(first, last + 1):
+            key = BlockKey(skey, index)
+            if self.cache.contains(key) or self.cache.in_flight(key):
+                continue
+            if not self.cache.room_for(self._block_len(shard, index), evict_before):
+                return True
+        return False
+
+    def _read_uncached(
+        self, shard: ShardInfo, skey: str, start: int, end: int, extent_end: int | None
+    ) -> bytes:
+        """Blocks the cache holds still serve; anything else comes from the store, range
+        by range, never a whole block per read (a paused cache, or one that is full of
+        blocks as likely to be read as the missing one)."""
+
+        def fetch(lo: int, hi: int) -> bytes:
+            return self._get(shard, lo, hi)
+
+        limit = shard.size if extent_end is None else min(shard.size, max(end, extent_end))
+        size = self.block_size
+        pieces = []
+        missing_from: int | None = None  # start of the run of bytes no cached block holds
+        for index in range(start // size, (end - 1) // size + 1):
+            block_start = index * size
+            lo, hi = max(start, block_start), min(end, block_start + size)
+            key = BlockKey(skey, index)
+            data = self.cache.peek(
+                key, lo - block_start, hi - block_start, self._block_len(shard, index)
+            )
+            if data is None:
+                missing_from = lo if missing_from is None else missing_from
+                continue
+            if missing_from is not None:
+                pieces.append(self._fetch_missing(skey, missing_from, lo, limit, fetch))
+                missing_from = None
+            pieces.append(data)
+        if missing_from is not None:
+            pieces.append(self._fetch_missing(skey, missing_from, end, limit, fetch))
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def _fetch_missing(
+        self, skey: str, start: int, end: int, limit: int, fetch: Callable[[int, int], bytes]
+    ) -> bytes:
+        ahead = self._ahead.take(skey, start, end)
+        if ahead is not None:
+            self.stats.add(files_ahead_read=1)
+            return ahead
+        return self._memory.read(skey, start, end, limit, fetch)
+
+    def wants_files_ahead(self) -> bool:
+        """Whether the next hinted files should be fetched as ranges: only while the cache
+        is full (otherwise it takes whole blocks, which the hint's block plan brings)."""
+        if self.prefetcher is None or self.dataset_bytes is None:
+            return False
+        now = time.monotonic()
+        checked, full = self._cache_full
+        if now - checked > 0.05:  # asked on every hinted read: a ledger query at most 20/s
+            full = not self.cache.room_for(self.block_size)
+            self._cache_full = (now, full)
+        return full
+
+    def prefetch_files(self, extents: list[tuple[ShardInfo, int, int]]) -> int:
+        """Queue these files (shard, start, end), in this order, to be fetched as ranges
+        ahead of their reads (an order hint's next files) when their blocks cannot be
+        cached without evicting blocks still in use; files the cache holds or will take
+        are left to it."""
+        if not extents or self.prefetcher is None or not self.wants_files_ahead():
+            return 0
+        tasks = []
+        size = self.block_size
+        for shard, start, end in extents:
+            skey = self.shard_key(shard)
+            cached = all(
+                self.cache.contains(BlockKey(skey, index))
+                for index in range(start // size, (end - 1) // size + 1)
+            )
+            if start < end and not cached and self._ahead.claim(skey, start, end):
+                tasks.append(functools.partial(self._fetch_file_ahead, shard, skey, start, end))
+        return self.prefetcher.schedule(tasks, hinted=True)
+
+    def _fetch_file_ahead(self, shard: ShardInfo, skey: str, start: int, end: int) -> None:
+        size = self.block_size
+        first, last = start // size, (end - 1) // size
+        if not self._over_budget(shard, skey, first, last, self._tick(0)):
+            self._ahead.take(skey, start, end)  # not started: dropped, the cache serves it
+            return
+
+        def fetch() -> bytes:
+            data = self._get(shard, start, end)
+            self.stats.add(files_fetched_ahead=1)
+            return data
+
+        self._ahead.fill(skey, start, fetch)
+
+    def read_local(
+        self, shard: ShardInfo, start: int, end: int, *, quiet: bool = False
+    ) -> bytes | None:
+        """A read served from memory by cached blocks alone, or None on any miss or when the
+        bytes would have to come from the disk first.
+
+        ``quiet``: a read on nobody's behalf (kernel pushes): no statistics, no readahead,
+        and it may wait for the disk."""
+        if start >= end:
+            return b""
+        size = self.block_size
+        skey = self.shard_key(shard)
+        first, last = start // size, (end - 1) // size
+        if first != last:
+            return None  # spans blocks: rare, let the blocking path assemble it
+        block_start = first * size
+        data = self.cache.peek(
+            BlockKey(skey, first),
+            start - block_start,
+            end - block_start,
+            self._block_len(shard, first),
+            count=not quiet,
+            nowait=not quiet,
+        )
+        if data is not None and not quiet:
+            self._tick(end - start)
+            self._announce(shard, skey, first)
+            self._first_read(skey, first, self._block_len(shard, first))
+            ahead = self.prefetcher is not None and not self.follow_hint
+            if ahead and skey not in self._scheduled:
+                self.read_ahead(shard, after=last)
+        return data
+
+    def read_ahead(self, shard: ShardInfo, after: int = -1) -> int:
+        """Queue every block of ``shard`` (from ``after + 1``, wrapping); once per shard."""
+        if self.prefetcher is None:
+            return 0
+        skey = self.shard_key(shard)
+        with self._lock:
+            if skey in self._scheduled:
+                return 0
+            self._scheduled.add(skey)
+        count = self.block_count(shard)
+        order = [(after + 1 + i) % count for i in range(count) if (after + 1 + i) % count != after]
+        return self._schedule([(shard, i) for i in order], hinted=False)
+
+    def prefetch_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> int:
+        """Queue these blocks, in this order, ahead of whole-shard readahead (an order
+        hint's plan); like all readahead, a block that would not fit is skipped."""
+        if self.prefetcher is None or not blocks:
+            return 0
+        return self._schedule(blocks, hinted=True)
+
+    def _schedule(self, blocks: list[tuple[ShardInfo, int]], *, hinted: bool) -> int:
+        """Queue the blocks in this order, consecutive blocks of a shard in runs of up to
+        ``RUN_BLOCKS`` fetched with one GET each; returns how many blocks were queued."""
+        assert self.prefetcher is not None
+        runs: list[tuple[ShardInfo, list[int]]] = []
+        open_runs: dict[ShardInfo, list[int]] = {}  # per shard, the run still growing
+        for shard, index in blocks:
+            # An order hint interleaves shards: a block joins its shard's open run when it
+            # continues it, wherever the run started in the order.
+            run = open_runs.get(shard)
+            if run is not None and run[-1] + 1 == index and len(run) < RUN_BLOCKS:
+                run.append(index)
+            else:
+                run = open_runs[shard] = [index]
+                runs.append((shard, run))
+        tasks = (self._prefetch_run(shard, self.shard_key(shard), run) for shard, run in runs)
+        self.prefetcher.schedule(tasks, hinted=hinted)
+        return len(blocks)
+
+    def _prefetch_run(self, shard: ShardInfo, skey: str, indices: list[int]) -> Callable[[], bool]:
+        """A task fetching consecutive blocks with as few GETs as the cache allows: one GET
+        covers every block from the first one still needed to the end of the run, as far
+        as the blocks are missing and fit; each block is then stored on its own."""
+        size = self.block_size
+        got: dict[int, bytes] = {}  # blocks the last GET brought, not yet stored
+
+        def stretch_end(index: int) -> int:
+            """The end of the bytes worth one GET from block ``index``."""
+            end = index + 1
+            while end <= indices[-1]:
+                key = BlockKey(skey, end)
+                if self.cache.contains(key) or self.cache.in_flight(key):
+                    break
+                # Room for this stretch and a run more: near a full cache a block of the
+                # stretch could lose its room to a read meanwhile and be fetched for nothing.
+                if not self.cache.room_for((end - index + 1 + RUN_BLOCKS) * size):
+                    break
+                end += 1
+            return min(shard.size, end * size)
+
+        def fetcher(index: int) -> Fetch:
+            def fetch_range(lo: int, hi: int) -> bytes:
+                block = got.pop(index, None)
+                if block is None:
+                    start, end = index * size, stretch_end(index)
+                    # Reads of the later blocks wait for this GET and their store, rather
+                    # than fetch the same bytes again.
+                    self._coming.expect(skey, range(index + 1, -(-end // size)))
+                    pieces = self._get_pieces(shard, start, end, size)
+                    got.clear()
+                    got.update(enumerate(pieces, start=index))
+                    block = got.pop(index)
+                return block if lo == 0 and hi == len(block) else block[lo:hi]
+
+            return fetch_range
+
+        def task() -> bool:
+            stored = False
+            try:
+                for index in indices:
+                    try:
+                        stored |= self._prefetch_one(shard, skey, index, fetcher(index))
+                    finally:
+                        self._coming.arrived(skey, index)
+            finally:
+                self._coming.arrived(skey, *indices)  # a failed GET: nobody waits on it any more
+                got.clear()
+            return stored
+
+        return task
+
+    def _prefetch_one(self, shard: ShardInfo, skey: str, index: int, fetch: Fetch) -> bool:
+        block_len = self._block_len(shard, index)
+        key = BlockKey(skey, index)
+        with self._lock:  # before the store: a read may come as soon as it lands
+            self._unread_prefetched.add((skey, index))
+        block = self._fills.prefetch(key, block_len, fetch)
+        stored = block is not None
+        if stored:
+            self.stats.add(prefetched_bytes=block_len)
+            self._announce(shard, skey, index, block)
+        else:
+            with self._lock:
+                read_meanwhile = (skey, index) not in self._unread_prefetched
+                self._unread_prefetched.discard((skey, index))
+            if read_meanwhile:  # a read counted it, but it was not prefetched
+                self.stats.add(prefetched_bytes_read=-block_len)
+            self._announce_if_local(shard, skey, index)  # cached before
+        return stored

@@ -1,0 +1,494 @@
+"""The only module that talks to the store: listing, ranged reads, streams and small objects.
+
+Everything goes through fsspec, so every backend it knows (s3, gcs, http, hf, file, memory)
+works. Which shards a source URL names is ``source_urls``; the fsspec filesystem, its options
+and the translation of its exceptions (in one place) are ``store_client``; finding the shards
+is ``shard_listing``. This module reads and writes their bytes, and counts the shard bytes
+and GETs that cross the wire (``Stats.bytes_fetched``, ``store_requests``; the index scans'
+part in ``scan_bytes``, ``scan_requests``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import posixpath
+import re
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import fsspec
+
+from ..atomic import replacing
+from ..config import SourceConfig, format_bytes
+from ..errors import ShardChangedError, ShardfsError, StoreReadError
+from ..stats import Stats
+from ..store.shards import Readable
+from . import http_ranges, s3_ranges
+from .client import S3_PROTOCOLS, open_filesystem, protocol_of, translate_errors, version_of
+from .listing import ShardListing
+from .local_files import read_local_file
+from .responses import PreconditionFailed, TransientError, WrongLengthError, pieces_of
+from .shards import ShardInfo
+from .stream import ShardStream
+from .urls import SHARD_SUFFIX, select
+from .whole_shards import WHOLE_SHARDS_MEMORY, WholeShards
+
+if TYPE_CHECKING:  # imported when used: only S3 needs urllib3
+    from .presigned import PresignedRanges
+
+log = logging.getLogger(__name__)
+
+# The temp names of atomic_writer on a local folder: ``.NAME.tmp-PID-NS``.
+_TEMP_NAME = re.compile(r"\..+\.tmp-\d+-\d+")
+# Fast-path failures in a row (other than changed shards and transient faults) after which
+# requests go straight to s3fs for a while; the fast path is then tried again.
+_FAST_FAILURES_TO_PAUSE = 3
+_FAST_PAUSE_S = 60.0
+_LOCAL_PROTOCOLS = ("file", "local")
+# Errors that say the code is wrong, not the store: never retried.
+_PROGRAMMING_ERRORS: tuple[type[Exception], ...] = (
+    TypeError,
+    AttributeError,
+    NameError,
+    AssertionError,
+    NotImplementedError,
+    RecursionError,
+)
+
+__all__ = ["SHARD_SUFFIX", "Fetched", "ShardInfo", "Store", "translate_errors"]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What ``Store.fetch`` brought: the bytes asked for, as pieces, and the whole shard
+    when the server sent all of it for this GET (it ignores ``Range``), for the caller to
+    keep (the block cache stores all its blocks)."""
+
+    pieces: list[bytes]
+    whole: bytes | None = None
+
+
+class Store:
+    """A source of shards behind an fsspec filesystem; ``stats`` counts what it fetches."""
+
+    def __init__(self, config: SourceConfig, stats: Stats | None = None) -> None:
+        self.config = config
+        self.stats = stats if stats is not None else Stats()
+        selection = select(config.url)
+        fs, root = open_filesystem(config, selection.root)
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.protocol = protocol_of(fs)
+        self._listing = ShardListing(fs, root, config, selection, self.protocol)
+        self.is_http = self._listing.is_http
+        self._path = self._listing.path
+        self._call = self._listing.call
+        self._presigned: PresignedRanges | None = None
+        self._unversioned: list[str] | None = None  # shards with no version, once listed
+        # Set by list_shards where reads cannot be checked against the indexed version.
+        self.version_warning: str | None = None
+        self._fast_failures = 0
+        self._fast_paused_until = 0.0
+        self._fast_lock = threading.Lock()
+        # Set when the server first answers a ranged GET with the whole shard: from then on
+        # whole shards are kept in memory (bounded) and each is fetched by one GET at a time.
+        self._whole: WholeShards | None = None
+        self._whole_lock = threading.Lock()
+        self.range_warning: str | None = None
+        if self.protocol in S3_PROTOCOLS and hasattr(fs, "url"):
+            from .presigned import PresignedRanges
+
+            self._presigned = PresignedRanges(
+                fs,
+                connect_timeout=config.connect_timeout,
+                stall_timeout=config.stall_timeout,
+            )
+
+    @property
+    def root(self) -> str:
+        """The store path the shard names are relative to."""
+        return self._listing.root
+
+    def _endpoint(self) -> str:
+        endpoint = self.config.endpoint_url or ""
+        if not endpoint:
+            client_kwargs = self.config.storage_options.get("client_kwargs") or {}
+            endpoint = str(client_kwargs.get("endpoint_url", ""))
+        if not endpoint and self.protocol in S3_PROTOCOLS:
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+                "AWS_ENDPOINT_URL", ""
+            )
+        return endpoint
+
+    @property
+    def identity(self) -> str:
+        """A stable id of this source, used to key the persisted index."""
+        selection = self._listing.selection
+        named = selection.names or selection.globs or ()
+        if selection.globs:
+            named = ("glob", *named)
+        text = f"{self.protocol}://{self.root}|{self._endpoint()}|{'|'.join(named)}"
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def location(self, shard: ShardInfo) -> str:
+        """Where a shard's bytes live, whatever source URL named it (keys the block cache)."""
+        path = self._path(shard.name)
+        where = path if self.is_http else f"{self.protocol}://{path}"
+        return f"{where}|{self._endpoint()}"
+
+    def describe(self) -> str:
+        return self.config.url
+
+    def parts(self) -> list[tuple[Store, str]]:
+        """The stores of the sources behind this one, each with the suffix its shard names
+        carry here: this store itself, with none (several sources: ``store_set``). Objects
+        next to the shards (sidecars, ``classes.txt``) are read from each part."""
+        return [(self, "")]
+
+    def list_shards(self) -> list[ShardInfo]:
+        """The shards the source URL names, sorted by name (``ShardListing.shards``)."""
+        shards = self._listing.shards()
+        self._note_unchecked(shards)
+        return shards
+
+    @property
+    def listing_warnings(self) -> list[str]:
+        """What the user should hear once about the last listing: shards left out (compressed
+        tars), and reads that cannot be checked (``version_warning``)."""
+        found = (self._listing.skipped_warning, self.version_warning)
+        return [line for line in found if line]
+
+    def _note_unchecked(self, shards: list[ShardInfo]) -> None:
+        """Word, once, that reads cannot tell a replaced shard from the indexed one where the
+        store gives nothing to check (``version_warning``; callers show it to the user)."""
+        if self._unversioned is not None:
+            return
+        self._unversioned = [s.name for s in shards if not s.etag] if self.is_http else []
+        if self._unversioned:
+            self.version_warning = (
+                f"{self.config.url}: the server gives no ETag or Last-Modified for "
+                f"{len(self._unversioned)} shard(s) (first: {self._unversioned[0]}), so no "
+                "version check: a shard changed in place may be served mixed"
+            )
+        elif not self.checks_identity:
+            self.version_warning = (
+                f"{self.config.url}: this store ({self.protocol}) offers no version check on "
+                "reads, only a length check: a shard changed in place may be served mixed"
+            )
+
+    def _current(self, shard: ShardInfo) -> ShardInfo | None:
+        """The shard as the store shows it now, or None if it is gone."""
+        if self.is_http:
+            (found,) = self._call(shard.name, lambda: self._listing.head_many([shard.name]))
+            return None if found is None else ShardInfo(shard.name, found.size, found.version)
+        info = self._call(shard.name, lambda: self._listing.info_or_none(self._path(shard.name)))
+        return None if info is None else ShardInfo(shard.name, int(info["size"]), version_of(info))
+
+    def check_current(self, shard: ShardInfo) -> None:
+        """Raise ShardChangedError if the shard no longer matches what was indexed."""
+        current = self._current(shard)
+        if current is None:
+            raise ShardChangedError(f"{shard.name}: gone from the store")
+        if current.identity != shard.identity:
+            raise ShardChangedError(f"{shard.name}: changed in the store since it was indexed")
+
+    def read_range(self, shard: ShardInfo, start: int, end: int, *, retries: int = 4) -> bytes:
+        """Bytes ``[start, end)`` of a shard as indexed.
+
+        Every answer is checked against the request and the shard's identity. Transient
+        failures (5xx, 429, resets, stalls, a wrong length or range) are retried with backoff,
+        up to ``retries`` attempts and within ``read_timeout`` seconds; then StoreReadError.
+        A shard that is another version or gone raises ShardChangedError at once.
+        """
+        pieces = self.read_pieces(shard, start, end, max(1, end - start), retries=retries)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def read_pieces(
+        self, shard: ShardInfo, start: int, end: int, piece: int, *, retries: int = 4
+    ) -> list[bytes]:
+        """``read_range`` in one GET, as consecutive pieces of ``piece`` bytes (the last may
+        be shorter): on S3 each piece comes from the socket on its own, so a GET for several
+        blocks yields the blocks without cutting them out of one buffer."""
+        return self.fetch(shard, start, end, piece, retries=retries).pieces
+
+    def fetch(
+        self,
+        shard: ShardInfo,
+        start: int,
+        end: int,
+        piece: int,
+        *,
+        retries: int = 4,
+        scan: bool = False,
+    ) -> Fetched:
+        """``read_pieces``, and the whole shard where the server sent it (``Fetched``).
+
+        Each GET and the bytes its answer carried are counted in ``stats`` (``scan``: as an
+        index scan's too). Once the server has ignored Range, shards it sent whole are kept
+        in memory (``whole_shards``) and reads of them are cut from the copy."""
+        if start >= end:
+            return Fetched([b""])
+        whole = self._whole
+        if whole is None:
+            return self._fetch(shard, start, end, piece, retries, scan)
+        with whole.lock(shard):  # readers of one shard wait for its one GET
+            body = whole.get(shard)
+            if body is not None:
+                return Fetched(pieces_of(body[start:end], piece))
+            return self._fetch(shard, start, end, piece, retries, scan)
+
+    def _fetch(
+        self, shard: ShardInfo, start: int, end: int, piece: int, retries: int, scan: bool
+    ) -> Fetched:
+        path = self._path(shard.name)
+        deadline = time.monotonic() + self.config.read_timeout
+        delay = 0.1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                self.stats.add(store_requests=1, scan_requests=int(scan))
+                pieces = self._get_pieces(path, shard, start, end, deadline, piece)
+                got = sum(map(len, pieces))
+                self.stats.add(bytes_fetched=got, scan_bytes=got if scan else 0)
+                if got == end - start:
+                    return Fetched(pieces)
+                # The answers' checks let only the range or the whole shard through.
+                body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                self._range_ignored(shard, body)
+                return Fetched(pieces_of(body[start:end], piece), body)
+            except PreconditionFailed as exc:
+                raise ShardChangedError(f"{shard.name}: changed in the store ({exc})") from exc
+            except FileNotFoundError as exc:
+                raise ShardChangedError(f"{shard.name}: gone from the store") from exc
+            except ShardfsError:
+                raise
+            except _PROGRAMMING_ERRORS:
+                raise  # a bug is not retried: it would fail the same way each time
+            except Exception as exc:
+                left = deadline - time.monotonic()
+                if attempt >= retries or left <= delay:
+                    if isinstance(exc, WrongLengthError):
+                        self._raise_if_changed(shard)
+                    err = translate_errors(f"{shard.name} [{start}:{end}]", exc)
+                    raise StoreReadError(f"{err} (after {attempt} attempt(s))") from exc
+                log.warning("read %s [%d:%d] failed (%s); retrying", shard.name, start, end, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _range_ignored(self, shard: ShardInfo, body: bytes) -> None:
+        """A ranged GET was answered with the whole shard: count it, say so once (the
+        server's name in ``range_warning``, logged), and keep the shard in memory."""
+        self.stats.add(whole_shard_answers=1)
+        with self._whole_lock:
+            whole = self._whole
+            first = whole is None
+            if whole is None:
+                whole = self._whole = WholeShards()
+        if first:
+            self.range_warning = (
+                f"{self._server(shard)} ignores Range: it answered a ranged GET of "
+                f"{shard.name} with the whole shard ({format_bytes(shard.size)}); shards it "
+                "sends whole are kept (all their blocks in the block cache, else up to "
+                f"{format_bytes(WHOLE_SHARDS_MEMORY)} in memory), but each read of a shard "
+                "not kept downloads the whole shard again; serve the shards from a server "
+                "that supports byte ranges"
+            )
+            log.warning("%s", self.range_warning)
+        whole.keep(shard, body)
+
+    def _server(self, shard: ShardInfo) -> str:
+        """The server this store asks, as the user named it."""
+        if self.is_http:
+            parts = urllib.parse.urlsplit(self._path(shard.name))
+            return f"{parts.scheme}://{parts.netloc}"
+        return self._endpoint() or f"{self.protocol}://{self.root.split('/', 1)[0]}"
+
+    def _raise_if_changed(self, shard: ShardInfo) -> None:
+        """ShardChangedError if the listing no longer shows the indexed shard; quiet if it
+        does or if the store cannot say."""
+        try:
+            self.check_current(shard)
+        except ShardChangedError:
+            raise
+        except ShardfsError as exc:
+            log.debug("could not check %s against the store: %s", shard.name, exc)
+
+    def _get_pieces(
+        self, path: str, shard: ShardInfo, start: int, end: int, deadline: float, piece: int
+    ) -> list[bytes]:
+        """One checked ranged GET, as pieces: a presigned URL on S3 when that path works,
+        else s3fs; a local file directly; any other store through fsspec. A server that
+        ignored Range gives the whole shard instead, as one piece."""
+        timeout = max(0.05, deadline - time.monotonic())
+        if self.protocol in _LOCAL_PROTOCOLS:
+            data = read_local_file(path, shard, start, end)
+        elif self.is_http:
+            data = http_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
+        elif self.protocol not in S3_PROTOCOLS:
+            data = self._get_range_fsspec(path, shard, start, end, timeout)
+        else:
+            fast = self._presigned
+            if fast is None or time.monotonic() < self._fast_paused_until:
+                data = s3_ranges.get_range(
+                    self.fs, path, start, end, shard.size, shard.etag, timeout
+                )
+            else:
+                try:
+                    pieces = fast.get(path, start, end, shard.size, shard.etag, deadline, piece)
+                except (PreconditionFailed, TransientError, FileNotFoundError):
+                    raise  # another version, a failure to retry, or gone for both paths
+                except Exception as exc:
+                    timeout = max(0.05, deadline - time.monotonic())
+                    data = s3_ranges.get_range(
+                        self.fs, path, start, end, shard.size, shard.etag, timeout
+                    )
+                    # Only a failure that s3fs does not share is the fast path's own (a 403
+                    # on both, say, is the store's answer, not a reason to stop presigning).
+                    self._fast_path_failed(exc)
+                else:
+                    self._fast_failures = 0
+                    return pieces
+        return pieces_of(data, piece) if len(data) == end - start else [data]
+
+    def _fast_path_failed(self, exc: Exception) -> None:
+        """This request goes through s3fs, which checks the same things; after several
+        failures in a row, all requests do for a while."""
+        with self._fast_lock:
+            self._fast_failures += 1
+            if self._fast_failures < _FAST_FAILURES_TO_PAUSE:
+                log.info("presigned GET failed (%s); this request goes through s3fs", exc)
+                return
+            self._fast_failures = 0
+            self._fast_paused_until = time.monotonic() + _FAST_PAUSE_S
+        log.info(
+            "presigned GETs failed %d times in a row (last: %s); using s3fs for %.0f s",
+            _FAST_FAILURES_TO_PAUSE,
+            exc,
+            _FAST_PAUSE_S,
+        )
+
+    def _get_range_fsspec(
+        self, path: str, shard: ShardInfo, start: int, end: int, timeout: float
+    ) -> bytes:
+        """A store without a checked path of ours: only the length can be checked."""
+        loop = getattr(self.fs, "loop", None)
+        cat = getattr(self.fs, "_cat_file", None)
+        if getattr(self.fs, "async_impl", False) and loop is not None and cat is not None:
+            from fsspec.asyn import sync
+
+            data = bytes(sync(loop, cat, path, start=start, end=end, timeout=timeout))
+        else:
+            data = bytes(self.fs.cat_file(path, start=start, end=end))
+        if len(data) != end - start:
+            raise WrongLengthError(
+                f"{shard.name}: store returned {len(data)} bytes for [{start}:{end}]"
+            )
+        return data
+
+    @property
+    def checks_identity(self) -> bool:
+        """Whether every read is checked against the indexed version of its shard (over
+        HTTP: once listed, whether every shard has an ETag or a Last-Modified date)."""
+        if self.is_http:
+            return self._unversioned is not None and not self._unversioned
+        return self.protocol in (*S3_PROTOCOLS, *_LOCAL_PROTOCOLS)
+
+    @contextlib.contextmanager
+    def open_stream(self, shard: ShardInfo, block_size: int = 8 << 20) -> Iterator[Readable]:
+        """A sequential reader over a whole shard, for index scans (counted as such):
+        checked ranged reads of ``block_size`` bytes, the next one fetched while the caller
+        parses this one; one GET in all where the server sends the whole shard."""
+
+        def fetch(start: int, end: int) -> bytes:
+            got = self.fetch(shard, start, end, max(1, end - start), scan=True)
+            if got.whole is not None:
+                return got.whole[start:]  # the rest of the shard: nothing more is asked for
+            return got.pieces[0] if len(got.pieces) == 1 else b"".join(got.pieces)
+
+        stream = ShardStream(fetch, shard.size, block_size)
+        try:
+            yield stream
+        finally:
+            stream.close()
+
+    def read_object(self, name: str) -> bytes | None:
+        """A small object next to the shards (sidecar, classes.txt), or None if absent."""
+        path = self._path(name)
+        try:
+            return bytes(self.fs.cat_file(path))
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            raise translate_errors(name, exc) from exc
+
+    def list_names(self) -> list[str]:
+        """Names of every object under the root (empty if the root does not exist)."""
+        prefix = self.root + "/" if self.root else ""
+        try:
+            found = self.fs.find(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise translate_errors(self.config.url, exc) from exc
+        return sorted(p[len(prefix) :] if p.startswith(prefix) else p for p in found)
+
+    def _upload(self, local_path: str, name: str) -> None:
+        """Upload a local file in one PUT (or one completed multipart upload), which object
+        stores make visible whole: ``name`` appears complete or not at all."""
+        path = self._path(name)
+        self._call(name, lambda: self.fs.put_file(local_path, path))
+        self.fs.invalidate_cache(path)
+
+    @contextlib.contextmanager
+    def atomic_writer(self, name: str) -> Iterator[IO[bytes]]:
+        """A file to write ``name`` into; it appears complete when the block exits cleanly,
+        and not at all otherwise. A local destination is written in place under a hidden
+        temp name (``atomic.replacing``, no second copy); other stores get a local temp file
+        and one upload."""
+        if self.protocol not in _LOCAL_PROTOCOLS:
+            with tempfile.NamedTemporaryFile(prefix=".shardfs-pack-", suffix=".tar") as tmp:
+                yield tmp
+                tmp.flush()
+                self._upload(tmp.name, name)
+            return
+        path = Path(self._path(name))
+        with contextlib.ExitStack() as stack:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                temp = stack.enter_context(replacing(path, prefix=f".{path.name}.tmp-", mode=0o666))
+                handle = stack.enter_context(open(temp, "wb"))
+            except OSError as exc:
+                raise translate_errors(name, exc) from exc
+            yield handle  # closed, then renamed over ``path``, as the stack unwinds
+        self.fs.invalidate_cache(str(path))
+
+    def remove_temp_files(self, names: list[str]) -> list[str]:
+        """Delete the temp names a killed ``atomic_writer`` left among ``names``."""
+        left = [n for n in names if _TEMP_NAME.fullmatch(posixpath.basename(n))]
+        for name in left:
+            path = self._path(name)
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+            except Exception as exc:
+                raise translate_errors(name, exc) from exc
+            self.fs.invalidate_cache(path)
+        return left
+
+    def write_object(self, name: str, data: bytes) -> None:
+        """Write a small object next to the shards in one PUT."""
+        path = self._path(name)
+        if self.protocol in _LOCAL_PROTOCOLS:
+            self._call(name, lambda: self.fs.makedirs(posixpath.dirname(path), exist_ok=True))
+        self._call(name, lambda: self.fs.pipe_file(path, data))
+        self.fs.invalidate_cache(path)
