@@ -658,7 +658,7 @@ def test_two_tars_mount_as_one_tree_where_the_later_wins_a_path(
             readme = (mountpoint / "shared/readme.txt").read_text()
             assert readme == f"the {trees[1].name} tree\n"
             # The duplicate is reported like one across shards, naming the source that wins.
-            assert "the one in shard-000000.tar (source 2) wins" in result.stderr
+            assert "the one in shard-000000.tar (source 2) is served" in result.stderr
         finally:
             umount(mountpoint)
 
