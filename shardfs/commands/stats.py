@@ -90,8 +90,8 @@ def _whole_shard_answers(count: int) -> str:
 COMMAND = Command(
     name="stats",
     summary="live counters of a mount: bytes fetched and served, cache hits, evictions",
-    description="Ask the daemon of the mount that holds PATH for its counters since it mounted: bytes "
-    "served and fetched (as they crossed the wire, the index scan at mount included), store "
+    description="Ask the daemon of the mount that holds PATH for its counters since it mounted: "
+    "bytes served and fetched (as they crossed the wire, the index scan at mount included), store "
     "requests, cache hits, misses and evictions, cache usage.",
     examples=(
         "shardfs stats /mnt/train",
