@@ -27,7 +27,7 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 
 class Sent:
@@ -62,7 +62,41 @@ class Sent:
             return sum(n for path, n in self._gets.items() if path.endswith(suffix))
 
 
-class FileServer:
+_Served = TypeVar("_Served", bound="_ServedInThread")
+
+
+class _ServedInThread:
+    """An HTTP server on 127.0.0.1 (a free port), served by a thread for the life of a
+    ``with`` block; subclasses build ``_server`` with their handler."""
+
+    _server: ThreadingHTTPServer
+
+    def _serve(self, handler: Any) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def __enter__(self: _Served) -> _Served:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+
+class FileServer(_ServedInThread):
     """Serve ``root`` on 127.0.0.1 (a free port) for the life of a ``with`` block.
 
     ``counts`` counts requests by method (``GET``, ``HEAD``, ``GET-range``, ``redirect``,
@@ -88,14 +122,7 @@ class FileServer:
         self.counts: Counter[str] = Counter()
         self.sent = Sent()
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        self._serve(_handler_for(self))
 
     def count(self, what: str) -> None:
         with self._lock:
@@ -105,20 +132,6 @@ class FileServer:
         with self._lock:
             self.counts.clear()
         self.sent.clear()
-
-    def __enter__(self) -> FileServer:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(10)
 
 
 def _etag(status: os.stat_result) -> str:
@@ -274,7 +287,7 @@ def _handler_for(server: FileServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-class RangelessServer:
+class RangelessServer(_ServedInThread):
     """``python -m http.server`` on a folder, in a thread: it ignores ``Range`` (every GET
     of a file is a 200 with the whole file), as a newcomer's first server does. ``sent``
     counts the body bytes of its answers per path, as they were written to the socket."""
@@ -296,28 +309,7 @@ class RangelessServer:
                 sent.add(path, 0)
                 super().copyfile(source, _CountingWriter(outputfile, sent, path))
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def __enter__(self) -> RangelessServer:
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(10)
+        self._serve(Handler)
 
 
 class _CountingWriter:
