@@ -25,6 +25,7 @@ class Stats:
     blocks_written: int = 0
     prefetched_blocks: int = 0
     blocks_evicted: int = 0
+    blocks_retired: int = 0  # blocks whose hinted files were all read (small cache, hint)
     checksum_failures: int = 0
     cache_write_errors: int = 0
     folders_listed: int = 0  # listings the daemon built (the kernel caches them after)

@@ -30,6 +30,7 @@ import shardfs.cache.ledger
 from shardfs.cache import (
     EVICT_ANY,
     MAGIC,
+    RETIRED_BEFORE,
     BlockCache,
     BlockKey,
     NoRoom,
@@ -472,6 +473,30 @@ def test_eviction_takes_least_recently_used_first(
     assert cache.stats.blocks_evicted == 22 - len(block_files(cache))
     assert not cache.path_of(BlockKey(KEY, 7)).exists()  # in the end even touched ones go
     assert source.calls == list(range(22))
+
+
+def test_retired_blocks_go_first_and_reads_do_not_warm_them(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    """``retire``: blocks whose reads are done are the only ones ``RETIRED_BEFORE`` lets go,
+    oldest retirement first, and a read of a retired block does not protect it again
+    until ``unretire_all``."""
+    cache, source = open_cache(size=str(6 * ENCODED)), Source()
+    for index in range(6):
+        source.get(cache, index)
+    assert not cache.room_for(BLOCK, RETIRED_BEFORE)  # nothing retired: no room
+    cache.retire([BlockKey(KEY, 4), BlockKey(KEY, 1)])
+    source.get(cache, 1, 0, 1)  # read after retirement: still retired
+    assert cache.room_for(BLOCK, RETIRED_BEFORE)
+    assert source.get(cache, 6) == source.block(6)  # a fetch evicting only retired blocks
+    get(cache, BlockKey(KEY, 7), 0, BLOCK, BLOCK, source.fetcher(7), evict_before=RETIRED_BEFORE)
+    kept = {i for i in range(8) if cache.path_of(BlockKey(KEY, i)).exists()}
+    assert {0, 2, 3, 5} <= kept and not {1, 4} & kept, kept
+    cache.retire([BlockKey(KEY, 5)])
+    cache.unretire_all()
+    source.get(cache, 5, 0, 1)  # a new order began: this read warms it again
+    cache._ledger.flush_uses(force=True)
+    assert not cache.room_for(BLOCK, RETIRED_BEFORE)
 
 
 def test_blocks_being_read_are_not_evicted(

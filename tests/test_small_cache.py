@@ -230,3 +230,35 @@ def test_uniform_mode_with_the_hint_keeps_what_is_needed_soonest(
     stats = query(mountpoint)
     assert stats["files_fetched_ahead"] > 0
     assert stats["files_ahead_read"] >= 0.75 * stats["range_reads"], stats
+
+
+def test_shard_mode_streams_whole_blocks_when_the_window_fits_the_cache(
+    s3_server: S3Server, dataset: Dataset, mountpoint: Path, tmp_path: Path
+) -> None:
+    """With small blocks the blocks being read (one shard mixed at a time) and a window
+    ahead fit a cache of half the data: whole blocks stream through it, each retired once
+    its files were read and evicted for the next, with no file fetched as a range."""
+    pytest.importorskip("torch")
+    from shardfs.torch import ShardSampler
+
+    cache_size = dataset.shard_bytes // 2
+    mount(dataset.url, mountpoint, tmp_path / "cache", "--block-size", "256K",
+          "--cache-size", str(cache_size), env=s3_server.env())  # fmt: skip
+    try:
+        names = sorted(dataset.digests)
+        sampler = ShardSampler(_Folder(mountpoint, names), mode="shard", seed=0,  # type: ignore[arg-type]
+                               num_replicas=1, rank=0, window=1)  # fmt: skip
+        epochs = []
+        for number in (0, 1):
+            sampler.set_epoch(number)
+            epochs.append(read_epoch(s3_server, dataset, mountpoint, [names[i] for i in sampler]))
+        stats = query(mountpoint)
+    finally:
+        umount(mountpoint)
+    for number, epoch in enumerate(epochs):
+        assert epoch.ratio <= 1.0, f"epoch {number}: {ratios(epochs)}"
+    # Two epochs of a dataset twice the cache: blocks had to be retired and evicted.
+    blocks = -(-dataset.shard_bytes // (256 << 10))
+    assert stats["blocks_retired"] >= blocks, stats
+    assert stats["blocks_evicted"] > 0, stats
+    assert stats["files_fetched_ahead"] == 0 and stats["range_reads"] == 0, stats

@@ -11,8 +11,8 @@ The parts, each the one owner of its lock and its file:
 
 - ``block_format``: the header with a checksum per chunk; reads verify what they return;
 - ``writer``: temp file, then rename (a killed daemon leaves a whole block or none);
-- ``ledger``: ``cache.sqlite``, the bound, eviction victims, ``cache clear``;
-- ``info``: ``cache info``, read without a mount;
+- ``ledger``: ``cache.sqlite``, the bound, eviction victims, retired blocks;
+- ``info``: ``cache info`` and ``cache clear``, without a mount;
 - ``claims``: one fetch per block in this process and, via ``locks``, across mounts, held
   as a ``Claim`` that its owner may hand to another thread;
 - ``open_blocks``: block files kept open, and the reads that pin them;
@@ -40,15 +40,16 @@ from .block_format import (
     shard_key,
 )
 from .claims import Claim, open_lock_file
-from .info import cache_info
-from .ledger import clear_cache, heal_cache_folder, ledger_damaged, rebuild_ledger
-from .space import EVICT_ANY, EVICT_NONE
+from .info import cache_info, clear_cache
+from .ledger import heal_cache_folder, ledger_damaged, rebuild_ledger
+from .space import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE
 from .writer import remove_any
 
 __all__ = [
     "EVICT_ANY",
     "EVICT_NONE",
     "MAGIC",
+    "RETIRED_BEFORE",
     "BlockCache",
     "BlockKey",
     "Claim",

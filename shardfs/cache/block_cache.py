@@ -194,6 +194,17 @@ class BlockCache:
         until usage is at most ``target``; returns how many."""
         return self._space.evict_to(target, evict_before)
 
+    def retire(self, keys: list[BlockKey]) -> None:
+        """Blocks no read will need again soon (an order hint's files in them were all
+        opened): the first to go when room is needed, by ``evict_before=RETIRED_BEFORE``
+        and any later cutoff (``Ledger.retire``)."""
+        if keys and (self._ledger.ready or self._prepare()):
+            self._ledger.retire([self._block_path(key) for key in keys])
+
+    def unretire_all(self) -> None:
+        """A new reading order begins: reads warm the blocks they use again."""
+        self._ledger.unretire_all()
+
     def usage(self) -> int:
         """Bytes of cached blocks, for statistics: when the ledger cannot be read, the last
         figure it gave (the bound's own arithmetic never uses this figure)."""

@@ -15,7 +15,6 @@ import shutil
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -39,7 +38,7 @@ INSERT OR IGNORE INTO total VALUES (1, 0);
 """
 
 
-def _read_total(conn: sqlite3.Connection) -> int:
+def read_total(conn: sqlite3.Connection) -> int:
     return int(conn.execute("SELECT bytes FROM total WHERE id = 1").fetchone()[0])
 
 
@@ -47,7 +46,7 @@ def _add_to_total(conn: sqlite3.Connection, delta: int) -> None:
     conn.execute("UPDATE total SET bytes = bytes + ? WHERE id = 1", (delta,))
 
 
-def _empty_ledger(conn: sqlite3.Connection) -> None:
+def empty_ledger(conn: sqlite3.Connection) -> None:
     conn.execute("DELETE FROM blocks")
     conn.execute("UPDATE total SET bytes = 0 WHERE id = 1")
     conn.execute("COMMIT")
@@ -180,64 +179,14 @@ def ledger_totals(db_path: Path) -> tuple[int, int]:
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
     try:
         blocks = int(conn.execute("SELECT COUNT(*) FROM blocks").fetchone()[0])
-        used = _read_total(conn)
+        used = read_total(conn)
     finally:
         conn.close()
     return blocks, used
 
 
-def _move_blocks(blocks_dir: Path, trash: Path) -> None:
-    """Move every block away in one step, leaving an empty blocks folder."""
-    if blocks_dir.exists():
-        os.rename(blocks_dir, trash)
-    blocks_dir.mkdir(exist_ok=True)
-
-
-def clear_cache(cache_dir: Path, *, everything: bool = False) -> int:
-    """Drop every cached block (and with ``everything`` the indexes and views).
-
-    Safe while mounts use the folder: the blocks folder is renamed away in one step, so a
-    reader either still holds an open block (valid until closed) or misses and refetches.
-    Returns the number of bytes the bookkeeping said were used. A damaged ledger or lock
-    file is repaired first (one warning), so clearing always works.
-    """
-    blocks_dir = cache_dir / "blocks"
-    used = 0
-    db_path = cache_dir / LEDGER
-    if os.path.lexists(db_path):
-        with contextlib.suppress(OSError, sqlite3.OperationalError):  # full disk: see below
-            heal_cache_folder(cache_dir)
-        trash = cache_dir / f"trash-{uuid.uuid4().hex[:8]}"
-        try:
-            conn = sqlite3.connect(db_path, timeout=30, isolation_level=None)
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                used = _read_total(conn)
-                _move_blocks(blocks_dir, trash)
-                try:
-                    _empty_ledger(conn)
-                except sqlite3.OperationalError:
-                    # A full disk cannot take the ledger's write: free the blocks, retry.
-                    conn.execute("ROLLBACK")
-                    shutil.rmtree(trash, ignore_errors=True)
-                    conn.execute("BEGIN IMMEDIATE")
-                    _empty_ledger(conn)
-            finally:
-                conn.close()
-        except sqlite3.OperationalError as exc:
-            # Still no room (the disk is full of other files): no block is left, so an
-            # absent ledger is the right one; the next mount starts a new one.
-            log.warning("cache ledger not writable (%s); removed it", exc)
-            _move_blocks(blocks_dir, trash)
-            for suffix in ("", "-wal", "-shm"):
-                remove_any(Path(f"{db_path}{suffix}"))
-        shutil.rmtree(trash, ignore_errors=True)
-    elif blocks_dir.exists():
-        shutil.rmtree(blocks_dir, ignore_errors=True)
-    if everything:
-        for name in ("index", "views"):
-            remove_any(cache_dir / name)
-    return used
+RETIRED_BEFORE = 1e6
+"""Use times below this (1970-01-12) mark retired blocks (``Ledger.retire``)."""
 
 
 class Ledger:
@@ -270,6 +219,10 @@ class Ledger:
         self._touched: dict[str, float] = {}
         # Blocks this process fetched ahead of need that no read has used yet (path: size).
         self._unread: dict[str, int] = {}
+        # Blocks retired (``retire``) since the order they were read in began: later uses
+        # do not warm them again.
+        self._retired: set[str] = set()
+        self._retired_count = 0
         self._last_flush = time.monotonic()
 
     # -- the file ------------------------------------------------------------------------
@@ -344,7 +297,7 @@ class Ledger:
         """Bytes of the blocks on record; sqlite3.Error when the ledger cannot be read (a
         guess would let blocks past the bound)."""
         with self.connection() as db:
-            used = _read_total(db)
+            used = read_total(db)
         self._last_usage = used
         return used
 
@@ -374,6 +327,9 @@ class Ledger:
             if inserted:
                 _add_to_total(db, size)
             db.execute("COMMIT")
+        if inserted and self._retired:
+            with self._uses_lock:
+                self._retired.discard(path)  # fetched again: its new reads count
         return bool(inserted)
 
     def forget(self, path: str) -> None:
@@ -413,7 +369,7 @@ class Ledger:
         files. Empty when usage is at the target or nothing more may go."""
         with self.connection() as db:
             db.execute("BEGIN IMMEDIATE")
-            used = _read_total(db)
+            used = read_total(db)
             if used <= target:
                 db.execute("COMMIT")
                 return []
@@ -442,10 +398,35 @@ class Ledger:
     def touch(self, path: str, *, used: bool) -> None:
         """A read found the block; ``used``: a read somebody asked for (not unread now)."""
         with self._uses_lock:
-            self._touched[path] = time.time()
+            if path not in self._retired:
+                self._touched[path] = time.time()
             if used and self._unread:
                 self._unread.pop(path, None)
         self.flush_uses()
+
+    def retire(self, paths: list[str]) -> None:
+        """Blocks whose reads are all done for now (an order hint's files, all opened): they
+        go first when room is needed, oldest retirement first. Their use times become
+        ``RETIRED_BEFORE`` or less, so any ``evict_before`` from it on may take them, and
+        reads of them no longer warm them until ``unretire_all``."""
+        with self._uses_lock:
+            stamps = []
+            for path in paths:
+                self._touched.pop(path, None)
+                self._retired.add(path)
+                self._retired_count += 1
+                stamps.append((1.0 + self._retired_count * 1e-3, path))
+        try:
+            with self.connection() as db:
+                db.executemany("UPDATE blocks SET atime = ? WHERE path = ?", stamps)
+        except sqlite3.Error as exc:
+            log.debug("could not retire blocks: %s", exc)
+
+    def unretire_all(self) -> None:
+        """A new reading order begins: reads warm every block again (retired ones stay
+        first to go until a read uses them)."""
+        with self._uses_lock:
+            self._retired.clear()
 
     def mark_unread(self, path: str, size: int) -> None:
         with self._uses_lock:

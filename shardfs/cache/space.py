@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from ..stats import Stats
 from .block_format import encoded_size
-from .ledger import Ledger
+from .ledger import RETIRED_BEFORE, Ledger
 from .open_blocks import OpenBlocks
 
 _EVICT_LOW_WATER = 0.9
@@ -25,6 +25,7 @@ EVICT_ANY = math.inf
 """``evict_before`` that lets a store evict any block (least recently used first)."""
 EVICT_NONE = -math.inf
 """``evict_before`` that lets nothing be evicted: a block is kept only if it fits."""
+__all__ = ["EVICT_ANY", "EVICT_NONE", "RETIRED_BEFORE", "Space"]
 
 
 class Space:

@@ -192,6 +192,8 @@ class ShardFileSystem:
         self.hints.note_read(node)
         data = self.reader.read(*span, node.offset + node.size)
         self._served(node, len(data))
+        if offset + len(data) >= node.size:
+            self.hints.note_done(node)
         return data
 
     def read_node_local(self, node: Node, offset: int, size: int) -> bytes | None:
@@ -205,7 +207,15 @@ class ShardFileSystem:
         if data is not None:
             self.hints.note_read(node)
             self._served(node, len(data))
+            if offset + len(data) >= node.size:
+                self.hints.note_done(node)
         return data
+
+    def opened_in_kernel(self, node: Node) -> None:
+        """A reader opened a file whose whole bytes the kernel's page cache holds (pushed, or
+        read before): no READ will come, so this is its read as far as the hint goes."""
+        if not self.is_virtual(node):
+            self.hints.note_done(node, opened=True)
 
     def _served(self, node: Node, length: int) -> None:
         self.stats.add(bytes_served=length)
@@ -278,6 +288,8 @@ class ShardFileSystem:
         with opened.lock:
             data = self._read_window(opened, offset, end, size)
         self._served(node, len(data))
+        if offset + len(data) >= node.size:
+            self.hints.note_done(node)
         return data
 
     def _read_window(self, opened: _OpenFile, offset: int, end: int, size: int) -> bytes:

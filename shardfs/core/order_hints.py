@@ -5,6 +5,7 @@ file."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -13,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .. import placement
+from ..config import format_bytes
 from ..errors import UsageError
-from ..read.readahead import HintedOrder
+from ..read.readahead import HINT_WINDOW, HintedOrder
 from ..read.reader import CachedReader, RangeReader
 from ..stats import Stats
 from ..views.nodes import Node
@@ -43,6 +45,16 @@ full they are fetched as ranges (at most ``files_ahead.DEFAULT_BUDGET`` bytes he
 
 
 @dataclass
+class _Retirement:
+    """For a cache smaller than the data: the hinted rows of each block not yet read, so
+    that a block whose files were all read gives its room to the next ones at once."""
+
+    block_of: dict[tuple[int, int], int]  # (table shard, block index) -> plan block
+    unread: array[int]  # 'i': per plan block, hinted rows in it not read yet
+    read: bytearray  # per table row: read (or opened once in the kernel's page cache)
+
+
+@dataclass
 class _ActiveHint:
     """An order hint being followed: each row's position in it, and the block plan."""
 
@@ -50,6 +62,7 @@ class _ActiveHint:
     position_of_row: array[int]  # 'i': first position of each row in the hint, -1 if absent
     plan: HintedOrder
     rows: Sequence[int]  # the hint's rows, in reading order
+    retirement: _Retirement | None = None
     files_queued: int = 0  # hint positions below this had their files queued
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -64,6 +77,26 @@ class _HintParts:
 
 
 _HINT_PARTS = 4  # hints being received at once (one per sender, normally one)
+
+
+_STREAM_ROOM = 0.85
+"""Of the cache's blocks, what a streaming hint may fill: eviction frees a tenth at a time."""
+_MIN_WINDOW = 4
+"""Blocks ahead of the readers below which the cache cannot stream a hint's order."""
+
+
+def _most_live(first_use: list[int], last_use: list[int], positions: int) -> int:
+    """The most blocks between their first and their last use at any one position."""
+    steps = [0] * (positions + 1)
+    for first, last in zip(first_use, last_use, strict=True):
+        steps[first] += 1
+        steps[last + 1] -= 1
+    return max(itertools.accumulate(steps), default=0)
+
+
+def _block_range(offset: int, size: int, block_size: int) -> range:
+    """The blocks a file of ``size`` bytes at shard ``offset`` lies in."""
+    return range(offset // block_size, (offset + max(size, 1) - 1) // block_size + 1)
 
 
 class OrderHints:
@@ -178,35 +211,62 @@ class OrderHints:
 
     def _follow(self, table: _Table, hint: placement.Hint) -> None:
         reader = self.reader
-        block_size = reader.block_size if isinstance(reader, CachedReader) else 1 << 20
+        block_size = self._block_size()
         position_of_row = array("i", [-1]) * table.rows
         blocks: list[tuple[int, int]] = []
         first_use: list[int] = []
-        seen: set[tuple[int, int]] = set()
+        last_use: list[int] = []
+        block_of: dict[tuple[int, int], int] = {}
+        unread = array("i")
         shards, offsets, sizes = table.shards, table.offsets, table.sizes
         for position, row in enumerate(hint.rows):
             if position_of_row[row] >= 0:
                 continue
             position_of_row[row] = position
-            offset = offsets[row]
             shard = shards[row]
-            for index in range(
-                offset // block_size, (offset + max(sizes[row], 1) - 1) // block_size + 1
-            ):
-                if (shard, index) not in seen:
-                    seen.add((shard, index))
+            for index in _block_range(offsets[row], sizes[row], block_size):
+                j = block_of.get((shard, index))
+                if j is None:
+                    j = block_of[(shard, index)] = len(blocks)
                     blocks.append((shard, index))
                     first_use.append(position)
-        plan = HintedOrder(blocks, first_use)
-        active = self._hint = _ActiveHint(hint.epoch, position_of_row, plan, hint.rows)
+                    last_use.append(position)
+                    unread.append(0)
+                unread[j] += 1
+                last_use[j] = position
+        window, retirement = HINT_WINDOW, None
+        if isinstance(reader, CachedReader):
+            reader.follow_hint = True
+            reader.new_order()
+            room = int(reader.cache_blocks() * _STREAM_ROOM)
+            live = _most_live(first_use, last_use, len(hint.rows))
+            small = reader.dataset_bytes is not None and reader.dataset_bytes > reader.cache.limit()
+            # Streaming: the blocks being read and a window ahead fit the cache at once.
+            reader.streaming_hint = small and live + _MIN_WINDOW <= room
+            if reader.streaming_hint:
+                window = min(HINT_WINDOW, room - live)
+                retirement = _Retirement(block_of, unread, bytearray(table.rows))
+            if small and not reader.streaming_hint:
+                need = -(-(live + _MIN_WINDOW) * reader.block_size // _STREAM_ROOM)
+                log.warning(
+                    "order hint: the readers use up to %d blocks at once and the cache holds "
+                    "%d: files are fetched one by one as ranges, which is slower; a cache of "
+                    "%s, or a sampler mixing fewer shards at a time, streams whole blocks",
+                    live,
+                    reader.cache_blocks(),
+                    format_bytes(int(need)),
+                )
+        plan = HintedOrder(blocks, first_use, window)
+        active = _ActiveHint(hint.epoch, position_of_row, plan, hint.rows, retirement)
+        self._hint = active
         log.info(
-            "following an order hint: epoch %d, %d reads over %d blocks",
+            "following an order hint: epoch %d, %d reads over %d blocks, %d ahead%s",
             hint.epoch,
             len(hint.rows),
             len(blocks),
+            window,
+            ", read blocks retired" if retirement else "",
         )
-        if isinstance(reader, CachedReader):
-            reader.follow_hint = True
         self._queue(table, plan.start())
         self._queue_files(table, active, 0)
 
@@ -216,19 +276,59 @@ class OrderHints:
             ids = table.shard_ids
             self.reader.prefetch_blocks([(shards[ids[shard]], index) for shard, index in blocks])
 
-    def note_read(self, node: Node) -> None:
-        """A read of ``node``: count it if hinted, and move the hint's window forward."""
+    def _hinted(self, node: Node) -> tuple[_ActiveHint, _Table, int, int] | None:
+        """(hint, table, row, position) of ``node`` in the hint followed, if it is in it."""
         hint = self._hint
         table = self._table
         if hint is None or table is None or node.ino >= len(table.row_of_ino):
-            return
+            return None
         row = table.row_of_ino[node.ino]
         if row < 0:
-            return
+            return None
         position = hint.position_of_row[row]
-        if position < 0:
+        return None if position < 0 else (hint, table, row, position)
+
+    def note_read(self, node: Node) -> None:
+        """A read of ``node``: count it if hinted, and move the hint's window forward."""
+        found = self._hinted(node)
+        if found is not None:
+            self.stats.add(hinted_reads=1)
+            self._advance(*found)
+
+    def note_done(self, node: Node, *, opened: bool = False) -> None:
+        """A reader is done with ``node``: a read reached its end, or (``opened``) it opened
+        a file whose whole bytes the kernel holds (no READ will come). With a cache smaller
+        than the data, a block whose hinted files are all done is retired."""
+        found = self._hinted(node)
+        if found is None:
             return
-        self.stats.add(hinted_reads=1)
+        hint, table, row, position = found
+        if opened:
+            self._advance(hint, table, row, position)
+        retirement = hint.retirement
+        if retirement is None or retirement.read[row]:
+            return
+        shard = table.shards[row]
+        done = []
+        with hint.lock:
+            if retirement.read[row]:
+                return
+            retirement.read[row] = 1
+            for index in _block_range(table.offsets[row], table.sizes[row], self._block_size()):
+                j = retirement.block_of.get((shard, index))
+                if j is not None:
+                    retirement.unread[j] -= 1
+                    if retirement.unread[j] == 0:
+                        done.append(index)
+        if done and isinstance(self.reader, CachedReader):
+            info = self.view.shards[table.shard_ids[shard]]
+            self.reader.retire_blocks([(info, index) for index in done])
+
+    def _block_size(self) -> int:
+        reader = self.reader
+        return reader.block_size if isinstance(reader, CachedReader) else 1 << 20
+
+    def _advance(self, hint: _ActiveHint, table: _Table, _row: int, position: int) -> None:
         if position > hint.plan.furthest:
             self._queue(table, hint.plan.reached(position))
         if position + FILES_AHEAD > hint.files_queued:

@@ -15,6 +15,7 @@ import errno
 import functools
 import logging
 import os
+import termios
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., None])
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _MISS_WORKERS = 32
+_TCGETS = termios.TCGETS  # isatty()
 # Files below this size are listed by name and type only, without attributes: a full
 # READDIRPLUS entry costs about 10 us in the daemon and the kernel (measured), which for a
 # tiny file is the cost of reading it, and it would make listing a million of them slow.
@@ -332,6 +334,12 @@ class FuseOperations:
         on, where it refuses writes); every other ioctl is not ours."""
         if ino != self.core.hint_ino or cmd != placement.HINT_IOCTL or not in_buf:
             self.reply_err(req, errno.ENOTTY)
+            # Python's open() asks isatty() first: for a file the kernel holds whole, that
+            # is the only sign of its read, which the order hint's retirement counts.
+            pusher = self.pusher
+            known = pusher is not None and ino < len(pusher.in_kernel) and pusher.in_kernel[ino]
+            if cmd == _TCGETS and known:
+                self.core.opened_in_kernel(self.core.node(ino))
             return
         self.core.take_hint_chunk(ctypes.string_at(in_buf, in_size))
         self.lib.fuse_reply_ioctl(req, 0, None, 0)

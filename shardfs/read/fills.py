@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ..cache import EVICT_ANY, EVICT_NONE, BlockCache, BlockKey, Claim, NoRoom
+from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, Claim, NoRoom
 from ..stats import Stats
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,8 @@ class ColdClock:
 
     def tick(self, length: int) -> float:
         """Count ``length`` bytes read; the wall time before which a block unused is cold
-        (``EVICT_ANY`` without a horizon, ``EVICT_NONE`` before a horizon was served)."""
+        (``EVICT_ANY`` without a horizon; before a horizon was served, ``RETIRED_BEFORE``:
+        only blocks an order hint's readers are done with may go)."""
         horizon = self.horizon
         if horizon is None:
             return EVICT_ANY
@@ -226,7 +227,7 @@ class ColdClock:
 
     def _cutoff(self, served: int, horizon: int) -> float:
         when, at = self._clock[0]
-        return when if at <= served - horizon else EVICT_NONE
+        return when if at <= served - horizon else RETIRED_BEFORE
 
 
 class Arrivals:

@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from ..cache import EVICT_ANY, BlockCache, BlockKey, NoRoom, shard_key
+from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, NoRoom, shard_key
 from ..stats import Stats
 from ..store.remote import Store
 from ..store.shards import ShardInfo
+from .block_runs import RUN_BLOCKS, BlockRun
 from .files_ahead import FilesAhead
 from .fills import Arrivals, BlockFills, ColdClock, Completion, Fetch
 from .local_blocks import LocalBlocks
@@ -38,12 +39,6 @@ class RangeReader(Protocol):
     def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
         """The same bytes if they can be had at once (no network, no disk wait), else None."""
         ...
-
-
-RUN_BLOCKS = 4
-"""Consecutive blocks of a shard that readahead fetches with one GET: a server that reads
-the whole object for every ranged GET (moto does) pays a quarter as often, and one larger
-GET moves more bytes per round trip (see docs/design.md, "Block size")."""
 
 
 class CachedReader:
@@ -101,11 +96,14 @@ class CachedReader:
         # While an order hint is followed, reads no longer queue their whole shard: the
         # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
         self.follow_hint = False
+        # The hint's blocks stream through a cache smaller than the data (retired once
+        # read, ``retire_blocks``): no file is fetched ahead as a range.
+        self.streaming_hint = False
         # Blocks this process prefetched that no read has touched yet (for the
         # prefetched-but-unread statistic).
         self._unread_prefetched: set[tuple[str, int]] = set()
         # Blocks a readahead GET for several blocks is bringing, not yet stored.
-        self._coming = Arrivals(store.config.read_timeout)
+        self.coming = Arrivals(store.config.read_timeout)
 
     def _announce(
         self, shard: ShardInfo, skey: str, index: int, block: bytes | None = None
@@ -141,11 +139,11 @@ class CachedReader:
         return fetch
 
     def _get(self, shard: ShardInfo, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` from the store (``_get_pieces``), in one piece."""
-        pieces = self._get_pieces(shard, start, end, max(1, end - start))
+        """Bytes ``[start, end)`` from the store (``get_pieces``), in one piece."""
+        pieces = self.get_pieces(shard, start, end, max(1, end - start))
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    def _get_pieces(self, shard: ShardInfo, start: int, end: int, piece: int) -> list[bytes]:
+    def get_pieces(self, shard: ShardInfo, start: int, end: int, piece: int) -> list[bytes]:
         """One GET from the store, as pieces; a whole shard the server sent instead (it
         ignores Range) is offered to the cache, every block of it."""
         got = self.store.fetch(shard, start, end, piece, retries=self.retries)
@@ -190,7 +188,7 @@ class CachedReader:
             if not waited and not self.cache.contains(key):
                 waited = True
                 self.stats.add(reads_waited_on_network=1)
-                self._coming.wait(skey, index)
+                self.coming.wait(skey, index)
             self._first_read(skey, index, block_len)
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
             hi -= block_start
@@ -308,12 +306,12 @@ class CachedReader:
     def wants_files_ahead(self) -> bool:
         """Whether the next hinted files should be fetched as ranges: only while the cache
         is full (otherwise it takes whole blocks, which the hint's block plan brings)."""
-        if self.prefetcher is None or self.dataset_bytes is None:
+        if self.prefetcher is None or self.dataset_bytes is None or self.streaming_hint:
             return False
         now = time.monotonic()
         checked, full = self._cache_full
         if now - checked > 0.05:  # asked on every hinted read: a ledger query at most 20/s
-            full = not self.cache.room_for(self.block_size)
+            full = not self.cache.room_for(self.block_size, RETIRED_BEFORE)
             self._cache_full = (now, full)
         return full
 
@@ -383,6 +381,20 @@ class CachedReader:
                 self.read_ahead(shard, after=last)
         return data
 
+    def retire_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> None:
+        """Blocks the readers are done with (an order hint's files in them all opened):
+        the first to make room for the next ones (``BlockCache.retire``)."""
+        self.cache.retire([BlockKey(self.shard_key(shard), index) for shard, index in blocks])
+        self.stats.add(blocks_retired=len(blocks))
+
+    def new_order(self) -> None:
+        """A new order hint: reads warm the blocks they use again."""
+        self.cache.unretire_all()
+
+    def cache_blocks(self) -> int:
+        """Whole blocks the cache's bound holds."""
+        return self.cache.limit() // self.block_size
+
     def read_ahead(self, shard: ShardInfo, after: int = -1) -> int:
         """Queue every block of ``shard`` (from ``after + 1``, wrapping); once per shard."""
         if self.prefetcher is None:
@@ -418,68 +430,24 @@ class CachedReader:
             else:
                 run = open_runs[shard] = [index]
                 runs.append((shard, run))
-        tasks = (self._prefetch_run(shard, self.shard_key(shard), run) for shard, run in runs)
+        # A hint's blocks may take the room of retired ones (read by now); other
+        # readahead only uses free room.
+        evict_before = RETIRED_BEFORE if hinted else EVICT_NONE
+        tasks = (
+            BlockRun(self, shard, self.shard_key(shard), run, evict_before).task
+            for shard, run in runs
+        )
         self.prefetcher.schedule(tasks, hinted=hinted)
         return len(blocks)
 
-    def _prefetch_run(self, shard: ShardInfo, skey: str, indices: list[int]) -> Callable[[], bool]:
-        """A task fetching consecutive blocks with as few GETs as the cache allows: one GET
-        covers every block from the first one still needed to the end of the run, as far
-        as the blocks are missing and fit; each block is then stored on its own."""
-        size = self.block_size
-        got: dict[int, bytes] = {}  # blocks the last GET brought, not yet stored
-
-        def stretch_end(index: int) -> int:
-            """The end of the bytes worth one GET from block ``index``."""
-            end = index + 1
-            while end <= indices[-1]:
-                key = BlockKey(skey, end)
-                if self.cache.contains(key) or self.cache.in_flight(key):
-                    break
-                # Room for this stretch and a run more: near a full cache a block of the
-                # stretch could lose its room to a read meanwhile and be fetched for nothing.
-                if not self.cache.room_for((end - index + 1 + RUN_BLOCKS) * size):
-                    break
-                end += 1
-            return min(shard.size, end * size)
-
-        def fetcher(index: int) -> Fetch:
-            def fetch_range(lo: int, hi: int) -> bytes:
-                block = got.pop(index, None)
-                if block is None:
-                    start, end = index * size, stretch_end(index)
-                    # Reads of the later blocks wait for this GET and their store, rather
-                    # than fetch the same bytes again.
-                    self._coming.expect(skey, range(index + 1, -(-end // size)))
-                    pieces = self._get_pieces(shard, start, end, size)
-                    got.clear()
-                    got.update(enumerate(pieces, start=index))
-                    block = got.pop(index)
-                return block if lo == 0 and hi == len(block) else block[lo:hi]
-
-            return fetch_range
-
-        def task() -> bool:
-            stored = False
-            try:
-                for index in indices:
-                    try:
-                        stored |= self._prefetch_one(shard, skey, index, fetcher(index))
-                    finally:
-                        self._coming.arrived(skey, index)
-            finally:
-                self._coming.arrived(skey, *indices)  # a failed GET: nobody waits on it any more
-                got.clear()
-            return stored
-
-        return task
-
-    def _prefetch_one(self, shard: ShardInfo, skey: str, index: int, fetch: Fetch) -> bool:
+    def prefetch_one(
+        self, shard: ShardInfo, skey: str, index: int, fetch: Fetch, evict_before: float
+    ) -> bool:
         block_len = self._block_len(shard, index)
         key = BlockKey(skey, index)
         with self._lock:  # before the store: a read may come as soon as it lands
             self._unread_prefetched.add((skey, index))
-        block = self._fills.prefetch(key, block_len, fetch)
+        block = self._fills.prefetch(key, block_len, fetch, evict_before=evict_before)
         stored = block is not None
         if stored:
             self.stats.add(prefetched_bytes=block_len)

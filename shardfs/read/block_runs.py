@@ -1,0 +1,99 @@
+"""Readahead of consecutive blocks of one shard with as few GETs as the cache allows."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..cache import BlockCache, BlockKey
+from ..store.shards import ShardInfo
+from .fills import Arrivals, Fetch
+
+RUN_BLOCKS = 4
+"""Consecutive blocks of a shard that readahead fetches with one GET: a server that reads
+the whole object for every ranged GET (moto does) pays a quarter as often, and one larger
+GET moves more bytes per round trip (see docs/design.md, "Block size")."""
+
+
+class RunOwner(Protocol):
+    """What a run needs of its reader (``CachedReader``)."""
+
+    cache: BlockCache
+    block_size: int
+    coming: Arrivals
+
+    def get_pieces(self, shard: ShardInfo, start: int, end: int, piece: int) -> list[bytes]: ...
+
+    def prefetch_one(
+        self, shard: ShardInfo, skey: str, index: int, fetch: Fetch, evict_before: float
+    ) -> bool: ...
+
+
+class BlockRun:
+    """One readahead task over consecutive blocks ``indices`` of a shard: one GET covers
+    every block from the first one still needed to the end of the run, as far as the
+    blocks are missing and fit (evicting only blocks used before ``evict_before``); each
+    block is then stored on its own."""
+
+    def __init__(
+        self,
+        reader: RunOwner,
+        shard: ShardInfo,
+        skey: str,
+        indices: list[int],
+        evict_before: float,
+    ) -> None:
+        self.reader = reader
+        self.shard = shard
+        self.skey = skey
+        self.indices = indices
+        self.evict_before = evict_before
+        self._got: dict[int, bytes] = {}  # blocks the last GET brought, not yet stored
+
+    def _stretch_end(self, index: int) -> int:
+        """The end of the bytes worth one GET from block ``index``."""
+        cache, size = self.reader.cache, self.reader.block_size
+        end = index + 1
+        while end <= self.indices[-1]:
+            key = BlockKey(self.skey, end)
+            if cache.contains(key) or cache.in_flight(key):
+                break
+            # Room for this stretch and a run more: near a full cache a block of the
+            # stretch could lose its room to a read meanwhile and be fetched for nothing.
+            if not cache.room_for((end - index + 1 + RUN_BLOCKS) * size, self.evict_before):
+                break
+            end += 1
+        return min(self.shard.size, end * size)
+
+    def _fetcher(self, index: int) -> Fetch:
+        reader, size = self.reader, self.reader.block_size
+
+        def fetch_range(lo: int, hi: int) -> bytes:
+            block = self._got.pop(index, None)
+            if block is None:
+                start, end = index * size, self._stretch_end(index)
+                # Reads of the later blocks wait for this GET and their store, rather
+                # than fetch the same bytes again.
+                reader.coming.expect(self.skey, range(index + 1, -(-end // size)))
+                pieces = reader.get_pieces(self.shard, start, end, size)
+                self._got.clear()
+                self._got.update(enumerate(pieces, start=index))
+                block = self._got.pop(index)
+            return block if lo == 0 and hi == len(block) else block[lo:hi]
+
+        return fetch_range
+
+    def task(self) -> bool:
+        """Fetch and store the run; whether any block was stored."""
+        reader, skey = self.reader, self.skey
+        stored = False
+        try:
+            for index in self.indices:
+                try:
+                    fetch = self._fetcher(index)
+                    stored |= reader.prefetch_one(self.shard, skey, index, fetch, self.evict_before)
+                finally:
+                    reader.coming.arrived(skey, index)
+        finally:
+            reader.coming.arrived(skey, *self.indices)  # a failed GET: nobody waits any more
+            self._got.clear()
+        return stored
