@@ -48,13 +48,17 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
+from pinning import Pinning, pin_process  # noqa: E402
 from procs import (  # noqa: E402
     CLOCK_TICKS,
     DaemonProbe,
     EpochRunner,
+    affinity,
     cpu_seconds,
+    drop_page_cache,
     force_unmount,
     run_to_the_end,
+    start_store,
     wait_until,
 )
 from report import write_reports  # noqa: E402
@@ -85,9 +89,9 @@ def shardfs(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-# The contenders whose targets are checked by paired runs (report.PAIRED_TARGETS), and those
-# whose raw cold epoch is also paired with a fresh measurement of the server's peak.
-PAIRED = ("shardfs", "shardfs-shard", "shardfs-uniform")
+# The contenders whose ratios come from paired runs (report.py's targets), and those whose raw
+# cold epoch is also paired with a fresh measurement of the server's peak.
+PAIRED = ("shardfs", "shardfs-shard", "shardfs-uniform", "webdataset")
 PEAK_PAIRED = ("shardfs", "shardfs-shard")
 
 
@@ -217,6 +221,10 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        # The run's setting; ``self.cores`` is the one the epochs run under now (the
+        # shared-core context rounds switch it at the end of a pinned run).
+        self.pinning = Pinning.shared() if args.shared_cores else Pinning.split()
+        self.cores = self.pinning
         self.work: Path = args.work.absolute()
         self.run_dir = self.work / "run"
         self.server = S3Server()
@@ -232,10 +240,15 @@ class Bench:
     # -- setup -------------------------------------------------------------
 
     def setup(self) -> None:
+        # First of all, this process on the readers' cores: all it starts inherits them
+        # (the epoch runner, its workers, the daemons, curl); the server then moves to
+        # the store's.
+        self.pinning.pin_self_to_readers()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
         self.tree = ensure_tree(self.work, self.args.images, self.args.classes, log)
-        self.server.start()
+        self.server_pid = start_store(self.server, self.pinning)
+        log(f"cores: {self.pinning.label()}")
         os.environ.update(self.server.env())
         self.server.create_bucket(BUCKET)
         shard_size = max(1 << 20, self.tree.image_bytes // self.args.shards)
@@ -281,7 +294,6 @@ class Bench:
             f"{len(self.tree_shards)} tree shards"
         )
         self.runner = EpochRunner()
-        self.server_pid = self.server._proc.pid  # type: ignore[union-attr]  # bench-only peek
 
     # -- cleanup -----------------------------------------------------------
 
@@ -421,6 +433,8 @@ class Bench:
             **probe.stop(),
             "cpu_s": cpu_s,
             "page_cache_drops": drops,
+            "cores": "pinned" if self.cores.pinned else "shared",
+            **self.placement(pid),
             **(extra or {}),
         }
         if drops:
@@ -444,6 +458,35 @@ class Bench:
         )
         return record
 
+    def placement(self, daemon_pid: int | None) -> dict[str, Any]:
+        """The cores the server, the epoch runner (its workers fork from it) and the daemon
+        may run on at the end of an epoch, and which of them are not where ``self.cores``
+        puts them (a note each)."""
+        assert self.runner is not None
+        expected = {"server": self.cores.store, "runner": self.cores.readers}
+        found = {"server": affinity(self.server_pid), "runner": affinity(self.runner.proc.pid)}
+        if daemon_pid is not None:
+            expected["daemon"] = self.cores.readers
+            found["daemon"] = affinity(daemon_pid)
+        misplaced = [
+            f"{name} on {cpus}, expected {sorted(expected[name])}"
+            for name, cpus in found.items()
+            if cpus is not None and set(cpus) != expected[name]
+        ]
+        if misplaced:
+            self.notes.append("misplaced: " + "; ".join(misplaced))
+        return {"affinity": found, "misplaced": misplaced}
+
+    def use_cores(self, cores: Pinning) -> None:
+        """Move this process, the epoch runner and the server to ``cores`` (daemons started
+        from now on follow this process)."""
+        assert self.runner is not None
+        cores.pin_self_to_readers()
+        pin_process(self.runner.proc.pid, cores.readers, children=True)
+        cores.pin_store(self.server_pid)
+        self.cores = cores
+        log(f"cores: {cores.label()}")
+
     def local_request(self, mode: str, workers: int, repeat: int) -> dict[str, Any]:
         return {
             "kind": "imagefolder",
@@ -461,18 +504,24 @@ class Bench:
         self, slot: Slot, contender: str, epoch: str, request: dict[str, Any]
     ) -> dict[str, Any]:
         """In a paired slot, the local epoch (same mode, workers and seed) run right before
-        ``contender``'s ``epoch``, and for a raw cold epoch of ``PEAK_PAIRED`` a fresh peak
-        measurement after it: the fields that tie the contender's record to them."""
+        ``contender``'s ``epoch``; before a cold epoch, first a local one right after
+        ``drop_caches`` (epoch "dropped"), then the warm one; for a raw cold epoch of
+        ``PEAK_PAIRED`` a fresh peak measurement last: the fields that tie the
+        contender's record to them."""
         if not slot.paired:
             return {}
-        local = self.epoch(
-            "local",
-            "-",
-            self.local_request(slot.mode, slot.workers, slot.repeat),
-            None,
-            {"repeat": slot.repeat, "pair_for": f"{contender} {epoch}"},
-        )
+        local_request = self.local_request(slot.mode, slot.workers, slot.repeat)
+        extra = {"repeat": slot.repeat, "pair_for": f"{contender} {epoch}"}
+        dropped = None
+        if epoch == "cold":
+            drop_page_cache()
+            dropped = self.epoch("local", "dropped", local_request, None, dict(extra))
+        local = self.epoch("local", "-", local_request, None, dict(extra))
         fields: dict[str, Any] = {"pair_local_images_per_s": local["images_per_s"]}
+        if dropped is not None:
+            # The dropped epoch's own pair: the warm local epoch right after it.
+            dropped["pair_local_images_per_s"] = local["images_per_s"]
+            fields["pair_local_dropped_images_per_s"] = dropped["images_per_s"]
         if slot.mode == "raw" and epoch == "cold" and contender in PEAK_PAIRED:
             peak = self.peak_throughput()
             log(f"pair peak: {peak['peak_mb_per_s']:.0f} MB/s")
@@ -660,8 +709,9 @@ class Bench:
             "workers": workers,
             "seed": repeat,
         }
-        self.epoch("webdataset", "cold", request, None, {"repeat": repeat})
-        self.epoch("webdataset", "warm", request, None, {"repeat": repeat})
+        for epoch in ("cold", "warm"):
+            extra = {"repeat": repeat, **self.pair_before(slot, "webdataset", epoch, request)}
+            self.epoch("webdataset", epoch, request, None, extra)
         shutil.rmtree(cache, ignore_errors=True)
 
     @contextmanager
@@ -780,6 +830,24 @@ class Bench:
             return Slot(mode, workers, repeat, paired=True, context=context)
         return Slot(mode, workers, repeat) if context else None
 
+    def shared_context(
+        self, contenders: list[tuple[str, Callable[[Slot], None]]], failed: set[str]
+    ) -> None:
+        """After a pinned run, ``--shared-context-rounds`` paired decode rounds of the paired
+        contenders at the first worker count with every process on every core, as the
+        bench ran before it pinned: rows kept as context, labelled "shared cores"."""
+        rounds = self.args.shared_context_rounds
+        if not self.pinning.pinned or rounds == 0 or "decode" not in self.args.modes:
+            return
+        self.use_cores(Pinning.shared())
+        try:
+            for repeat in range(rounds):
+                for name, run in contenders:
+                    if name in PAIRED and name not in failed:
+                        run(Slot("decode", self.args.workers[0], repeat, True, context=False))
+        finally:
+            self.use_cores(self.pinning)
+
     def run(self) -> dict[str, Any]:
         started = time.perf_counter()
         self.setup()
@@ -810,6 +878,7 @@ class Bench:
                             failed.add(name)
                             self.notes.append(f"{name} failed and was dropped: {exc}")
                             log(f"{name} failed and is dropped from the run: {exc}")
+        self.shared_context(contenders, failed)
         peaks.append(self.peak_throughput())
         peak = max(p["peak_mb_per_s"] for p in peaks)
         warm_seconds = statistics.median(w["seconds"] for w in warms)
@@ -822,6 +891,10 @@ class Bench:
                 "python": platform.python_version(),
                 "kernel": platform.release(),
             },
+            "pinning": {**self.pinning.as_dict(), "label": self.pinning.label()},
+            "shared_context_rounds": (
+                self.args.shared_context_rounds if self.pinning.pinned else 0
+            ),
             "dataset": self.meta,
             "server": {"peak_runs": peaks, "peak_mb_per_s": peak},
             "warm_all": {
@@ -891,6 +964,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="extra argument for shardfs mount (repeatable)",
     )
     parser.add_argument(
+        "--shared-cores",
+        action="store_true",
+        help="run every process on every core, the server among the readers, as the bench "
+        "did before it pinned (figures for context only); by default the server runs on "
+        "the last core and everything else on the others (bench/pinning.py)",
+    )
+    parser.add_argument(
+        "--shared-context-rounds",
+        type=int,
+        default=1,
+        help="after a pinned run, paired decode rounds of the paired contenders on shared "
+        "cores, reported apart as context (1; 0: none)",
+    )
+    parser.add_argument(
         "--no-small-cache",
         action="store_true",
         help="skip the small-cache section (bench/small_cache.py, `make bench-small`)",
@@ -923,6 +1010,7 @@ def main(argv: list[str] | None = None) -> int:
         # Its own server, dataset and mounts; quick: 600 images in blocks of 2 MiB.
         extra = ["--images", "600", "--block-size", "2M"] if args.quick else []
         extra += [f"--shardfs-arg={arg}" for arg in args.shardfs_arg]
+        extra += ["--shared-cores"] if args.shared_cores else []
         small = run_small_cache(
             small_cache_args([*extra, "--work", str(args.work), "--out", str(args.out)])
         )
