@@ -42,16 +42,6 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def affinity(pid: int | None) -> list[int] | None:
-    """The cores ``pid`` may run on (its main thread), None if it is gone or not given."""
-    if pid is None:
-        return None
-    try:
-        return sorted(os.sched_getaffinity(pid))
-    except OSError:
-        return None
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of ``pid`` (all its threads) so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()

@@ -53,7 +53,6 @@ from procs import (  # noqa: E402
     CLOCK_TICKS,
     DaemonProbe,
     EpochRunner,
-    affinity,
     cpu_seconds,
     drop_page_cache,
     force_unmount,
@@ -463,19 +462,11 @@ class Bench:
         may run on at the end of an epoch, and which of them are not where ``self.cores``
         puts them (a note each)."""
         assert self.runner is not None
-        expected = {"server": self.cores.store, "runner": self.cores.readers}
-        found = {"server": affinity(self.server_pid), "runner": affinity(self.runner.proc.pid)}
-        if daemon_pid is not None:
-            expected["daemon"] = self.cores.readers
-            found["daemon"] = affinity(daemon_pid)
-        misplaced = [
-            f"{name} on {cpus}, expected {sorted(expected[name])}"
-            for name, cpus in found.items()
-            if cpus is not None and set(cpus) != expected[name]
-        ]
-        if misplaced:
-            self.notes.append("misplaced: " + "; ".join(misplaced))
-        return {"affinity": found, "misplaced": misplaced}
+        readers = {"runner": self.runner.proc.pid, "daemon": daemon_pid}
+        placement = self.cores.placement({"server": self.server_pid}, readers)
+        if placement["misplaced"]:
+            self.notes.append("misplaced: " + "; ".join(placement["misplaced"]))
+        return placement
 
     def use_cores(self, cores: Pinning) -> None:
         """Move this process, the epoch runner and the server to ``cores`` (daemons started

@@ -183,7 +183,7 @@ class SmallCacheBench:
         self.run_dir.mkdir(parents=True)
         self.mnt.mkdir()
         tree = ensure_tree(self.args.work.absolute(), self.args.images, self.args.classes, log)
-        start_store(self.server, self.pinning)
+        self.server_pid = start_store(self.server, self.pinning)
         log(f"cores: {self.pinning.label()}")
         os.environ.update(self.server.env())
         self.server.create_bucket(BUCKET)
@@ -278,6 +278,10 @@ class SmallCacheBench:
                     "egress_ratio": egress / self.dataset_bytes,
                     "daemon": {key: after[key] - before[key] for key in DAEMON_COUNTERS},
                     **probe.stop(),
+                    **self.pinning.placement(
+                        {"server": self.server_pid},
+                        {"epoch server": self.epochs.proc.pid, "daemon": pid},
+                    ),
                 }
                 if reply["images"] != self.meta["images"]:
                     raise RuntimeError(
@@ -347,6 +351,16 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         bound, text = goal(contender, fraction, epoch)
         checks.append({"target": name, "value": value, "goal": text, "met": value <= bound})
+    if "pinning" in result:
+        misplaced = sum(1 for r in result["epochs"] if r.get("misplaced"))
+        checks.append(
+            {
+                "target": "epochs with a process off its cores (server, epoch server, daemon)",
+                "value": misplaced,
+                "goal": "== 0",
+                "met": misplaced == 0,
+            }
+        )
     return checks
 
 
