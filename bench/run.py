@@ -6,16 +6,22 @@ on loopback behind the counting middleware (tests/support/s3.py), packs the tree
 measures the server's peak ranged-GET throughput and ``shardfs warm``, then runs epochs of a
 shuffled DataLoader (batch 32, the same collate for all) for every contender, mode
 (raw bytes / decode) and worker count, interleaving contenders and repeating rounds because
-the machine is noisy. At the first worker count the shardfs contenders run in pairs: each
-of their epochs comes right after a local epoch with the same seed (and a raw cold one
-after a fresh measurement of the server's peak), so every target is checked on per-pair
-ratios of neighbours in time (bench/report.py); rows kept for context run fewer rounds.
-shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
+the machine is noisy. The server runs on the last core and everything else (this process,
+the epoch runner and its workers, the daemons, curl) on the others, as a training node
+sees S3 (bench/pinning.py; ``--shared-cores`` runs all on all, for context). At the first
+worker count the shardfs contenders and webdataset run in pairs: each of their epochs
+comes right after a local epoch with the same seed, each cold one after a local epoch
+right after ``drop_caches`` and then that warm one (and a raw cold one after a fresh
+measurement of the server's peak), so every target is checked on per-pair ratios of
+neighbours in time (bench/report.py); rows kept for context run fewer rounds. A pinned
+run ends with ``--shared-context-rounds`` paired decode rounds on shared cores, reported
+apart as context. shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
 ``shuffle=True`` (contenders ``shardfs-shard``, cold and warm, and ``shardfs-uniform``, cold),
 with the mount's hint counters sampled through the epoch. Each epoch record carries
 ``cpu_s``: CPU seconds of the S3 server, the daemon, the epoch's main process, its workers
-(and curl or ``shardfs warm``) with the wall time, so a gap to local disk can be split
-by process. ``local+dl`` and ``local+warm`` are local epochs while curl or ``shardfs warm``
+(and curl or ``shardfs warm``) with the wall time, so a gap to local disk can be split by
+process; and ``affinity``: the cores the server, the epoch runner and the daemon may run
+on. ``local+dl`` and ``local+warm`` are local epochs while curl or ``shardfs warm``
 downloads the dataset: the ceilings for a loader that downloads, and for one that
 downloads through shardfs's own fetch path (decode only: a raw local epoch is over long
 before the download). Each record also carries ``page_cache_drops``, since a drop by
