@@ -921,14 +921,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--pairs",
         type=int,
-        help="paired rounds of the shardfs contenders at the first worker count: each epoch "
-        "right after a local one; the targets need 5 (5; --quick: 2)",
+        help="paired rounds of the shardfs contenders and webdataset at the first worker "
+        "count: each epoch right after a local one (a cold one also after a local one "
+        "right after drop_caches); the targets need 5 (5; --quick: 2)",
     )
     parser.add_argument(
         "--repeats",
         type=int,
         help="rounds of the context rows at the first worker count: local alone, local+dl, "
-        "webdataset, ratarmount, shardfs remount (2; --quick: 1)",
+        "local+warm, ratarmount, shardfs remount (2; --quick: 1)",
     )
     parser.add_argument(
         "--secondary-repeats", type=int, default=1, help="rounds for the other worker counts (1)"
