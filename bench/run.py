@@ -813,7 +813,7 @@ class Bench:
 
     def slot(self, name: str, mode: str, workers: int, repeat: int) -> Slot | None:
         """Whether ``name`` runs in this round, and how. At the first worker count (the one
-        the targets name) the shardfs contenders run ``--pairs`` paired rounds and the
+        the targets name) the ``PAIRED`` contenders run ``--pairs`` paired rounds and the
         others, context only, ``--repeats``; other worker counts run
         ``--secondary-repeats`` unpaired rounds of everyone."""
         if workers != self.args.workers[0]:
