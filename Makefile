@@ -44,14 +44,19 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 bench-deps: setup $(BENCH_STAMP)
 
 # The benchmark: local ImageFolder vs shardfs vs webdataset vs ratarmount over a local S3
-# server, then the small-cache section (below). Writes results/bench.json, results/bench.md
-# and results/bench.png. BENCH_ARGS passes options, e.g. `make bench BENCH_ARGS=--quick`.
+# server, then the small-cache section (below). The server runs on the last core, the bench,
+# its DataLoader workers and the daemons on the others (bench/pinning.py); cold epochs are
+# paired with a local epoch with the page cache warm and one right after drop_caches (root).
+# A last round on shared cores is reported apart, as context. Writes results/bench.json,
+# results/bench.md and results/bench.png. BENCH_ARGS passes options, e.g.
+# `make bench BENCH_ARGS=--quick`, or `--shared-cores` for every process on every core.
 bench: bench-deps
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 # The small-cache section alone (issue 12): --cache-size 0.5x, 0.25x (and 2x, control) of
 # the dataset, page cache dropped every 20 files, two epochs of shuffle=True, ShardSampler
-# shard and uniform; egress per epoch at the server. Writes results/small_cache.json and
+# shard and uniform; egress per epoch at the server; pinned as `make bench` is (server on
+# the last core, with its objects in memory). Writes results/small_cache.json and
 # .md. Size knobs: SMALL_CACHE_IMAGES (1400), SMALL_CACHE_BLOCK_SIZE (8M), SMALL_CACHE_SHARDS
 # (5); SMALL_ARGS passes options, e.g. `make bench-small SMALL_ARGS="--fractions 0.5"`.
 bench-small: bench-deps

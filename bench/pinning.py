@@ -12,6 +12,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def _all_cpus() -> list[int]:
@@ -58,6 +59,30 @@ class Pinning:
     def pin_store(self, pid: int) -> None:
         """A store process already running (all its threads, and its children)."""
         pin_process(pid, self.store, children=True)
+
+    def placement(
+        self, store: dict[str, int | None], readers: dict[str, int | None]
+    ) -> dict[str, Any]:
+        """Where the named processes may run now (``affinity``: their main threads' cores)
+        and which are not where this pinning puts them (``misplaced``: one line each)."""
+        found: dict[str, list[int] | None] = {}
+        misplaced = []
+        for cpus, processes in ((self.store, store), (self.readers, readers)):
+            for name, pid in processes.items():
+                if pid is None:
+                    continue
+                found[name] = affinity(pid)
+                if found[name] is not None and set(found[name] or ()) != cpus:
+                    misplaced.append(f"{name} on CPU {found[name]}, expected {sorted(cpus)}")
+        return {"affinity": found, "misplaced": misplaced}
+
+
+def affinity(pid: int) -> list[int] | None:
+    """The cores ``pid`` (its main thread) may run on; None if it is gone."""
+    try:
+        return sorted(os.sched_getaffinity(pid))
+    except OSError:
+        return None
 
 
 def pin_process(pid: int, cpus: frozenset[int], *, children: bool = False) -> None:

@@ -1,4 +1,5 @@
-"""Processes the bench starts and watches: daemons' CPU and peak RSS, mounts, the epoch runner."""
+"""Processes the bench starts and watches: daemons' CPU and peak RSS, mounts, the epoch runner,
+the store's server (started on its own cores) and the page cache dropped for a cold baseline."""
 
 from __future__ import annotations
 
@@ -14,8 +15,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from pinning import Pinning
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]
+# moto keeps an object above this many bytes in a temporary file on disk (5 MiB by default),
+# so dropping this node's page cache would also make the store read from disk. S3's own
+# caches are not the node's: the bench keeps every object in the server's memory.
+STORE_KEY_BUFFER = str(1 << 30)
+
+
+def start_store(server: Any, pinning: Pinning) -> int:
+    """Start ``server`` (tests/support/s3.py's ``S3Server``) with its objects in memory, move
+    it (its threads and children) onto the store's cores, and return its pid."""
+    os.environ.setdefault("MOTO_S3_DEFAULT_KEY_BUFFER_SIZE", STORE_KEY_BUFFER)
+    server.start()
+    pid: int = server._proc.pid  # bench-only peek: S3Server keeps its Popen private
+    pinning.pin_store(pid)
+    return pid
+
+
+def drop_page_cache() -> None:
+    """``sync; echo 3 > /proc/sys/vm/drop_caches`` (root): the page cache, dentries and
+    inodes, so the next local epoch reads the tree from disk."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -6,16 +6,22 @@ on loopback behind the counting middleware (tests/support/s3.py), packs the tree
 measures the server's peak ranged-GET throughput and ``shardfs warm``, then runs epochs of a
 shuffled DataLoader (batch 32, the same collate for all) for every contender, mode
 (raw bytes / decode) and worker count, interleaving contenders and repeating rounds because
-the machine is noisy. At the first worker count the shardfs contenders run in pairs: each
-of their epochs comes right after a local epoch with the same seed (and a raw cold one
-after a fresh measurement of the server's peak), so every target is checked on per-pair
-ratios of neighbours in time (bench/report.py); rows kept for context run fewer rounds.
-shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
+the machine is noisy. The server runs on the last core and everything else (this process,
+the epoch runner and its workers, the daemons, curl) on the others, as a training node
+sees S3 (bench/pinning.py; ``--shared-cores`` runs all on all, for context). At the first
+worker count the shardfs contenders and webdataset run in pairs: each of their epochs
+comes right after a local epoch with the same seed, each cold one after a local epoch
+right after ``drop_caches`` and then that warm one (and a raw cold one after a fresh
+measurement of the server's peak), so every target is checked on per-pair ratios of
+neighbours in time (bench/report.py); rows kept for context run fewer rounds. A pinned
+run ends with ``--shared-context-rounds`` paired decode rounds on shared cores, reported
+apart as context. shardfs also runs with ``shardfs.torch.ShardSampler`` in place of
 ``shuffle=True`` (contenders ``shardfs-shard``, cold and warm, and ``shardfs-uniform``, cold),
 with the mount's hint counters sampled through the epoch. Each epoch record carries
 ``cpu_s``: CPU seconds of the S3 server, the daemon, the epoch's main process, its workers
-(and curl or ``shardfs warm``) with the wall time, so a gap to local disk can be split
-by process. ``local+dl`` and ``local+warm`` are local epochs while curl or ``shardfs warm``
+(and curl or ``shardfs warm``) with the wall time, so a gap to local disk can be split by
+process; and ``affinity``: the cores the server, the epoch runner and the daemon may run
+on. ``local+dl`` and ``local+warm`` are local epochs while curl or ``shardfs warm``
 downloads the dataset: the ceilings for a loader that downloads, and for one that
 downloads through shardfs's own fetch path (decode only: a raw local epoch is over long
 before the download). Each record also carries ``page_cache_drops``, since a drop by
@@ -48,13 +54,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
+from pinning import Pinning, pin_process  # noqa: E402
 from procs import (  # noqa: E402
     CLOCK_TICKS,
     DaemonProbe,
     EpochRunner,
     cpu_seconds,
+    drop_page_cache,
     force_unmount,
     run_to_the_end,
+    start_store,
     wait_until,
 )
 from report import write_reports  # noqa: E402
@@ -85,9 +94,9 @@ def shardfs(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return result
 
 
-# The contenders whose targets are checked by paired runs (report.PAIRED_TARGETS), and those
-# whose raw cold epoch is also paired with a fresh measurement of the server's peak.
-PAIRED = ("shardfs", "shardfs-shard", "shardfs-uniform")
+# The contenders whose ratios come from paired runs (report.py's targets), and those whose raw
+# cold epoch is also paired with a fresh measurement of the server's peak.
+PAIRED = ("shardfs", "shardfs-shard", "shardfs-uniform", "webdataset")
 PEAK_PAIRED = ("shardfs", "shardfs-shard")
 
 
@@ -217,6 +226,10 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        # The run's setting; ``self.cores`` is the one the epochs run under now (the
+        # shared-core context rounds switch it at the end of a pinned run).
+        self.pinning = Pinning.shared() if args.shared_cores else Pinning.split()
+        self.cores = self.pinning
         self.work: Path = args.work.absolute()
         self.run_dir = self.work / "run"
         self.server = S3Server()
@@ -232,10 +245,15 @@ class Bench:
     # -- setup -------------------------------------------------------------
 
     def setup(self) -> None:
+        # First of all, this process on the readers' cores: all it starts inherits them
+        # (the epoch runner, its workers, the daemons, curl); the server then moves to
+        # the store's.
+        self.pinning.pin_self_to_readers()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
         self.tree = ensure_tree(self.work, self.args.images, self.args.classes, log)
-        self.server.start()
+        self.server_pid = start_store(self.server, self.pinning)
+        log(f"cores: {self.pinning.label()}")
         os.environ.update(self.server.env())
         self.server.create_bucket(BUCKET)
         shard_size = max(1 << 20, self.tree.image_bytes // self.args.shards)
@@ -281,7 +299,6 @@ class Bench:
             f"{len(self.tree_shards)} tree shards"
         )
         self.runner = EpochRunner()
-        self.server_pid = self.server._proc.pid  # type: ignore[union-attr]  # bench-only peek
 
     # -- cleanup -----------------------------------------------------------
 
@@ -421,6 +438,8 @@ class Bench:
             **probe.stop(),
             "cpu_s": cpu_s,
             "page_cache_drops": drops,
+            "cores": "pinned" if self.cores.pinned else "shared",
+            **self.placement(pid),
             **(extra or {}),
         }
         if drops:
@@ -444,6 +463,27 @@ class Bench:
         )
         return record
 
+    def placement(self, daemon_pid: int | None) -> dict[str, Any]:
+        """The cores the server, the epoch runner (its workers fork from it) and the daemon
+        may run on at the end of an epoch, and which of them are not where ``self.cores``
+        puts them (a note each)."""
+        assert self.runner is not None
+        readers = {"runner": self.runner.proc.pid, "daemon": daemon_pid}
+        placement = self.cores.placement({"server": self.server_pid}, readers)
+        if placement["misplaced"]:
+            self.notes.append("misplaced: " + "; ".join(placement["misplaced"]))
+        return placement
+
+    def use_cores(self, cores: Pinning) -> None:
+        """Move this process, the epoch runner and the server to ``cores`` (daemons started
+        from now on follow this process)."""
+        assert self.runner is not None
+        cores.pin_self_to_readers()
+        pin_process(self.runner.proc.pid, cores.readers, children=True)
+        cores.pin_store(self.server_pid)
+        self.cores = cores
+        log(f"cores: {cores.label()}")
+
     def local_request(self, mode: str, workers: int, repeat: int) -> dict[str, Any]:
         return {
             "kind": "imagefolder",
@@ -461,18 +501,24 @@ class Bench:
         self, slot: Slot, contender: str, epoch: str, request: dict[str, Any]
     ) -> dict[str, Any]:
         """In a paired slot, the local epoch (same mode, workers and seed) run right before
-        ``contender``'s ``epoch``, and for a raw cold epoch of ``PEAK_PAIRED`` a fresh peak
-        measurement after it: the fields that tie the contender's record to them."""
+        ``contender``'s ``epoch``; before a cold epoch, first a local one right after
+        ``drop_caches`` (epoch "dropped"), then the warm one; for a raw cold epoch of
+        ``PEAK_PAIRED`` a fresh peak measurement last: the fields that tie the
+        contender's record to them."""
         if not slot.paired:
             return {}
-        local = self.epoch(
-            "local",
-            "-",
-            self.local_request(slot.mode, slot.workers, slot.repeat),
-            None,
-            {"repeat": slot.repeat, "pair_for": f"{contender} {epoch}"},
-        )
+        local_request = self.local_request(slot.mode, slot.workers, slot.repeat)
+        extra = {"repeat": slot.repeat, "pair_for": f"{contender} {epoch}"}
+        dropped = None
+        if epoch == "cold":
+            drop_page_cache()
+            dropped = self.epoch("local", "dropped", local_request, None, dict(extra))
+        local = self.epoch("local", "-", local_request, None, dict(extra))
         fields: dict[str, Any] = {"pair_local_images_per_s": local["images_per_s"]}
+        if dropped is not None:
+            # The dropped epoch's own pair: the warm local epoch right after it.
+            dropped["pair_local_images_per_s"] = local["images_per_s"]
+            fields["pair_local_dropped_images_per_s"] = dropped["images_per_s"]
         if slot.mode == "raw" and epoch == "cold" and contender in PEAK_PAIRED:
             peak = self.peak_throughput()
             log(f"pair peak: {peak['peak_mb_per_s']:.0f} MB/s")
@@ -660,8 +706,9 @@ class Bench:
             "workers": workers,
             "seed": repeat,
         }
-        self.epoch("webdataset", "cold", request, None, {"repeat": repeat})
-        self.epoch("webdataset", "warm", request, None, {"repeat": repeat})
+        for epoch in ("cold", "warm"):
+            extra = {"repeat": repeat, **self.pair_before(slot, "webdataset", epoch, request)}
+            self.epoch("webdataset", epoch, request, None, extra)
         shutil.rmtree(cache, ignore_errors=True)
 
     @contextmanager
@@ -766,7 +813,7 @@ class Bench:
 
     def slot(self, name: str, mode: str, workers: int, repeat: int) -> Slot | None:
         """Whether ``name`` runs in this round, and how. At the first worker count (the one
-        the targets name) the shardfs contenders run ``--pairs`` paired rounds and the
+        the targets name) the ``PAIRED`` contenders run ``--pairs`` paired rounds and the
         others, context only, ``--repeats``; other worker counts run
         ``--secondary-repeats`` unpaired rounds of everyone."""
         if workers != self.args.workers[0]:
@@ -779,6 +826,24 @@ class Bench:
                 return None
             return Slot(mode, workers, repeat, paired=True, context=context)
         return Slot(mode, workers, repeat) if context else None
+
+    def shared_context(
+        self, contenders: list[tuple[str, Callable[[Slot], None]]], failed: set[str]
+    ) -> None:
+        """After a pinned run, ``--shared-context-rounds`` paired decode rounds of the paired
+        contenders at the first worker count with every process on every core, as the
+        bench ran before it pinned: rows kept as context, labelled "shared cores"."""
+        rounds = self.args.shared_context_rounds
+        if not self.pinning.pinned or rounds == 0 or "decode" not in self.args.modes:
+            return
+        self.use_cores(Pinning.shared())
+        try:
+            for repeat in range(rounds):
+                for name, run in contenders:
+                    if name in PAIRED and name not in failed:
+                        run(Slot("decode", self.args.workers[0], repeat, True, context=False))
+        finally:
+            self.use_cores(self.pinning)
 
     def run(self) -> dict[str, Any]:
         started = time.perf_counter()
@@ -810,6 +875,7 @@ class Bench:
                             failed.add(name)
                             self.notes.append(f"{name} failed and was dropped: {exc}")
                             log(f"{name} failed and is dropped from the run: {exc}")
+        self.shared_context(contenders, failed)
         peaks.append(self.peak_throughput())
         peak = max(p["peak_mb_per_s"] for p in peaks)
         warm_seconds = statistics.median(w["seconds"] for w in warms)
@@ -822,6 +888,10 @@ class Bench:
                 "python": platform.python_version(),
                 "kernel": platform.release(),
             },
+            "pinning": {**self.pinning.as_dict(), "label": self.pinning.label()},
+            "shared_context_rounds": (
+                self.args.shared_context_rounds if self.pinning.pinned else 0
+            ),
             "dataset": self.meta,
             "server": {"peak_runs": peaks, "peak_mb_per_s": peak},
             "warm_all": {
@@ -851,14 +921,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--pairs",
         type=int,
-        help="paired rounds of the shardfs contenders at the first worker count: each epoch "
-        "right after a local one; the targets need 5 (5; --quick: 2)",
+        help="paired rounds of the shardfs contenders and webdataset at the first worker "
+        "count: each epoch right after a local one (a cold one also after a local one "
+        "right after drop_caches); the targets need 5 (5; --quick: 2)",
     )
     parser.add_argument(
         "--repeats",
         type=int,
         help="rounds of the context rows at the first worker count: local alone, local+dl, "
-        "webdataset, ratarmount, shardfs remount (2; --quick: 1)",
+        "local+warm, ratarmount, shardfs remount (2; --quick: 1)",
     )
     parser.add_argument(
         "--secondary-repeats", type=int, default=1, help="rounds for the other worker counts (1)"
@@ -889,6 +960,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         help="extra argument for shardfs mount (repeatable)",
+    )
+    parser.add_argument(
+        "--shared-cores",
+        action="store_true",
+        help="run every process on every core, the server among the readers, as the bench "
+        "did before it pinned (figures for context only); by default the server runs on "
+        "the last core and everything else on the others (bench/pinning.py)",
+    )
+    parser.add_argument(
+        "--shared-context-rounds",
+        type=int,
+        default=1,
+        help="after a pinned run, paired decode rounds of the paired contenders on shared "
+        "cores, reported apart as context (1; 0: none)",
     )
     parser.add_argument(
         "--no-small-cache",
@@ -923,6 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
         # Its own server, dataset and mounts; quick: 600 images in blocks of 2 MiB.
         extra = ["--images", "600", "--block-size", "2M"] if args.quick else []
         extra += [f"--shardfs-arg={arg}" for arg in args.shardfs_arg]
+        extra += ["--shared-cores"] if args.shared_cores else []
         small = run_small_cache(
             small_cache_args([*extra, "--work", str(args.work), "--out", str(args.out)])
         )

@@ -16,7 +16,10 @@ workers share one counter of files read and the worker whose read makes it a mul
 drops before reading, so the drop is tied to reads, not to a clock, and its time counts in
 the epoch (it is also reported apart). Egress per epoch is the server's GetObject body
 bytes once background fetches stopped, over the shard bytes. The issue's targets are then
-computed from the numbers. Writes results/small_cache.json and results/small_cache.md.
+computed from the numbers. As in ``make bench``, the server runs on the last core with its
+objects in memory (the drops are the node's, not the store's) and everything else on the
+other cores (bench/pinning.py; ``--shared-cores``: all on all, for context). Writes
+results/small_cache.json and results/small_cache.md.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
-from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end  # noqa: E402
+from pinning import Pinning  # noqa: E402
+from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end, start_store  # noqa: E402
 from support.s3 import S3Server, settled_counts  # noqa: E402
 
 BUCKET = "smallcache"
@@ -164,6 +168,7 @@ class SmallCacheBench:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.pinning = Pinning.shared() if args.shared_cores else Pinning.split()
         self.run_dir = args.work.absolute() / "small-cache-run"
         self.mnt = self.run_dir / "mnt"
         self.server = S3Server()
@@ -171,11 +176,15 @@ class SmallCacheBench:
         self.mounted = False
 
     def setup(self) -> None:
+        # This process first (the epoch server, its workers and the daemon inherit it),
+        # then the server moves to the store's cores.
+        self.pinning.pin_self_to_readers()
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir.mkdir(parents=True)
         self.mnt.mkdir()
         tree = ensure_tree(self.args.work.absolute(), self.args.images, self.args.classes, log)
-        self.server.start()
+        self.server_pid = start_store(self.server, self.pinning)
+        log(f"cores: {self.pinning.label()}")
         os.environ.update(self.server.env())
         self.server.create_bucket(BUCKET)
         self.source = f"s3://{BUCKET}/{PREFIX}"
@@ -269,6 +278,10 @@ class SmallCacheBench:
                     "egress_ratio": egress / self.dataset_bytes,
                     "daemon": {key: after[key] - before[key] for key in DAEMON_COUNTERS},
                     **probe.stop(),
+                    **self.pinning.placement(
+                        {"server": self.server_pid},
+                        {"epoch server": self.epochs.proc.pid, "daemon": pid},
+                    ),
                 }
                 if reply["images"] != self.meta["images"]:
                     raise RuntimeError(
@@ -294,6 +307,7 @@ class SmallCacheBench:
         return {
             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "pinning": {**self.pinning.as_dict(), "label": self.pinning.label()},
             "dataset": self.meta,
             "workers": self.args.workers,
             "drop_every": self.args.drop_every,
@@ -337,6 +351,16 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         bound, text = goal(contender, fraction, epoch)
         checks.append({"target": name, "value": value, "goal": text, "met": value <= bound})
+    if "pinning" in result:
+        misplaced = sum(1 for r in result["epochs"] if r.get("misplaced"))
+        checks.append(
+            {
+                "target": "epochs with a process off its cores (server, epoch server, daemon)",
+                "value": misplaced,
+                "goal": "== 0",
+                "met": misplaced == 0,
+            }
+        )
     return checks
 
 
@@ -348,7 +372,9 @@ def markdown(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
         f"ImageFolder + decode, {result['workers']} workers, batch 32; the page cache dropped "
         f"every {result['drop_every']} files read (in the worker that reads the file, its "
         "time in the epoch). Egress counted at the server once background fetches stopped; "
-        "a fresh cache per row, epochs 0 and 1 on the same mount.",
+        "a fresh cache per row, epochs 0 and 1 on the same mount. Cores: "
+        + result.get("pinning", {}).get("label", "not recorded")
+        + ".",
         "",
         "| --cache-size | contender | epoch | egress / dataset | egress MB | GETs | images/s "
         "| drops s | cache misses | evicted blocks |",
@@ -418,6 +444,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--shardfs-arg", action="append", default=[], help="extra mount argument (repeatable)"
+    )
+    parser.add_argument(
+        "--shared-cores",
+        action="store_true",
+        help="every process on every core, the server among the readers (context only); by "
+        "default the server runs on the last core, the rest on the others",
     )
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "tmp")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
