@@ -138,7 +138,7 @@ def plan_node(
     shuffle: bool = True,
     seed: int = 0,
     epoch: int = 0,
-    window: int = DEFAULT_WINDOW,
+    window: float = DEFAULT_WINDOW,
     world: World = World(),
     drop_last: bool = False,
     within: IntArray | None = None,
@@ -329,12 +329,12 @@ class ShardSampler(Sampler[int]):
         node_rank: int | None = None,
         drop_last: bool = False,
         hint: bool = True,
-        window: int = DEFAULT_WINDOW,
+        window: float = DEFAULT_WINDOW,
     ) -> None:
         if mode not in ("shard", "uniform"):
             raise ValueError(f"mode must be 'shard' or 'uniform', not {mode!r}")
-        if window < 1:
-            raise ValueError(f"window must be at least 1 shard, not {window}")
+        if not window > 0:
+            raise ValueError(f"window must be more than 0 shards, not {window}")
         samples = _samples_of(dataset)
         self.mode: Mode = mode
         self.shuffle = shuffle

@@ -162,6 +162,20 @@ def test_window_bounds_the_live_shards() -> None:
         assert np.mean(live) >= window  # and it does mix that many
 
 
+def test_a_window_under_one_shard_keeps_each_shard_read_within_a_short_span() -> None:
+    """A fraction of a shard (for a cache that holds little more than one): every shard's
+    samples are read within about (1 + window) shards' worth of positions, all of them."""
+    shard_of = np.repeat(np.arange(50), 100).astype(np.int64)
+    for window, span in ((0.25, 135), (0.5, 165), (1, 225)):
+        order = plan_node(shard_of, num_samples=len(shard_of), window=window, epoch=1).order
+        assert sorted(order.tolist()) == list(range(len(shard_of)))
+        positions: dict[int, list[int]] = {}
+        for position, index in enumerate(order.tolist()):
+            positions.setdefault(int(shard_of[index]), []).append(position)
+        widest = max(max(p) - min(p) + 1 for p in positions.values())
+        assert 100 <= widest <= span, (window, widest)
+
+
 def test_uniform_mode_mixes_every_shard() -> None:
     shard_of = np.repeat(np.arange(200), 100).astype(np.int64)
     order = plan_node(shard_of, num_samples=len(shard_of), mode="uniform", epoch=1).order
