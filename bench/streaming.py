@@ -204,7 +204,8 @@ class StreamingBench:
         self.records.append(record)
         cpu = record["daemon_cpu_s"]
         log(
-            f"round {fields['round']} {fields['contender']:<10} {fields['epoch']:<7} "
+            f"round {fields['round']} {fields['contender']:<10} {fields['epoch']:<5} "
+            f"{fields.get('cache', ''):<5} "
             f"{'shaped' if fields.get('shaped') else '':<6} {record['images_per_s']:5.0f} img/s"
             f" egress {record['egress_ratio']:.2f}x"
             + (f" daemon {cpu:.1f} s CPU {record['counters']}" if cpu is not None else "")
@@ -330,10 +331,11 @@ RATIO_TARGETS = (
 
 
 def _check(
-    name: str, value: float | None, spread: dict[str, float] | None, goal: str, met: bool,
-    verdict: str | None = None,
+    name: str, value: float | None, spread: dict[str, float] | None, goal: str,
+    met: bool | None, verdict: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    verdict = verdict or ("yes" if met else "**no**")
+    """One target's row; ``met`` None: not measured in this run (a contender skipped)."""
+    verdict = verdict or {True: "yes", False: "**no**", None: "—"}[met]
     return {"target": name, "value": value, "range": spread, "goal": goal, "met": met,
             "verdict": verdict}  # fmt: skip
 
@@ -345,7 +347,7 @@ def targets(result: dict[str, Any], ratios: dict[str, dict[int, float]]) -> list
         spread = _spread(list(ratios.get(ratio, {}).values()))
         met, verdict = paired_verdict(spread, goal)
         value = None if spread is None else spread["median"]
-        checks.append(_check(name, value, spread, f">= {goal}", bool(met), verdict))
+        checks.append(_check(name, value, spread, f">= {goal}", met, verdict))
     for sampler in ("shard", "uniform"):
         egress = [r["egress_ratio"] for r in result["epochs"]
                   if r["contender"] == sampler and r.get("cache") == "small"]  # fmt: skip
@@ -444,9 +446,10 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    """One PASS / FAIL line per target, for the terminal."""
+    """One PASS / FAIL (SKIP: not measured) line per target, for the terminal."""
+    word = {True: "PASS", False: "FAIL", None: "SKIP"}
     return [
-        f"{'PASS' if c['met'] else 'FAIL'} {c['target']}: {_num(c['value'])} (goal {c['goal']})"
+        f"{word[c['met']]} {c['target']}: {_num(c['value'])} (goal {c['goal']})"
         for c in result["targets"]
     ]
 
