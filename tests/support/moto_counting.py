@@ -6,6 +6,14 @@ Run as ``python tests/support/moto_counting.py --host 127.0.0.1 --port PORT``.
 them; neither is counted. Body bytes are counted from the iterable the app
 returns, so a ranged GET counts only the bytes of its range. GetObject requests
 and bytes are also counted per ``bucket/key`` (``get_object_*_by_key``).
+
+Shaping (a store with latency): ``--latency-ms MS`` holds each S3 response until MS after
+its request arrived (first-byte latency), ``--bandwidth-mb MB`` sends each response body at
+no more than MB x 10^6 bytes/s. Both apply per request, and so per connection (a connection
+carries one request at a time); the counters are unchanged by them. The environment's
+``MOTO_COUNTING_LATENCY_MS`` / ``MOTO_COUNTING_BANDWIDTH_MB`` give the defaults, and
+``POST /_shape?latency_ms=MS&bandwidth_mb=MB`` changes them at run time (no parameters:
+off), as ``POST /_delay`` slows single keys.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
 from types import FrameType
 from typing import Any
 from urllib.parse import parse_qsl
@@ -30,8 +39,13 @@ StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 DELAY_PATH = "/_delay"  # POST ?key=SUBSTRING&seconds=S: slow GetObject on matching keys
+SHAPE_PATH = "/_shape"  # POST ?latency_ms=MS&bandwidth_mb=MB: shape every S3 response
 COUNTS_PATH = "/_counts"
 RESET_PATH = "/_counts/reset"
+LATENCY_ENV = "MOTO_COUNTING_LATENCY_MS"
+BANDWIDTH_ENV = "MOTO_COUNTING_BANDWIDTH_MB"
+# A body is paced in pieces this large: at 100 MB/s one piece is 0.66 ms on the wire.
+PACE_BYTES = 64 << 10
 
 # Query parameters that may accompany a GetObject or a bucket listing. Anything
 # else (?acl, ?tagging, ?uploads, ?location, ...) is some other operation.
@@ -126,21 +140,67 @@ class Counters:
             }
 
 
+@dataclass(frozen=True)
+class Shaping:
+    """First-byte latency and a bandwidth cap for every S3 response (0: none)."""
+
+    latency_ms: float = 0.0
+    bandwidth_mb: float = 0.0  # 10^6 bytes/s per response
+
+    @classmethod
+    def from_query(cls, query: str) -> Shaping:
+        params = urllib.parse.parse_qs(query)
+        latency = float(params.get("latency_ms", ["0"])[0])
+        bandwidth = float(params.get("bandwidth_mb", ["0"])[0])
+        if latency < 0 or bandwidth < 0:
+            raise ValueError("latency_ms and bandwidth_mb must be >= 0")
+        return cls(latency, bandwidth)
+
+    def hold_first_byte(self, arrived: float) -> None:
+        """Sleep until ``latency_ms`` after ``arrived`` (time.monotonic())."""
+        wait = arrived + self.latency_ms / 1e3 - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+    def paced(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        """``chunks`` in pieces of at most PACE_BYTES, each released once the cap has let
+        its last byte through; so N bytes take at least N / cap. A stalled client gets no
+        burst after: the pace restarts from the moment it was late."""
+        if not self.bandwidth_mb:
+            yield from chunks
+            return
+        rate = self.bandwidth_mb * 1e6
+        due = time.monotonic()
+        for chunk in chunks:
+            view = memoryview(chunk)
+            for start in range(0, len(view), PACE_BYTES):
+                piece = view[start : start + PACE_BYTES]
+                due = max(due, time.monotonic()) + len(piece) / rate
+                wait = due - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                yield bytes(piece)
+
+
 class CountingMiddleware:
     """Wrap a WSGI app, counting each request and the body bytes handed to the server."""
 
-    def __init__(self, app: WSGIApp) -> None:
+    def __init__(self, app: WSGIApp, shaping: Shaping | None = None) -> None:
         self.app = app
         self.counters = Counters()
         self.delays: dict[str, float] = {}  # key substring -> seconds, for fault injection
+        self.shaping = shaping or Shaping()
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        arrived = time.monotonic()
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
         path = str(environ.get("PATH_INFO", ""))
         if path in (COUNTS_PATH, RESET_PATH):
             return self._serve_counts(method, path, start_response)
         if path == DELAY_PATH:
             return self._set_delay(str(environ.get("QUERY_STRING", "")), start_response)
+        if path == SHAPE_PATH:
+            return self._set_shaping(str(environ.get("QUERY_STRING", "")), start_response)
         kind = classify(method, path, str(environ.get("QUERY_STRING", "")))
         # PATH_INFO is already percent-decoded (WSGI).
         key = path.lstrip("/") if kind == "get_object" else ""
@@ -148,23 +208,27 @@ class CountingMiddleware:
         for part, seconds in list(self.delays.items()):
             if key and part in key:
                 time.sleep(seconds)  # counted first, so a test can see the request waiting
+        shaping = self.shaping  # one setting for the whole response
         body = self.app(environ, start_response)
+        # werkzeug sends the status line with the first body bytes; moto has built the whole
+        # response by now, so holding here delays every byte of it.
+        shaping.hold_first_byte(arrived)
         if method == "HEAD":
             # werkzeug never writes a body for HEAD, whatever the app returns.
             return body
-        return self._count_body(body, method, kind, key)
+        return self._count_body(shaping.paced(body), method, kind, key, body)
 
     def _count_body(
-        self, body: Iterable[bytes], method: str, kind: str | None, key: str = ""
+        self, chunks: Iterable[bytes], method: str, kind: str | None, key: str, body: object
     ) -> Iterator[bytes]:
         try:
-            for chunk in body:
+            for chunk in chunks:
                 # Count before yielding so the counters are current by the time
                 # the client has the bytes in hand.
                 self.counters.add_bytes(method, kind, len(chunk), key)
                 yield chunk
         finally:
-            close = getattr(body, "close", None)
+            close = getattr(body, "close", None)  # the app's own iterable (WSGI)
             if close is not None:
                 close()
 
@@ -178,6 +242,15 @@ class CountingMiddleware:
             self.delays.clear()
         start_response("200 OK", [("Content-Type", "application/json")])
         return [json.dumps(self.delays).encode()]
+
+    def _set_shaping(self, query: str, start_response: StartResponse) -> Iterable[bytes]:
+        try:
+            self.shaping = Shaping.from_query(query)
+        except ValueError as exc:
+            start_response("400 Bad Request", [("Content-Type", "text/plain")])
+            return [str(exc).encode()]
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [json.dumps(asdict(self.shaping)).encode()]
 
     def _serve_counts(
         self, method: str, path: str, start_response: StartResponse
@@ -204,12 +277,12 @@ class QuietRequestHandler(MotoRequestHandler):
         pass
 
 
-def build_app() -> CountingMiddleware:
+def build_app(shaping: Shaping | None = None) -> CountingMiddleware:
     dispatcher = DomainDispatcherApplication(create_backend_app)
     # Build the S3 app now rather than on the first request, so readiness
     # means ready to serve S3.
     dispatcher.get_application({"PATH_INFO": "/"})
-    return CountingMiddleware(dispatcher)
+    return CountingMiddleware(dispatcher, shaping)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,11 +290,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--verbose", action="store_true", help="log every request")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=float(os.environ.get(LATENCY_ENV, "0")),
+        help=f"first-byte latency of every S3 response (0; env {LATENCY_ENV})",
+    )
+    parser.add_argument(
+        "--bandwidth-mb",
+        type=float,
+        default=float(os.environ.get(BANDWIDTH_ENV, "0")),
+        help=f"cap on each response body, 10^6 bytes/s (0: none; env {BANDWIDTH_ENV})",
+    )
     args = parser.parse_args(argv)
+    if args.latency_ms < 0 or args.bandwidth_mb < 0:
+        parser.error("--latency-ms and --bandwidth-mb must be >= 0")
+    shaping = Shaping(args.latency_ms, args.bandwidth_mb)
 
     os.environ.setdefault("MOTO_PORT", str(args.port))
     handler = MotoRequestHandler if args.verbose else QuietRequestHandler
-    server = make_server(args.host, args.port, build_app(), threaded=True, request_handler=handler)
+    server = make_server(
+        args.host, args.port, build_app(shaping), threaded=True, request_handler=handler
+    )
 
     def stop(signum: int, frame: FrameType | None) -> None:
         # shutdown() waits for serve_forever() to return, so it must run elsewhere.

@@ -91,12 +91,27 @@ class S3Server:
     ``counts()`` reports requests and body bytes per HTTP method, plus
     ``get_object_requests``, ``get_object_bytes`` and ``list_requests``, and
     ``get_object_requests_by_key`` / ``get_object_bytes_by_key`` ({"bucket/key": n}).
+
+    ``latency_ms`` and ``bandwidth_mb`` start it shaped (first-byte latency, a cap per
+    response in 10^6 bytes/s; moto_counting.py); None leaves the environment's setting.
+    ``shape()`` changes them while it runs.
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", *, start_timeout: float = 30.0, attempts: int = 3
+        self,
+        host: str = "127.0.0.1",
+        *,
+        start_timeout: float = 30.0,
+        attempts: int = 3,
+        latency_ms: float | None = None,
+        bandwidth_mb: float | None = None,
     ) -> None:
         self.host = host
+        self.shaping_args: list[str] = []
+        if latency_ms is not None:
+            self.shaping_args += ["--latency-ms", str(latency_ms)]
+        if bandwidth_mb is not None:
+            self.shaping_args += ["--bandwidth-mb", str(bandwidth_mb)]
         self.start_timeout = start_timeout
         self.attempts = attempts
         self.port = 0
@@ -130,7 +145,7 @@ class S3Server:
         for _ in range(self.attempts):
             # The port can be taken between free_port() and the bind; retry then.
             self.port = free_port(self.host)
-            command = [sys.executable, str(SERVER_SCRIPT), "--host", self.host]
+            command = [sys.executable, str(SERVER_SCRIPT), "--host", self.host, *self.shaping_args]
             with self._log_path.open("ab") as log:
                 self._proc = subprocess.Popen(
                     [*command, "--port", str(self.port)],
@@ -221,6 +236,14 @@ class S3Server:
         store); with no arguments, remove every delay."""
         query = urllib.parse.urlencode({"key": key_part, "seconds": seconds})
         self._control("POST", f"/_delay?{query}")
+
+    def shape(self, latency_ms: float = 0.0, bandwidth_mb: float = 0.0) -> dict[str, float]:
+        """From now on, hold each S3 response ``latency_ms`` after its request arrived and
+        send its body at no more than ``bandwidth_mb`` x 10^6 bytes/s (0: none; no
+        arguments: unshaped). Returns the server's setting."""
+        query = urllib.parse.urlencode({"latency_ms": latency_ms, "bandwidth_mb": bandwidth_mb})
+        result: dict[str, float] = self._control("POST", f"/_shape?{query}")
+        return result
 
     # -- S3 helpers --------------------------------------------------------
 

@@ -1,0 +1,518 @@
+"""`make bench-stream`: cold epochs through a cache far smaller than the dataset (issue 21).
+
+An ImageFolder of ~100 KB JPEGs (bench/data.py; 3,000 by default, ~300 MB) is packed into
+about 12 webdataset shards on moto's S3 server behind the counting middleware. The server
+runs on the last core, this process, the epoch runner (bench/epoch.py: DataLoader, decode =
+RandomResizedCrop + ToTensor, 2 workers, batch 32) and every mount's daemon on the others
+(bench/pinning.py). The page cache is dropped before every epoch but the warm local one.
+
+Each round runs, in this order:
+
+- local disk after ``drop_caches``, then warm (the ceilings);
+- per sampler (``ShardSampler`` shard and uniform mode, plain ``shuffle=True``), a pair of
+  cold epochs with the same seed, each on a fresh mount over an empty cache: ``--small``
+  (0.15x the shard bytes) and ``--full`` (3x, a cache that holds everything), the order
+  swapped every round;
+- webdataset (curl pipes, shard shuffle, shuffle buffer; no cache);
+- then, unless ``--no-shaped``, the same pairs and webdataset with the server shaped
+  (``--latency-ms`` 20, ``--bandwidth-mb`` 100 per response: tests/support/moto_counting.py).
+
+Per epoch: images/s, egress at the server over the shard bytes (mount's own fetches apart),
+the daemon's CPU and the mount's counters (``shardfs stats``) that tell why a read waited.
+Per round: ratios small / full, full / local, webdataset / local, and each shaped ratio's
+difference to the unshaped one of the same round; the targets are checked on their median
+(and min-max) over the rounds. Writes streaming.json and streaming.md to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from data import ensure_tree  # noqa: E402
+from pinning import Pinning  # noqa: E402
+from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end  # noqa: E402
+from report import MIN_PAIRS, paired_verdict  # noqa: E402
+from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
+
+BUCKET = "stream"
+PREFIX = "data/train"
+SAMPLERS = ("shard", "uniform", "random")  # random: DataLoader(shuffle=True)
+MIN_BLOCKS = 4  # the mount refuses a cache under 4 blocks
+# The mount's counters kept per epoch (differences over the epoch): why a read waited.
+COUNTERS = ("reads_waited_on_network", "files_fetched_ahead", "files_ahead_read",
+            "blocks_evicted", "evicted_unread_bytes", "range_reads", "blocks_not_admitted",
+            "bytes_fetched", "store_requests", "cache_misses")  # fmt: skip
+SHAPED_GOAL = 0.03  # every cold ratio under shaping within this of its unshaped value
+
+
+def log(text: str) -> None:
+    print(f"bench-stream: {text}", file=sys.stderr, flush=True)
+
+
+def shardfs(*args: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
+
+
+def drop_page_cache() -> None:
+    """Write back, then drop the page cache (root): a cold epoch reads from the store."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
+def presigned_urls(server: S3Server, keys: list[str]) -> list[str]:
+    """GET URLs for ``bucket/key`` paths, for curl (webdataset's http pipes)."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.endpoint, region_name=REGION)
+    return [
+        client.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": key.split("/", 1)[0], "Key": key.split("/", 1)[1]},
+            ExpiresIn=7 * 24 * 3600,
+        )
+        for key in keys
+    ]
+
+
+class StreamingBench:
+    """Holds the server, the epoch runner and the mount, so cleanup can find them."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.run_dir = args.work.absolute() / "streaming-run"
+        self.mnt = self.run_dir / "mnt"
+        self.server = S3Server()
+        self.pinning = Pinning.split()
+        self.runner: EpochRunner | None = None
+        self.mounted = False
+        self.records: list[dict[str, Any]] = []
+
+    def setup(self) -> None:
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.mnt.mkdir(parents=True)
+        self.tree = ensure_tree(self.args.work.absolute(), self.args.images, self.args.classes, log)
+        self.server.start()
+        self.pinning.pin_store(self.server._proc.pid)  # type: ignore[union-attr]  # bench-only
+        # From here on every process this one starts (runner, workers, daemons, curl)
+        # runs on the readers' cores.
+        self.pinning.pin_self_to_readers()
+        os.environ.update(self.server.env())
+        self.server.create_bucket(BUCKET)
+        self.source = f"s3://{BUCKET}/{PREFIX}"
+        shard_size = max(1 << 20, self.tree.image_bytes // self.args.shards)
+        shardfs("pack", str(self.tree.root), self.source, "--format", "webdataset",
+                "--shard-size", str(shard_size), "--shuffle-seed", "0",
+                "--cache-dir", str(self.run_dir / "pack-cache"))  # fmt: skip
+        fs = self.server.filesystem()
+        keys = sorted(fs.glob(f"{BUCKET}/{PREFIX}/*.tar"))
+        self.dataset_bytes = sum(fs.size(key) for key in keys)
+        self.urls = presigned_urls(self.server, keys)
+        self.meta = {
+            "images": self.tree.images,
+            "classes": self.tree.classes,
+            "image_bytes": self.tree.image_bytes,
+            "shards": len(keys),
+            "dataset_bytes": self.dataset_bytes,
+            "block_size": self.args.block_size,
+        }
+        block = self.args.block_size or 8 << 20
+        if self.args.small * self.dataset_bytes < MIN_BLOCKS * block:
+            raise RuntimeError(
+                f"a cache of {self.args.small}x {self.dataset_bytes / 1e6:.0f} MB is under "
+                f"{MIN_BLOCKS} blocks of {block >> 20} MiB, which the mount refuses; give "
+                "more --images or a smaller --block-size"
+            )
+        log(f"{self.tree.images} JPEGs in {len(keys)} shards, {self.dataset_bytes / 1e6:.0f} MB")
+        log(self.pinning.label())
+        self.runner = EpochRunner()
+
+    def cleanup(self) -> None:
+        if self.mounted:
+            force_unmount(self.mnt)
+        if self.runner is not None:
+            self.runner.close()
+        self.server.stop()
+
+    @contextmanager
+    def mount(self, cache_size: int) -> Iterator[int]:
+        """A fresh mount over an empty cache; yields the daemon's pid."""
+        from shardfs.mount.control import pid_file
+
+        cache = self.run_dir / "cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        block = ["--block-size", str(self.args.block_size)] if self.args.block_size else []
+        self.mounted = True
+        shardfs("mount", self.source, str(self.mnt), "--cache-dir", str(cache),
+                "--cache-size", str(cache_size), *block, *self.args.shardfs_arg)  # fmt: skip
+        try:
+            yield int(pid_file(self.mnt).read_text())
+        finally:
+            shardfs("umount", str(self.mnt))
+            self.mounted = False
+            shutil.rmtree(cache, ignore_errors=True)
+
+    def epoch(
+        self, request: dict[str, Any], fields: dict[str, Any], pid: int | None = None
+    ) -> dict[str, Any]:
+        """One epoch, page cache dropped first unless ``fields`` say ``warm``."""
+        from shardfs.mount.control import query
+
+        assert self.runner is not None
+        request = {"mode": "decode", "workers": self.args.workers, **request}
+        settled_counts(self.server, timeout=120)  # the mount's own fetches are over
+        if fields.get("epoch") != "warm":
+            drop_page_cache()
+        self.server.reset_counts()
+        probe = DaemonProbe(pid)
+        probe.start()
+        before = query(self.mnt) if pid else {}
+        reply = self.runner.run(request)
+        after = query(self.mnt) if pid else {}
+        counts = settled_counts(self.server, timeout=120)
+        record = {
+            **fields,
+            **reply,
+            "images_per_s": reply["images"] / reply["seconds"],
+            "egress_bytes": counts["get_object_bytes"],
+            "egress_requests": counts["get_object_requests"],
+            "egress_ratio": counts["get_object_bytes"] / self.dataset_bytes,
+            "counters": {key: after[key] - before[key] for key in COUNTERS} if pid else {},
+            **probe.stop(),
+        }
+        if reply["images"] != self.tree.images:
+            raise RuntimeError(f"{fields}: read {reply['images']} of {self.tree.images} images")
+        self.records.append(record)
+        cpu = record["daemon_cpu_s"]
+        log(
+            f"round {fields['round']} {fields['contender']:<10} {fields['epoch']:<5} "
+            f"{fields.get('cache', ''):<5} "
+            f"{'shaped' if fields.get('shaped') else '':<6} {record['images_per_s']:5.0f} img/s"
+            f" egress {record['egress_ratio']:.2f}x"
+            + (f" daemon {cpu:.1f} s CPU {record['counters']}" if cpu is not None else "")
+        )
+        return record
+
+    def run_local(self, round_: int) -> None:
+        request = {"kind": "imagefolder", "root": str(self.tree.root), "seed": round_}
+        for epoch in ("dropped", "warm"):  # the dropped epoch leaves the tree page-cached
+            self.epoch(request, {"contender": "local", "epoch": epoch, "round": round_})
+
+    def run_pair(self, sampler: str, round_: int, shaped: bool) -> None:
+        """Cold epochs at ``--small`` and ``--full``, same seed, the order swapped by round."""
+        sizes = [("small", self.args.small), ("full", self.args.full)]
+        for cache, fraction in sizes if round_ % 2 == 0 else sizes[::-1]:
+            cache_size = int(fraction * self.dataset_bytes)
+            self.server.reset_counts()
+            with self.mount(cache_size) as pid:
+                mount_egress = settled_counts(self.server)["get_object_bytes"]
+                request = {"kind": "imagefolder", "root": str(self.mnt), "seed": round_,
+                           "sampler": sampler, "sampler_epoch": 0}  # fmt: skip
+                fields = {"contender": sampler, "epoch": "cold", "cache": cache,
+                          "cache_fraction": fraction, "cache_size": cache_size,
+                          "round": round_, "shaped": shaped,
+                          "mount_egress_bytes": mount_egress}  # fmt: skip
+                self.epoch(request, fields, pid)
+
+    def run_webdataset(self, round_: int, shaped: bool) -> None:
+        request = {"kind": "webdataset", "urls": self.urls, "cache_dir": None, "seed": round_}
+        fields = {"contender": "webdataset", "epoch": "cold", "round": round_, "shaped": shaped}
+        self.epoch(request, fields)
+
+    def run(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        self.setup()
+        shaping = {"latency_ms": self.args.latency_ms, "bandwidth_mb": self.args.bandwidth_mb}
+        phases = [False] if self.args.no_shaped else [False, True]
+        for round_ in range(self.args.rounds):
+            self.run_local(round_)
+            for shaped in phases:
+                if shaped:
+                    self.server.shape(**shaping)
+                else:
+                    self.server.shape()
+                for sampler in self.args.samplers:
+                    self.run_pair(sampler, round_, shaped)
+                if "webdataset" not in self.args.skip:
+                    self.run_webdataset(round_, shaped)
+            self.server.shape()
+        return {
+            "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "pinning": {**self.pinning.as_dict(), "label": self.pinning.label()},
+            "dataset": self.meta,
+            "workers": self.args.workers,
+            "small": self.args.small,
+            "full": self.args.full,
+            "rounds": self.args.rounds,
+            "shaping": None if self.args.no_shaped else shaping,
+            "epochs": self.records,
+            "total_s": time.perf_counter() - started,
+        }
+
+
+# -- ratios, targets and report ------------------------------------------------------------
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}  # fmt: skip
+
+
+def _find(epochs: list[dict[str, Any]], round_: int, **match: Any) -> dict[str, Any] | None:
+    for record in epochs:
+        if record["round"] == round_ and all(record.get(k) == v for k, v in match.items()):
+            return record
+    return None
+
+
+def round_ratios(result: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """Per round, each cold ratio by name (``... shaped`` for the shaped phase): small /
+    full per sampler, full / local (warm and after drop_caches), webdataset / local."""
+    epochs = result["epochs"]
+    ratios: dict[str, dict[int, float]] = {}
+
+    def rate(round_: int, **match: Any) -> float | None:
+        record = _find(epochs, round_, **match)
+        return record["images_per_s"] if record else None
+
+    def put(name: str, round_: int, top: float | None, bottom: float | None) -> None:
+        if top is not None and bottom:
+            ratios.setdefault(name, {})[round_] = top / bottom
+
+    for round_ in range(result["rounds"]):
+        warm = rate(round_, contender="local", epoch="warm")
+        dropped = rate(round_, contender="local", epoch="dropped")
+        put("local dropped / warm", round_, dropped, warm)
+        for shaped in (False, True):
+            tag = " shaped" if shaped else ""
+            for sampler in SAMPLERS:
+                small = rate(round_, contender=sampler, cache="small", shaped=shaped)
+                full = rate(round_, contender=sampler, cache="full", shaped=shaped)
+                put(f"{sampler} small / full{tag}", round_, small, full)
+                put(f"{sampler} full / local warm{tag}", round_, full, warm)
+                put(f"{sampler} full / local dropped{tag}", round_, full, dropped)
+            wds = rate(round_, contender="webdataset", shaped=shaped)
+            put(f"webdataset / local warm{tag}", round_, wds, warm)
+    return ratios
+
+
+# (target, the per-round ratio it is checked on, goal for the median) from issue 21.
+RATIO_TARGETS = (
+    ("shard mode, cache 0.15x, cold / same epoch full cache", "shard small / full", 0.95),
+    ("uniform mode, cache 0.15x, cold / same epoch full cache", "uniform small / full", 0.85),
+    ("shard mode, full cache, cold / local warm (per round)", "shard full / local warm", 0.95),
+    ("shard mode, full cache, cold / local after drop_caches (per round)",
+     "shard full / local dropped", 1.0),
+    ("uniform mode, full cache, cold / local warm (per round)", "uniform full / local warm", 0.93),
+    ("plain shuffle, full cache, cold / local warm (per round)", "random full / local warm", 0.90),
+)  # fmt: skip
+
+
+def _check(
+    name: str, value: float | None, spread: dict[str, float] | None, goal: str,
+    met: bool | None, verdict: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One target's row; ``met`` None: not measured in this run (a contender skipped)."""
+    verdict = verdict or {True: "yes", False: "**no**", None: "—"}[met]
+    return {"target": name, "value": value, "range": spread, "goal": goal, "met": met,
+            "verdict": verdict}  # fmt: skip
+
+
+def targets(result: dict[str, Any], ratios: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
+    """Issue 21's targets that this section measures, each with its verdict."""
+    checks = []
+    for name, ratio, goal in RATIO_TARGETS:
+        spread = _spread(list(ratios.get(ratio, {}).values()))
+        met, verdict = paired_verdict(spread, goal)
+        value = None if spread is None else spread["median"]
+        checks.append(_check(name, value, spread, f">= {goal}", met, verdict))
+    for sampler in ("shard", "uniform"):
+        egress = [r["egress_ratio"] for r in result["epochs"]
+                  if r["contender"] == sampler and r.get("cache") == "small"]  # fmt: skip
+        worst = max(egress) if egress else None
+        name = f"{sampler} mode, cache 0.15x: egress / dataset (worst epoch)"
+        checks.append(_check(name, worst, None, "<= 1.0", worst is not None and worst <= 1.0))
+    for name in sorted(ratios):
+        if not name.endswith(" shaped"):
+            continue
+        unshaped = name.removesuffix(" shaped")
+        base = ratios.get(unshaped, {})
+        gap = _spread([ratio - base[r] for r, ratio in ratios[name].items() if r in base])
+        if gap is None:
+            continue
+        met = gap["n"] >= MIN_PAIRS and abs(gap["median"]) <= SHAPED_GOAL
+        verdict = (
+            None if gap["n"] >= MIN_PAIRS else f"**no**: {gap['n']:.0f} rounds, {MIN_PAIRS} needed"
+        )
+        checks.append(_check(f"shaped - unshaped: {unshaped}", gap["median"], gap,
+                             f"within ±{SHAPED_GOAL}", met, verdict))  # fmt: skip
+    return checks
+
+
+def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Medians per (contender, cache, shaped, epoch), in run order."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in result["epochs"]:
+        key = (r["contender"], r.get("cache", "-"), bool(r.get("shaped")), r["epoch"])
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (contender, cache, shaped, epoch), records in groups.items():
+
+        def med(get: Any, records: list[dict[str, Any]] = records) -> float | None:
+            values = [v for v in map(get, records) if v is not None]
+            return statistics.median(values) if values else None
+
+        row: dict[str, Any] = {
+            "contender": contender, "cache": cache, "shaped": shaped, "epoch": epoch,
+            "n": len(records),
+            "images_per_s": med(lambda r: r["images_per_s"]),
+            "egress_ratio": med(lambda r: r["egress_ratio"]),
+            "daemon_cpu_s": med(lambda r: r["daemon_cpu_s"]),
+        }  # fmt: skip
+        for counter in COUNTERS:
+            row[counter] = med(lambda r, c=counter: r["counters"].get(c))
+        rows.append(row)
+    return rows
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    data, shaping = result["dataset"], result["shaping"]
+    shaped = (f"; shaped: {shaping['latency_ms']:g} ms first-byte latency, "
+              f"{shaping['bandwidth_mb']:g} MB/s per response") if shaping else ""  # fmt: skip
+    lines = [
+        f"Streaming (issue 21): {data['images']} JPEGs in {data['shards']} webdataset shards, "
+        f"{data['dataset_bytes'] / 1e6:.0f} MB; {result['pinning']['label']}; ImageFolder + "
+        f"decode, {result['workers']} workers, batch 32; page cache dropped before each epoch "
+        f"(not the warm local one); a fresh mount over an empty cache per cold epoch, "
+        f"--cache-size {result['small']}x (small) and {result['full']}x (full) of the shard "
+        f"bytes{shaped}. Medians over {result['rounds']} rounds; egress at the server over "
+        "the shard bytes; counters are `shardfs stats` differences over the epoch.",
+        "",
+        "| contender | cache | shaped | epoch | images/s | egress | daemon CPU s "
+        "| waited on net | fetched ahead | range reads | blocks evicted | evicted unread MB | n |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in _rows(result):
+        unread = row["evicted_unread_bytes"]
+        lines.append(
+            f"| {row['contender']} | {row['cache']} | {'yes' if row['shaped'] else 'no'} "
+            f"| {row['epoch']} | {_num(row['images_per_s'], 0)} | {_num(row['egress_ratio'])}x "
+            f"| {_num(row['daemon_cpu_s'], 1)} | {_num(row['reads_waited_on_network'], 0)} "
+            f"| {_num(row['files_fetched_ahead'], 0)} | {_num(row['range_reads'], 0)} "
+            f"| {_num(row['blocks_evicted'], 0)} "
+            f"| {_num(None if unread is None else unread / 1e6, 1)} | {row['n']} |"
+        )
+    lines += ["", "| ratio (per round) | median | min-max | n |", "|---|---|---|---|"]
+    for name, by_round in result["ratios"].items():
+        s = _spread(list(by_round.values()))
+        assert s is not None
+        lines.append(f"| {name} | {s['median']:.2f} | {s['min']:.2f}-{s['max']:.2f} | {s['n']} |")
+    lines += ["", "| target | measured | range | goal | met |", "|---|---|---|---|---|"]
+    for check in result["targets"]:
+        s = check["range"]
+        span = f"{s['min']:.2f}-{s['max']:.2f} ({s['n']})" if s else "—"
+        lines.append(f"| {check['target']} | {_num(check['value'])} | {span} "
+                     f"| {check['goal']} | {check['verdict']} |")  # fmt: skip
+    lines += ["", f"Command: `{result['command']}` ({result['total_s'] / 60:.1f} min)."]
+    return "\n".join(lines) + "\n"
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """One PASS / FAIL (SKIP: not measured) line per target, for the terminal."""
+    word = {True: "PASS", False: "FAIL", None: "SKIP"}
+    return [
+        f"{word[c['met']]} {c['target']}: {_num(c['value'])} (goal {c['goal']})"
+        for c in result["targets"]
+    ]
+
+
+def write_reports(result: dict[str, Any], out: Path) -> dict[str, Any]:
+    """streaming.json and streaming.md in ``out``; the result with its ratios and targets."""
+    ratios = round_ratios(result)
+    result = {**result, "ratios": ratios, "targets": targets(result, ratios)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "streaming.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "streaming.md").write_text(markdown(result))
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from shardfs.config import parse_size
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=3000, help="images, ~100 KB each (3000)")
+    parser.add_argument("--classes", type=int, default=12, help="classes (12)")
+    parser.add_argument("--shards", type=int, default=12, help="about this many shards (12)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds; the targets need 5 (5)")
+    parser.add_argument("--small", type=float, default=0.15, help="small cache / dataset (0.15)")
+    parser.add_argument("--full", type=float, default=3.0, help="full cache / dataset (3)")
+    parser.add_argument(
+        "--samplers", nargs="*", default=list(SAMPLERS), choices=SAMPLERS,
+        help="cold pairs to run: ShardSampler modes, random = shuffle=True (all)",
+    )  # fmt: skip
+    parser.add_argument("--skip", nargs="*", default=[], choices=["webdataset"])
+    parser.add_argument("--no-shaped", action="store_true", help="skip the shaped phase")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="shaped: latency (20)")
+    parser.add_argument(
+        "--bandwidth-mb", type=float, default=100.0, help="shaped: MB/s per response (100)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (2)")
+    parser.add_argument(
+        "--block-size", type=parse_size, default=None, help="the mount's --block-size (its default)"
+    )
+    parser.add_argument(
+        "--shardfs-arg", action="append", default=[], help="extra mount argument (repeatable)"
+    )
+    parser.add_argument("--work", type=Path, default=ROOT / "results" / "tmp")
+    parser.add_argument("--out", type=Path, default=ROOT / "results")
+    return parser.parse_args(argv)
+
+
+def run_section(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Run the section and write its reports; the result with its ratios and targets, None
+    if interrupted. For `make bench` (bench/run.py) as for `make bench-stream`."""
+    result = run_to_the_end(StreamingBench(args), log)
+    if result is None:
+        return None
+    return write_reports(result, args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    result = run_section(parse_args(argv))
+    if result is None:
+        return 130
+    print(markdown(result))
+    print("\n".join(summary_lines(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
