@@ -86,7 +86,10 @@ def imagefolder_loader(request: dict[str, Any]) -> tuple[DataLoader[Any], float]
         ), scan
     from shardfs.torch import ShardSampler
 
-    sampler = ShardSampler(dataset, mode=kind, seed=request.get("seed", 0), num_replicas=1, rank=0)
+    window = {"window": request["window"]} if request.get("window") is not None else {}
+    sampler = ShardSampler(
+        dataset, mode=kind, seed=request.get("seed", 0), num_replicas=1, rank=0, **window
+    )
     sampler.set_epoch(request.get("sampler_epoch", 0))
     loader = DataLoader(
         dataset,

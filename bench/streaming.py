@@ -134,6 +134,7 @@ class StreamingBench:
             "shards": len(keys),
             "dataset_bytes": self.dataset_bytes,
             "block_size": self.args.block_size,
+            "window": self.args.window,
         }
         block = self.args.block_size or 8 << 20
         if self.args.small * self.dataset_bytes < MIN_BLOCKS * block:
@@ -226,7 +227,8 @@ class StreamingBench:
             with self.mount(cache_size) as pid:
                 mount_egress = settled_counts(self.server)["get_object_bytes"]
                 request = {"kind": "imagefolder", "root": str(self.mnt), "seed": round_,
-                           "sampler": sampler, "sampler_epoch": 0}  # fmt: skip
+                           "sampler": sampler, "sampler_epoch": 0,
+                           "window": self.args.window}  # fmt: skip
                 fields = {"contender": sampler, "epoch": "cold", "cache": cache,
                           "cache_fraction": fraction, "cache_size": cache_size,
                           "round": round_, "shaped": shaped,
@@ -486,7 +488,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (2)")
     parser.add_argument(
-        "--block-size", type=parse_size, default=None, help="the mount's --block-size (its default)"
+        "--block-size",
+        type=parse_size,
+        default=1 << 20,
+        help="the mount's --block-size (1M: a 0.15x cache of 8 MiB blocks is 5 blocks, too "
+        "few to hold the blocks being read and a window ahead)",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=1.0,
+        help="ShardSampler's window in shards (1: the shards being mixed fit a 0.15x cache; "
+        "the default 8 mixes 9 shards at once, about 0.7x of this dataset)",
     )
     parser.add_argument(
         "--shardfs-arg", action="append", default=[], help="extra mount argument (repeatable)"
