@@ -31,7 +31,7 @@ class Stats:
     folders_listed: int = 0  # listings the daemon built (the kernel caches them after)
     hints_taken: int = 0  # order hints accepted (see shardfs.placement)
     hinted_reads: int = 0  # reads of files in the current order hint
-    reads_waited_on_network: int = 0  # reads that found a block not yet on local disk
+    reads_waited_on_network: int = 0  # reads that found their bytes neither local nor fetched ahead
     prefetched_bytes: int = 0  # bytes of blocks readahead stored
     prefetched_bytes_read: int = 0  # of those, bytes of blocks some read has since touched
     evicted_unread_bytes: int = 0  # bytes of blocks fetched ahead, evicted before any read

@@ -177,8 +177,8 @@ class CachedReader:
         evict_before = self._tick(end - start)
         first, last = start // size, (end - 1) // size
         if self._over_budget(shard, skey, first, last, evict_before):
-            self.stats.add(range_reads=1, reads_waited_on_network=1)
-            return self._read_uncached(shard, skey, start, end, extent_end)
+            self.stats.add(range_reads=1)
+            return self._read_uncached(shard, skey, start, end, extent_end, count_waits=True)
         pieces = []
         waited = False
         for index in range(first, last + 1):
@@ -263,11 +263,19 @@ class CachedReader:
         return False
 
     def _read_uncached(
-        self, shard: ShardInfo, skey: str, start: int, end: int, extent_end: int | None
+        self,
+        shard: ShardInfo,
+        skey: str,
+        start: int,
+        end: int,
+        extent_end: int | None,
+        *,
+        count_waits: bool = False,
     ) -> bytes:
         """Blocks the cache holds still serve; anything else comes from the store, range
         by range, never a whole block per read (a paused cache, or one that is full of
-        blocks as likely to be read as the missing one)."""
+        blocks as likely to be read as the missing one). ``count_waits``: a read that finds
+        its bytes neither cached nor fetched ahead counts as waiting on the network."""
 
         def fetch(lo: int, hi: int) -> bytes:
             return self._get(shard, lo, hi)
@@ -276,6 +284,7 @@ class CachedReader:
         size = self.block_size
         pieces = []
         missing_from: int | None = None  # start of the run of bytes no cached block holds
+        waited = False
         for index in range(start // size, (end - 1) // size + 1):
             block_start = index * size
             lo, hi = max(start, block_start), min(end, block_start + size)
@@ -287,21 +296,28 @@ class CachedReader:
                 missing_from = lo if missing_from is None else missing_from
                 continue
             if missing_from is not None:
-                pieces.append(self._fetch_missing(skey, missing_from, lo, limit, fetch))
+                data_missing, fetched = self._fetch_missing(skey, missing_from, lo, limit, fetch)
+                pieces.append(data_missing)
+                waited |= fetched
                 missing_from = None
             pieces.append(data)
         if missing_from is not None:
-            pieces.append(self._fetch_missing(skey, missing_from, end, limit, fetch))
+            data_missing, fetched = self._fetch_missing(skey, missing_from, end, limit, fetch)
+            pieces.append(data_missing)
+            waited |= fetched
+        if count_waits and waited:
+            self.stats.add(reads_waited_on_network=1)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _fetch_missing(
         self, skey: str, start: int, end: int, limit: int, fetch: Callable[[int, int], bytes]
-    ) -> bytes:
+    ) -> tuple[bytes, bool]:
+        """The bytes, and whether they had to be fetched now (not fetched ahead)."""
         ahead = self._ahead.take(skey, start, end)
         if ahead is not None:
             self.stats.add(files_ahead_read=1)
-            return ahead
-        return self._memory.read(skey, start, end, limit, fetch)
+            return ahead, False
+        return self._memory.read(skey, start, end, limit, fetch), True
 
     def wants_files_ahead(self) -> bool:
         """Whether the next hinted files should be fetched as ranges: only while the cache
