@@ -614,7 +614,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--profile", type=Path, default=None,
-        help="record the cold and recached reads of the daemon into this folder (--profiler; not timed)",
+        help="record the daemon over cold and recached reads into this folder (not timed)",
     )  # fmt: skip
     parser.add_argument("--profiler", choices=("py-spy", "perf"), default="py-spy")
     parser.add_argument("--profile-rate", type=int, default=1000, help="samples/s (1000)")
