@@ -61,6 +61,8 @@ PREFIX = "data/train"
 PAGE = 4096
 VARIANTS = {"default": -1, "unbuffered": 0}  # open()'s buffering argument
 PHASES = ("cold", "warm", "recached")
+PHASE_KEYS = ("files_per_s", "daemon_user_us", "daemon_sys_us", "daemon_total_us",
+              "daemon_faults_per_file")  # fmt: skip
 VM_KEYS = ("first_touch_us", "recycled_touch_us", "retouch_mapped_us",
            "first_touch_per_file_us", "tmpfs_fill_us", "disk_fill_us")  # fmt: skip
 USER_TARGET_US = 15.0  # daemon user CPU per cold file
@@ -87,6 +89,11 @@ def process_cpu(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds of ``pid``, all its threads, from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+
+
+def minor_faults(pid: int) -> int:
+    """Page faults of ``pid`` served without I/O (fresh anonymous pages among them)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[7])
 
 
 def children_cpu() -> tuple[float, float]:
@@ -279,10 +286,11 @@ class PerFileBench:
 
     def phase(self, pid: int, paths: list[Path], buffering: int) -> dict[str, Any]:
         """One read phase: files/s, and the daemon's user and system CPU per file (us)."""
-        drops = page_cache_drops()
+        drops, faults = page_cache_drops(), minor_faults(pid)
         before = process_cpu(pid)
         seconds, got = read_files(paths, self.args.threads, buffering)
         after = process_cpu(pid)
+        faults = minor_faults(pid) - faults
         drops = page_cache_drops() - drops
         user, system = (b - a for a, b in zip(before, after, strict=True))
         if got != self.file_bytes:
@@ -294,6 +302,7 @@ class PerFileBench:
             "daemon_user_us": user / files * 1e6,
             "daemon_sys_us": system / files * 1e6,
             "daemon_total_us": (user + system) / files * 1e6,
+            "daemon_faults_per_file": faults / files,
             "page_cache_drops_by_others": drops,
         }
 
@@ -475,7 +484,7 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         if variant not in rounds[0]:
             continue
         for phase in PHASES:
-            for key in ("files_per_s", "daemon_user_us", "daemon_sys_us", "daemon_total_us"):
+            for key in PHASE_KEYS:
                 values = [r[variant][phase][key] for r in rounds]
                 out[f"{variant}.{phase}.{key}"] = _spread(values)
         for key in ("wall_us", "daemon_user_us", "daemon_sys_us"):
@@ -525,10 +534,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"{data['file_bytes'] / data['files'] / 1e3:.0f} KB in {data['shards']} shards, "
         f"{result['threads']} reader threads, {result['order']} order, "
         f"{result['pinning']['label']}; medians (min-max) of {len(result['rounds'])} rounds. "
-        "Daemon CPU from /proc/PID/stat over the read phase, per file (us).",
+        "Daemon CPU (us) and minor page faults from /proc/PID/stat over the read phase, "
+        "per file.",
         "",
-        "| open() | phase | files/s | daemon user | daemon sys | daemon total |",
-        "|---|---|---|---|---|---|",
+        "| open() | phase | files/s | daemon user | daemon sys | daemon total "
+        "| daemon page faults |",
+        "|---|---|---|---|---|---|---|",
     ]
     for variant in VARIANTS:
         for phase in PHASES:
@@ -538,7 +549,8 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {variant} | {phase} | {cell(prefix + '.files_per_s', 0)} "
                 f"| {cell(prefix + '.daemon_user_us')} | {cell(prefix + '.daemon_sys_us')} "
-                f"| {cell(prefix + '.daemon_total_us')} |"
+                f"| {cell(prefix + '.daemon_total_us')} "
+                f"| {cell(prefix + '.daemon_faults_per_file')} |"
             )
     lines += [
         "",
