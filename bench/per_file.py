@@ -39,7 +39,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from data import ensure_tree  # noqa: E402
 from pinning import Pinning  # noqa: E402
 from procs import CLOCK_TICKS, force_unmount, page_cache_drops, run_to_the_end  # noqa: E402
+from support.mounts import drop_page_cache  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
 BUCKET = "perfile"
@@ -79,10 +79,6 @@ def shardfs(*args: str) -> None:
     )
     if result.returncode != 0:
         raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
-
-
-def drop_page_cache() -> None:
-    Path("/proc/sys/vm/drop_caches").write_text("1\n")
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
@@ -677,5 +673,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    threading.current_thread().name = "bench-files"
     sys.exit(main())
