@@ -7,8 +7,12 @@ server is pinned to the last core, this process, the daemon and the readers to t
 buffering, and with ``buffering=0``), a fresh cache is mounted, the tree listed (as
 ImageFolder does, so kernel pushes apply), the page cache dropped, and every file read once
 by ``--threads`` threads (open, read, close): the cold read. The same files read again on
-the same mount, page cache kept, are the warm read. Over each read phase the daemon's user
-and system CPU come from /proc/PID/stat (utime, stime), divided by the files read.
+the same mount, page cache kept, are the warm read; read once more after dropping the page
+cache, the recached read (every file a READ answered from cache blocks, nothing fetched or
+pushed). Over each read phase the daemon's user and system CPU and its minor page faults
+come from /proc/PID/stat (utime, stime, minflt), divided by the files read. Last, the
+TCGETS ioctl every default-buffered ``open()`` sends: ``--ioctl-calls`` ``isatty`` calls
+on one file of the mount, wall time and the daemon's CPU per call.
 
 In the same round, the baselines the issue's targets use:
 
