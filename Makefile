@@ -62,6 +62,16 @@ bench: bench-deps
 bench-small: bench-deps
 	$(BIN)/python bench/small_cache.py $(SMALL_ARGS)
 
+.PHONY: bench-files
+# What one file costs the daemon (issue 21): ~100 KB files read raw (open, read, close) by 4
+# threads through a fresh mount over moto S3 (server pinned to the last core), cold and warm,
+# open() with default buffering and with buffering=0: files/s and the daemon's user and
+# system CPU per file, next to curl fetching the same shards and this VM's page-fault and
+# page-cache fill costs, all in the same run. Writes results/per_file.json and .md.
+# FILES_ARGS passes options, e.g. `make bench-files FILES_ARGS="--rounds 1 --images 600"`.
+bench-files: bench-deps
+	$(BIN)/python bench/per_file.py $(FILES_ARGS)
+
 bench-scale: bench-deps
 	$(BIN)/python bench/scale.py --out results/scale.json
 

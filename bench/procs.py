@@ -48,6 +48,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def page_cache_drops() -> int:
+    """Writes to /proc/sys/vm/drop_caches so far, by anyone on this machine (a drop by
+    another process makes warm reads and kernel pushes pay twice)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("drop_pagecache "):
+                return int(line.split()[1])
+    return 0
+
+
 def reset_peak_rss(pid: int) -> None:
     """Zero VmHWM (Linux >= 4.0: writing 5 to clear_refs resets the peak RSS)."""
     with contextlib.suppress(OSError):

@@ -228,3 +228,13 @@ def test_prefetched_blocks_evicted_unread_are_counted(tmp_path: Path, folder: Pa
     assert stats.blocks_evicted > 0
     assert stats.evicted_unread_bytes > 0
     assert stats.evicted_unread_bytes >= BLOCK  # at least one whole block, header included
+
+
+def test_the_live_set_counts_blocks_between_their_first_and_last_read() -> None:
+    """What decides whether a hint streams: the most blocks in use at one position."""
+    from shardfs.core.order_hints import _most_live
+
+    # positions 0-5: block a read at 0-2, b at 1-3, c at 5 alone; d at 2-4
+    assert _most_live([0, 1, 5, 2], [2, 3, 5, 4], 6) == 3  # a, b and d at position 2
+    assert _most_live([0, 3], [2, 5], 6) == 1  # one after the other
+    assert _most_live([], [], 0) == 0

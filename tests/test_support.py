@@ -166,7 +166,9 @@ def test_server_stops_on_exit() -> None:
         assert server.counts()["list_requests"] == 0
         proc = server._proc
         assert proc is not None
+        assert server.pid == proc.pid  # what the bench pins to the store's core
     assert proc.poll() is not None
+    assert server.pid is None
     with pytest.raises(OSError):
         server.counts()
 

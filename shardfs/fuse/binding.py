@@ -147,7 +147,8 @@ CALLBACK_TYPES: dict[str, Any] = {
     "getattr": ctypes.CFUNCTYPE(None, c_req, c_ino, _FI),
     "readlink": ctypes.CFUNCTYPE(None, c_req, c_ino),
     "open": ctypes.CFUNCTYPE(None, c_req, c_ino, _FI),
-    "read": ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, _FI),
+    # fi as a plain address: only reads through open handles (no block cache) look at it.
+    "read": ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, c_req),
     "release": ctypes.CFUNCTYPE(None, c_req, c_ino, _FI),
     "opendir": ctypes.CFUNCTYPE(None, c_req, c_ino, _FI),
     "readdir": ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, _FI),
@@ -157,14 +158,15 @@ CALLBACK_TYPES: dict[str, Any] = {
     "listxattr": ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t),
     "forget_multi": ctypes.CFUNCTYPE(None, c_req, ctypes.c_size_t, ctypes.c_void_p),
     "readdirplus": ctypes.CFUNCTYPE(None, c_req, c_ino, ctypes.c_size_t, ctypes.c_int64, _FI),
-    # (req, ino, cmd, arg, fi, flags, in_buf, in_bufsz, out_bufsz)
+    # (req, ino, cmd, arg, fi, flags, in_buf, in_bufsz, out_bufsz); every default-buffered
+    # open() sends one (isatty): fi, unused, stays a plain address (no pointer object).
     "ioctl": ctypes.CFUNCTYPE(
         None,
         c_req,
         c_ino,
         ctypes.c_uint,
         ctypes.c_void_p,
-        _FI,
+        ctypes.c_void_p,
         ctypes.c_uint,
         ctypes.c_void_p,
         ctypes.c_size_t,
@@ -324,6 +326,13 @@ class Session:
             self._se = None
             raise RuntimeError(f"cannot mount {mountpoint}")
         self._mounted = True
+        # notify_store's reusable request: one buffer, and the bytes it points into.
+        self._notify_store = self._lib.fuse_lowlevel_notify_store
+        self._store_vector = BufVec(1, 0, 0)
+        self._store_piece = self._store_vector.buf[0]
+        self._store_ref = ctypes.byref(self._store_vector)
+        self._store_data: bytes | None = None
+        self._store_base = 0
 
     def run(self) -> int:
         """Serve requests on this thread until unmounted or ``exit`` (plus a signal that
@@ -338,19 +347,21 @@ class Session:
 
         Returns 0, or a negative errno (``-ENOENT`` when the kernel does not know the inode).
         Never call it from a thread that answers requests: the kernel may wait for a read
-        of the same page to be answered first.
+        of the same page to be answered first. One thread at a time (the pusher's): the
+        request vector is reused, and so is the address of the last ``data`` (every file of
+        a block is pushed from the same bytes; the conversions cost more than the call).
         """
         if length is None:
             length = len(data) - start
         if start < 0 or length < 0 or start + length > len(data):
             raise ValueError(f"bytes [{start}:{start + length}] of {len(data)}")
-        base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
-        vector = BufVec(1, 0, 0)
-        vector.buf[0].size = length
-        vector.buf[0].mem = base + start
-        return int(
-            self._lib.fuse_lowlevel_notify_store(self._se, ino, offset, ctypes.byref(vector), 0)
-        )
+        if data is not self._store_data:
+            self._store_base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+            self._store_data = data  # holds the bytes while their address is kept
+        piece = self._store_piece
+        piece.size = length
+        piece.mem = self._store_base + start
+        return int(self._notify_store(self._se, ino, offset, self._store_ref, 0))
 
     def exit(self) -> None:
         self._lib.fuse_session_exit(self._se)

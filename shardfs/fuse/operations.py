@@ -38,6 +38,7 @@ F = TypeVar("F", bound=Callable[..., None])
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 _MISS_WORKERS = 32
 _TCGETS = termios.TCGETS  # isatty()
+_HINT_IOCTL = placement.HINT_IOCTL
 # Files below this size are listed by name and type only, without attributes: a full
 # READDIRPLUS entry costs about 10 us in the daemon and the kernel (measured), which for a
 # tiny file is the cost of reading it, and it would make listing a million of them slow.
@@ -99,6 +100,7 @@ class FuseOperations:
         self.timeout = float(config.kernel_timeout)
         self.lib = lib if lib is not None else libfuse.lib()
         self.reply_err = self.lib.fuse_reply_err
+        self._hint_ino = core.hint_ino
         self._reply_buf = self.lib.fuse_reply_buf
         self._listings: dict[int, _Listing] = {}
         self._next_listing = 1
@@ -209,9 +211,10 @@ class FuseOperations:
             self.core.release(info.fh)
 
     @_answers
-    def read(self, req: int, ino: int, size: int, offset: int, fi: Any) -> None:
+    def read(self, req: int, ino: int, size: int, offset: int, fi: int) -> None:
         if self.keep_handles:
-            self._later(req, "read", self.core.read, fi.contents.fh, offset, size)
+            handle = libfuse.FileInfo.from_address(fi).fh
+            self._later(req, "read", self.core.read, handle, offset, size)
             return
         node = self.core.node(ino)
         data = self.core.read_node_local(node, offset, size)
@@ -325,22 +328,30 @@ class FuseOperations:
         names = self.core.node_xattrs(self.core.node(ino))
         self._reply_xattr(req, b"".join(os.fsencode(name) + b"\0" for name in names), size)
 
-    @_answers
     def ioctl(
-        self, req: int, ino: int, cmd: int, _arg: int, _fi: Any, _flags: int,
+        self, req: int, ino: int, cmd: int, _arg: int, _fi: int | None, _flags: int,
         in_buf: int, in_size: int, _out_size: int,
     ) -> None:  # fmt: skip
         """The order hint arrives as ioctls on the hint file (a read-only mount passes them
-        on, where it refuses writes); every other ioctl is not ours."""
-        if ino != self.core.hint_ino or cmd != placement.HINT_IOCTL or not in_buf:
+        on, where it refuses writes); every other ioctl is not ours. Those others include
+        the TCGETS of every default-buffered Python ``open()`` (``isatty``), which no reply
+        can switch off: they are answered here with the least work, nothing that can raise."""
+        if ino != self._hint_ino or cmd != _HINT_IOCTL or not in_buf:
             self.reply_err(req, errno.ENOTTY)
             # Python's open() asks isatty() first: for a file the kernel holds whole, that
             # is the only sign of its read, which the order hint's retirement counts.
             pusher = self.pusher
             known = pusher is not None and ino < len(pusher.in_kernel) and pusher.in_kernel[ino]
             if cmd == _TCGETS and known:
-                self.core.opened_in_kernel(self.core.node(ino))
+                try:  # already answered: a failure here only loses the sign
+                    self.core.opened_in_kernel(self.core.node(ino))
+                except Exception:
+                    log.exception("noting the open of inode %d failed", ino)
             return
+        self._take_hint(req, in_buf, in_size)
+
+    @_answers
+    def _take_hint(self, req: int, in_buf: int, in_size: int) -> None:
         self.core.take_hint_chunk(ctypes.string_at(in_buf, in_size))
         self.lib.fuse_reply_ioctl(req, 0, None, 0)
 

@@ -120,6 +120,11 @@ class S3Server:
         self._log_path = Path(self._logdir.name) / "server.log"
 
     @property
+    def pid(self) -> int | None:
+        """The server process (for pinning it to a core), None when not running."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
