@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
 from procs import force_unmount, run_to_the_end  # noqa: E402
+from procs import shardfs_cli as shardfs  # noqa: E402
 from support.s3 import S3Server, settled_counts  # noqa: E402
 
 BUCKET = "figures"
@@ -56,14 +57,6 @@ HEAD_SHARDS = 1000
 
 def log(text: str) -> None:
     print(f"bench-figures: {text}", file=sys.stderr, flush=True)
-
-
-def shardfs(*args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
 
 
 def timed(command: list[str]) -> float:

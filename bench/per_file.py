@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from data import ensure_tree  # noqa: E402
 from pinning import Pinning  # noqa: E402
 from procs import CLOCK_TICKS, force_unmount, page_cache_drops, run_to_the_end  # noqa: E402
+from procs import shardfs_cli as shardfs  # noqa: E402
 from support.mounts import drop_page_cache  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
@@ -75,14 +76,6 @@ TOTAL_TARGET = 2.0  # daemon user + system <= 2x (curl + page-cache fill)
 
 def log(text: str) -> None:
     print(f"bench-files: {text}", file=sys.stderr, flush=True)
-
-
-def shardfs(*args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
 
 
 def process_cpu(pid: int) -> tuple[float, float]:

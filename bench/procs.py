@@ -35,6 +35,15 @@ def start_store(server: Any, pinning: Pinning) -> int:
     return pid
 
 
+def shardfs_cli(*args: str) -> None:
+    """``python -m shardfs ARGS``; RuntimeError with its stderr when it fails."""
+    result = subprocess.run(
+        [sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
+
+
 def drop_page_cache() -> None:
     """``sync; echo 3 > /proc/sys/vm/drop_caches`` (root): the page cache, dentries and
     inodes, so the next local epoch reads the tree from disk."""

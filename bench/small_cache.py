@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -44,6 +43,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from data import ensure_tree  # noqa: E402
 from pinning import Pinning  # noqa: E402
 from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end, start_store  # noqa: E402
+from procs import shardfs_cli as shardfs  # noqa: E402
 from support.s3 import S3Server, settled_counts  # noqa: E402
 
 BUCKET = "smallcache"
@@ -57,14 +57,6 @@ DAEMON_COUNTERS = ("bytes_served", "bytes_pushed", "bytes_fetched", "cache_hits"
 
 def log(text: str) -> None:
     print(f"bench-small: {text}", file=sys.stderr, flush=True)
-
-
-def shardfs(*args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
 
 
 # -- the epoch process (torch lives only here) ------------------------------------------

@@ -32,7 +32,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -46,7 +45,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
 from pinning import Pinning  # noqa: E402
-from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end  # noqa: E402
+from procs import DaemonProbe, EpochRunner, drop_page_cache, force_unmount, run_to_the_end  # noqa: E402
+from procs import shardfs_cli as shardfs  # noqa: E402
 from report import MIN_PAIRS, paired_verdict  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
@@ -63,20 +63,6 @@ SHAPED_GOAL = 0.03  # every cold ratio under shaping within this of its unshaped
 
 def log(text: str) -> None:
     print(f"bench-stream: {text}", file=sys.stderr, flush=True)
-
-
-def shardfs(*args: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "shardfs", *args], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
-
-
-def drop_page_cache() -> None:
-    """Write back, then drop the page cache (root): a cold epoch reads from the store."""
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("1\n")
 
 
 def presigned_urls(server: S3Server, keys: list[str]) -> list[str]:
