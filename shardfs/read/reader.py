@@ -399,9 +399,17 @@ class CachedReader:
 
     def retire_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> None:
         """Blocks the readers are done with (an order hint's files in them all opened):
-        the first to make room for the next ones (``BlockCache.retire``)."""
-        self.cache.retire([BlockKey(self.shard_key(shard), index) for shard, index in blocks])
+        the first to make room for the next ones (``BlockCache.retire``). The ledger write
+        goes to a fetch thread: the caller may be the FUSE session's own thread."""
+        keys = [BlockKey(self.shard_key(shard), index) for shard, index in blocks]
         self.stats.add(blocks_retired=len(blocks))
+        if self.prefetcher is None:
+            self.cache.retire(keys)
+            return
+        try:
+            self.prefetcher.run_soon(functools.partial(self.cache.retire, keys))
+        except Exception:
+            self.cache.retire(keys)
 
     def new_order(self) -> None:
         """A new order hint: reads warm the blocks they use again."""
