@@ -341,7 +341,7 @@ def targets(result: dict[str, Any], ratios: dict[str, dict[int, float]]) -> list
                   if r["contender"] == sampler and r.get("cache") == "small"]  # fmt: skip
         worst = max(egress) if egress else None
         name = f"{sampler} mode, cache 0.15x: egress / dataset (worst epoch)"
-        checks.append(_check(name, worst, None, "<= 1.0", worst is not None and worst <= 1.0))
+        checks.append(_check(name, worst, None, "<= 1.0", None if worst is None else worst <= 1.0))
     for name in sorted(ratios):
         if not name.endswith(" shaped"):
             continue
