@@ -56,7 +56,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
 from pinning import Pinning  # noqa: E402
-from procs import CLOCK_TICKS, force_unmount, page_cache_drops, run_to_the_end  # noqa: E402
+from procs import (  # noqa: E402
+    CLOCK_TICKS,
+    force_unmount,
+    pack_webdataset,
+    page_cache_drops,
+    run_to_the_end,
+    start_store,
+)
 from procs import shardfs_cli as shardfs  # noqa: E402
 from support.mounts import drop_page_cache  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
@@ -203,16 +210,11 @@ class PerFileBench:
         tree = ensure_tree(self.args.work.absolute(), self.args.images, self.args.classes, log)
         self.local_files = sorted(p for p in tree.root.rglob("*.jpg"))
         self.pinning.pin_self_to_readers()
-        self.server.start()
-        assert self.server.pid is not None
-        self.pinning.pin_store(self.server.pid)
+        start_store(self.server, self.pinning)
         os.environ.update(self.server.env())
         self.server.create_bucket(BUCKET)
         self.source = f"s3://{BUCKET}/{PREFIX}"
-        shard_size = max(1 << 20, tree.image_bytes // self.args.shards)
-        shardfs("pack", str(tree.root), self.source, "--format", "webdataset",
-                "--shard-size", str(shard_size), "--shuffle-seed", "0",
-                "--cache-dir", str(self.run_dir / "pack-cache"))  # fmt: skip
+        pack_webdataset(tree, self.source, self.args.shards, self.run_dir / "pack-cache")
         fs = self.server.filesystem()
         self.shards = sorted(fs.glob(f"{BUCKET}/{PREFIX}/*.tar"))
         self.shard_bytes = sum(fs.size(p) for p in self.shards)

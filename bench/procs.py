@@ -30,7 +30,8 @@ def start_store(server: Any, pinning: Pinning) -> int:
     it (its threads and children) onto the store's cores, and return its pid."""
     os.environ.setdefault("MOTO_S3_DEFAULT_KEY_BUFFER_SIZE", STORE_KEY_BUFFER)
     server.start()
-    pid: int = server._proc.pid  # bench-only peek: S3Server keeps its Popen private
+    pid: int = server.pid
+    assert pid is not None, "the store did not start"
     pinning.pin_store(pid)
     return pid
 
@@ -42,6 +43,15 @@ def shardfs_cli(*args: str) -> None:
     )
     if result.returncode != 0:
         raise RuntimeError(f"shardfs {' '.join(args)} failed: {result.stderr.strip()}")
+
+
+def pack_webdataset(tree: Any, source: str, shards: int, cache_dir: Path) -> None:
+    """Pack ``tree`` (``data.ensure_tree``) into about ``shards`` webdataset shards at
+    ``source``, shuffled with seed 0."""
+    shard_size = max(1 << 20, tree.image_bytes // shards)
+    shardfs_cli("pack", str(tree.root), source, "--format", "webdataset",
+                "--shard-size", str(shard_size), "--shuffle-seed", "0",
+                "--cache-dir", str(cache_dir))  # fmt: skip
 
 
 def drop_page_cache() -> None:

@@ -42,7 +42,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
 from pinning import Pinning  # noqa: E402
-from procs import DaemonProbe, EpochRunner, force_unmount, run_to_the_end, start_store  # noqa: E402
+from procs import (  # noqa: E402
+    DaemonProbe,
+    EpochRunner,
+    force_unmount,
+    pack_webdataset,
+    run_to_the_end,
+    start_store,
+)
 from procs import shardfs_cli as shardfs  # noqa: E402
 from support.s3 import S3Server, settled_counts  # noqa: E402
 
@@ -180,10 +187,7 @@ class SmallCacheBench:
         os.environ.update(self.server.env())
         self.server.create_bucket(BUCKET)
         self.source = f"s3://{BUCKET}/{PREFIX}"
-        shard_size = max(1 << 20, tree.image_bytes // self.args.shards)
-        shardfs("pack", str(tree.root), self.source, "--format", "webdataset",
-                "--shard-size", str(shard_size), "--shuffle-seed", "0",
-                "--cache-dir", str(self.run_dir / "pack-cache"))  # fmt: skip
+        pack_webdataset(tree, self.source, self.args.shards, self.run_dir / "pack-cache")
         fs = self.server.filesystem()
         sizes = [fs.size(p) for p in sorted(fs.glob(f"{BUCKET}/{PREFIX}/*.tar"))]
         self.dataset_bytes = sum(sizes)

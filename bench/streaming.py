@@ -45,7 +45,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
 from pinning import Pinning  # noqa: E402
-from procs import DaemonProbe, EpochRunner, drop_page_cache, force_unmount, run_to_the_end  # noqa: E402
+from procs import (  # noqa: E402
+    DaemonProbe,
+    EpochRunner,
+    drop_page_cache,
+    force_unmount,
+    pack_webdataset,
+    run_to_the_end,
+    start_store,
+)
 from procs import shardfs_cli as shardfs  # noqa: E402
 from report import MIN_PAIRS, paired_verdict  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
@@ -97,18 +105,14 @@ class StreamingBench:
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.mnt.mkdir(parents=True)
         self.tree = ensure_tree(self.args.work.absolute(), self.args.images, self.args.classes, log)
-        self.server.start()
-        self.pinning.pin_store(self.server._proc.pid)  # type: ignore[union-attr]  # bench-only
+        start_store(self.server, self.pinning)
         # From here on every process this one starts (runner, workers, daemons, curl)
         # runs on the readers' cores.
         self.pinning.pin_self_to_readers()
         os.environ.update(self.server.env())
         self.server.create_bucket(BUCKET)
         self.source = f"s3://{BUCKET}/{PREFIX}"
-        shard_size = max(1 << 20, self.tree.image_bytes // self.args.shards)
-        shardfs("pack", str(self.tree.root), self.source, "--format", "webdataset",
-                "--shard-size", str(shard_size), "--shuffle-seed", "0",
-                "--cache-dir", str(self.run_dir / "pack-cache"))  # fmt: skip
+        pack_webdataset(self.tree, self.source, self.args.shards, self.run_dir / "pack-cache")
         fs = self.server.filesystem()
         keys = sorted(fs.glob(f"{BUCKET}/{PREFIX}/*.tar"))
         self.dataset_bytes = sum(fs.size(key) for key in keys)
