@@ -1,8 +1,11 @@
 """Shard formats: what the bytes of a shard hold, and how member names are judged.
 
 - ``tar``: the streaming tar parser (ustar, pax and GNU headers), members with data offsets;
+- ``registry``: which parser indexes a shard, by name (tar is streamed; other formats
+  register a scanner that reads by range);
+- ``source``: ``ShardBytes``, the by-range view of a shard those scanners read;
 - ``members``: the rules for what an index row may hold: safe relative paths, symlink
   targets, sample keys and labels.
 
-The parsers know nothing of stores or indexes: they read a ``Readable``.
+The parsers know nothing of stores or indexes: they read a ``Readable`` or a ``ShardBytes``.
 """

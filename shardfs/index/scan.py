@@ -18,6 +18,7 @@ from ..formats.members import (
     normalize_member_path,
     parse_label,
 )
+from ..formats.registry import Scanner, scanner_for
 from ..formats.tar import MemberKind, TarMember, iter_members
 from ..store.remote import Store
 from ..store.shards import Readable, ShardInfo
@@ -82,14 +83,55 @@ class _BlockTee:
         self._index += 1
 
 
+class _StoreBytes:
+    """A shard of the store read by range, for the scanners of random-access formats."""
+
+    def __init__(self, store: Store, shard: ShardInfo) -> None:
+        self._store = store
+        self._shard = shard
+
+    @property
+    def name(self) -> str:
+        return self._shard.name
+
+    @property
+    def size(self) -> int:
+        return self._shard.size
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        end = min(offset + length, self._shard.size)
+        if end <= offset:
+            return b""
+        return self._store.read_range(self._shard, offset, end)
+
+
+def _scan_by_range(store: Store, shard: ShardInfo, scanner: Scanner) -> list[MemberRow]:
+    """A random-access format's rows, their paths placed under the shard's folder."""
+    shard_dir = posixpath.dirname(shard.name)
+    rows = scanner(_StoreBytes(store, shard))
+    if not shard_dir:
+        return rows
+    placed: list[MemberRow] = []
+    for path, offset, size, mode, mtime, kind, link, label in rows:
+        if kind == MemberKind.HARDLINK:
+            link = posixpath.join(shard_dir, link)
+        path = posixpath.join(shard_dir, path)
+        placed.append((path, offset, size, mode, mtime, kind, link, label))
+    return placed
+
+
 def scan_shard(
     store: Store,
     shard: ShardInfo,
     block_sink: BlockSink | None = None,
     block_size: int = 0,
 ) -> list[MemberRow]:
-    """Stream one shard and return a row per member worth serving; with ``block_sink``, also
-    hand every block of the shard to it."""
+    """Index one shard: a row per member worth serving. A tar shard is streamed front to
+    back, and with ``block_sink`` every block of it is handed to the sink too; a shard of
+    another format is read by range by its registered scanner."""
+    scanner = scanner_for(shard.name)
+    if scanner is not None:
+        return _scan_by_range(store, shard, scanner)
     rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)
     with store.open_stream(shard) as raw:

@@ -23,6 +23,7 @@ from .urls import (
     compressed_advice,
     compressed_suffix,
     glob_regex,
+    is_shard_name,
 )
 
 T = TypeVar("T")
@@ -130,20 +131,20 @@ class ShardListing:
         return shards
 
     def _listed_shards(self, globs: tuple[str, ...] | None) -> list[ShardInfo]:
-        """Every ``*.tar`` under the root that one of ``globs`` (if any) matches."""
+        """Every shard (``is_shard_name``) under the root that one of ``globs`` (if any) matches."""
         found = self.call(self.config.url, lambda: self._find())
         self._listed = len(found)
         matchers = [glob_regex(g) for g in globs or ()]
         picked: dict[str, dict[str, Any]] = {}
         self._compressed = []
         for path, info in found.items():
-            is_tar = path.endswith(SHARD_SUFFIX)
-            if info.get("type", "file") != "file" or not (is_tar or compressed_suffix(path)):
+            is_shard = is_shard_name(path)
+            if info.get("type", "file") != "file" or not (is_shard or compressed_suffix(path)):
                 continue
             name = self.name(path)
             if matchers and not any(m.fullmatch(name) for m in matchers):
                 continue
-            if is_tar:
+            if is_shard:
                 picked[name] = info
             else:
                 self._compressed.append(name)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from ..errors import UsageError
 
 SHARD_SUFFIX = ".tar"
+# Every name suffix a listing takes for a shard; which parser reads each is the formats
+# package's business (``shardfs.formats.registry``).
+SHARD_SUFFIXES: tuple[str, ...] = (SHARD_SUFFIX,)
 # A brace pattern naming more shards than this is a typo, not a dataset.
 MAX_PATTERN_SHARDS = 1_000_000
 HTTP_PROTOCOLS = ("http", "https")
@@ -26,6 +29,11 @@ COMPRESSED_SUFFIXES = {
 }  # fmt: skip
 # Characters that make a source URL a glob; ``{`` starts a brace pattern.
 _GLOB_CHARS = "*?["
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether a listed name ends in one of the shard suffixes."""
+    return name.endswith(SHARD_SUFFIXES)
 
 
 def _split_top_level(body: str) -> list[str]:

@@ -1,0 +1,42 @@
+"""What a parser of a random-access format reads a shard through: its name, its size and
+byte ranges at offsets. Formats whose index sits at the end (zip's central directory,
+parquet's footer) or in a table at the front (MDS) read only the ranges they need; the
+scan supplies the reads, so a parser never sees the store."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class ShardBytes(Protocol):
+    """One shard, read by range. ``read_at`` returns exactly ``length`` bytes, or fewer only
+    where the shard ends; a parser treats a short read as a truncated shard."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def read_at(self, offset: int, length: int) -> bytes: ...
+
+
+class BytesShard:
+    """A shard held in memory: for tests, and for parsers that read a nested member."""
+
+    def __init__(self, name: str, data: bytes) -> None:
+        self._name = name
+        self._data = data
+        self.reads = 0  # how many ranges were asked for
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def size(self) -> int:
+        return len(self._data)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        self.reads += 1
+        return self._data[offset : offset + length]
