@@ -42,15 +42,16 @@ def test_ranged_reads_are_exact_and_refuse_a_replaced_shard(s3_server: S3Server)
 
 
 class _BrokenPool:
-    """A presigned path that answers every request with an error it cannot recover from
-    (e.g. a 400 from a proxy), so each request must go through s3fs."""
+    """A presigned path that fails every request with an error that is not the store's
+    (not a timeout, reset or bad answer: those are transient), so each request must go
+    through s3fs."""
 
     def __init__(self) -> None:
         self.calls = 0
 
     def request(self, *args: object, **kwargs: object) -> object:
         self.calls += 1
-        raise OSError("HTTP 400 from a proxy")
+        raise RuntimeError("the presigned path is broken")
 
 
 def _store(s3_server: S3Server, bucket: str) -> Store:

@@ -1,8 +1,9 @@
-"""A faster path for ranged GETs on S3: presigned URLs fetched with urllib3.
+"""A faster path for ranged GETs on S3: presigned URLs fetched with a lean HTTP client.
 
 s3fs sends every request through aiobotocore and aiohttp, which costs about a core-second
 of Python per 500 MB on this project's machine. A presigned URL lets a plain HTTP client do
-the same GET with far less work per byte. The request carries ``If-Match`` with the indexed
+the same GET with far less work per byte, and ``lean_http`` with far less work per request
+than urllib3. The request carries ``If-Match`` with the indexed
 ETag, and the answer is checked like every other (``responses.check_answer``), so a shard
 replaced in the store is refused, never served.
 
@@ -15,8 +16,7 @@ import threading
 import time
 from typing import Any
 
-import urllib3
-
+from .lean_http import HTTPFailure, LeanPool
 from .responses import TransientError, check_answer, check_length, checks_etag
 
 _URL_LIFETIME_S = 3600
@@ -26,13 +26,11 @@ _RENEW_BEFORE_S = 300
 class PresignedRanges:
     """Ranged GETs of S3 objects through presigned URLs (cached per object)."""
 
-    def __init__(
-        self, fs: Any, *, connections: int = 16, connect_timeout: float, stall_timeout: float
-    ) -> None:
+    def __init__(self, fs: Any, *, connect_timeout: float, stall_timeout: float) -> None:
         self._fs = fs
         self._connect_timeout = connect_timeout
         self._stall_timeout = stall_timeout
-        self._pool = urllib3.PoolManager(maxsize=connections, block=False, retries=False)
+        self._pool = LeanPool()
         self._urls: dict[str, tuple[str, float]] = {}
         self._lock = threading.Lock()
 
@@ -49,16 +47,11 @@ class PresignedRanges:
 
     def _request(self, path: str, headers: dict[str, str], deadline: float) -> Any:
         remaining = max(0.05, deadline - time.monotonic())
-        timeout = urllib3.Timeout(
-            connect=min(self._connect_timeout, remaining),
-            read=min(self._stall_timeout, remaining),
-        )
+        timeout = (min(self._connect_timeout, remaining), min(self._stall_timeout, remaining))
         try:
-            return self._pool.request(
-                "GET", self._url(path), headers=headers, timeout=timeout, preload_content=False
-            )
-        except urllib3.exceptions.HTTPError as exc:  # timeouts, resets, refused connections
-            raise TransientError(str(exc)) from exc
+            return self._pool.request("GET", self._url(path), headers=headers, timeout=timeout)
+        except (OSError, HTTPFailure) as exc:  # timeouts, resets, refused connections
+            raise TransientError(str(exc) or type(exc).__name__) from exc
 
     def get(
         self, path: str, start: int, end: int, size: int, etag: str, deadline: float, piece: int
@@ -123,6 +116,6 @@ def _read_pieces(response: Any, length: int, piece: int, deadline: float) -> lis
             left -= len(data)
             if left > 0 and time.monotonic() > deadline:
                 raise TransientError("the read deadline passed while the body arrived")
-    except urllib3.exceptions.HTTPError as exc:  # reset, truncated body, stall
-        raise TransientError(str(exc)) from exc
+    except (OSError, HTTPFailure) as exc:  # reset, bad chunk, stall
+        raise TransientError(str(exc) or type(exc).__name__) from exc
     return pieces

@@ -1,0 +1,221 @@
+"""A small HTTP/1.1 client for the presigned GETs of ``presigned``: one request line, a few
+headers, the status and headers parsed by hand, the body read straight off the socket, and
+kept-alive connections reused.
+
+urllib3 and ``http.client`` spend most of a ranged GET's Python time on work this path
+does not need: URL parsing and normalising per request, header validation, and parsing the
+answer's headers with the ``email`` package. In uniform mode through a small cache, where
+each file is its own GET, that was about 60% of the daemon's GIL time (py-spy ``--gil``,
+issue 21). Everything here raises ``OSError`` (timeouts, resets, refused connections) or
+``HTTPFailure`` (an answer that is not HTTP as expected); the caller makes both transient.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+import urllib.parse
+from typing import BinaryIO
+
+_MAX_HEADER_LINE = 64 << 10
+_MAX_HEADERS = 200
+_IDLE_PER_HOST = 32
+
+
+class HTTPFailure(Exception):
+    """An answer that breaks HTTP: a bad status line, header or chunk."""
+
+
+class Headers(dict[str, str]):
+    """Response headers by lower-cased name; ``get`` takes any case."""
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+    def text(self, name: str) -> str:
+        """The header's value, lower-cased; "" when absent."""
+        return super().get(name.lower(), "").lower()
+
+
+class _Connection:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.file: BinaryIO = sock.makefile("rb")
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+class LeanResponse:
+    """One answer: ``status``, ``headers``, the body by ``read(n)``; ``release_conn`` hands
+    a wholly read connection back for reuse, ``close`` drops it."""
+
+    def __init__(self, pool: LeanPool, key: tuple[str, str, int], conn: _Connection) -> None:
+        self._pool = pool
+        self._key = key
+        self._conn: _Connection | None = conn
+        self.status, self.headers, self.version = _read_head(conn.file)
+        self._keep = self.version == "HTTP/1.1" and (
+            self.headers.text("connection") != "close"
+        )
+        self._chunked = "chunked" in self.headers.text("transfer-encoding")
+        self._chunk_left = 0
+        self._done = False
+        length = self.headers.get("content-length")
+        self._left: int | None = None
+        if not self._chunked and length is not None:
+            try:
+                self._left = int(length)
+            except ValueError:
+                raise HTTPFailure(f"bad Content-Length {length!r}") from None
+        if self._left is None and not self._chunked:
+            self._keep = False  # the body runs to the connection's end
+
+    def read(self, n: int, decode_content: bool = False) -> bytes:
+        """Up to ``n`` bytes of the body (fewer only where it ends); b"" at its end."""
+        conn = self._conn
+        if conn is None or self._done or n <= 0:
+            return b""
+        if self._chunked:
+            return self._read_chunked(conn.file, n)
+        want = n if self._left is None else min(n, self._left)
+        data = conn.file.read(want)
+        if self._left is not None:
+            self._left -= len(data)
+            self._done = self._left == 0
+            if len(data) < want:
+                self._keep = False  # cut short: the connection is spent
+                self._done = True
+        elif not data:
+            self._done = True
+        return data
+
+    def _read_chunked(self, file: BinaryIO, n: int) -> bytes:
+        if self._chunk_left == 0:
+            line = file.readline(_MAX_HEADER_LINE)
+            try:
+                self._chunk_left = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise HTTPFailure(f"bad chunk size line {line[:40]!r}") from None
+            if self._chunk_left == 0:
+                while file.readline(_MAX_HEADER_LINE) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                self._done = True
+                return b""
+        data = file.read(min(n, self._chunk_left))
+        self._chunk_left -= len(data)
+        if not data:
+            self._keep, self._done = False, True
+        elif self._chunk_left == 0:
+            file.read(2)  # the chunk's CRLF
+        return data
+
+    def release_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._keep and self._done:
+            self._pool.put_back(self._key, conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _read_head(file: BinaryIO) -> tuple[int, Headers, str]:
+    line = file.readline(_MAX_HEADER_LINE)
+    if not line:
+        raise ConnectionResetError("the server closed the connection before answering")
+    parts = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise HTTPFailure(f"bad status line {line[:60]!r}")
+    headers = Headers()
+    for _ in range(_MAX_HEADERS):
+        raw = file.readline(_MAX_HEADER_LINE)
+        if raw in (b"\r\n", b"\n"):
+            return int(parts[1]), headers, parts[0]
+        if not raw.endswith(b"\n"):
+            raise HTTPFailure("the answer's headers end early or a line is too long")
+        name, colon, value = raw.decode("latin-1").partition(":")
+        if not colon:
+            raise HTTPFailure(f"bad header line {raw[:60]!r}")
+        headers[name.strip().lower()] = value.strip()
+    raise HTTPFailure(f"more than {_MAX_HEADERS} header lines")
+
+
+class LeanPool:
+    """Kept-alive connections per (scheme, host, port), shared by threads."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._lock = threading.Lock()
+        self._tls: ssl.SSLContext | None = None
+
+    def put_back(self, key: tuple[str, str, int], conn: _Connection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if len(idle) < _IDLE_PER_HOST:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def _connect(self, key: tuple[str, str, int], connect_timeout: float) -> _Connection:
+        scheme, host, port = key
+        sock = socket.create_connection((host, port), timeout=connect_timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if scheme == "https":
+                if self._tls is None:
+                    self._tls = ssl.create_default_context()
+                sock = self._tls.wrap_socket(sock, server_hostname=host)
+        except BaseException:
+            sock.close()
+            raise
+        return _Connection(sock)
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        *,
+        timeout: tuple[float, float],
+        **_: object,
+    ) -> LeanResponse:
+        """Send ``method url`` and read the answer's head; ``timeout`` is (connect, each
+        read). A kept-alive connection the server closed meanwhile is replaced once."""
+        split = urllib.parse.urlsplit(url)
+        scheme = split.scheme.lower()
+        if scheme not in ("http", "https") or not split.hostname:
+            raise HTTPFailure(f"not an http(s) URL: {url[:80]!r}")
+        port = split.port or (443 if scheme == "https" else 80)
+        key = (scheme, split.hostname, port)
+        target = (split.path or "/") + (f"?{split.query}" if split.query else "")
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {split.netloc}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        payload = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        connect_timeout, read_timeout = timeout
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                conn = idle.pop() if idle else None
+            reused = conn is not None
+            if conn is None:
+                conn = self._connect(key, connect_timeout)
+            try:
+                conn.sock.settimeout(read_timeout)
+                conn.sock.sendall(payload)
+                return LeanResponse(self, key, conn)
+            except (ConnectionError, HTTPFailure) as exc:
+                conn.close()
+                if reused and not isinstance(exc, HTTPFailure):
+                    continue  # the server closed an idle connection: a fresh one, once each
+                raise
+            except BaseException:
+                conn.close()
+                raise

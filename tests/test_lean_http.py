@@ -1,0 +1,145 @@
+"""The presigned path's HTTP client against a real HTTP/1.1 server on loopback: kept-alive
+connections are reused, and answers that end a connection, arrive in chunks, stop short or
+break HTTP are read as they are."""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from shardfs.store.lean_http import HTTPFailure, LeanPool, LeanResponse
+
+BODY = bytes(range(256)) * 40
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.connections = 0
+        self.mode = "keep"
+        self.requests: list[bytes] = []
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        self.server.connections += 1
+        while True:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                line = self.rfile.readline()
+                if not line:
+                    return
+                head += line
+            self.server.requests.append(head)
+            mode = self.server.mode
+            if mode == "garbage":
+                self.wfile.write(b"NOT HTTP\r\n\r\n")
+                return
+            if mode == "chunked":
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for at in range(0, len(BODY), 3000):
+                    piece = BODY[at : at + 3000]
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+                continue
+            length = len(BODY) + (10 if mode == "short" else 0)
+            close = b"Connection: close\r\n" if mode == "close" else b""
+            self.wfile.write(
+                b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-1/2\r\n"
+                + f"Content-Length: {length}\r\n".encode()
+                + close
+                + b"\r\n"
+                + BODY
+            )
+            if mode in ("close", "short", "drop"):
+                return  # "drop": closes without saying so, as an idle timeout does
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _get(pool: LeanPool, srv: _Server, path: str = "/b/k?sig=1") -> tuple[LeanResponse, bytes]:
+    port = srv.server_address[1]
+    response = pool.request(
+        "GET", f"http://127.0.0.1:{port}{path}", {"Range": "bytes=0-1"}, timeout=(2.0, 2.0)
+    )
+    body = b""
+    while data := response.read(4096):
+        body += data
+    response.release_conn()
+    return response, body
+
+
+def test_a_kept_alive_connection_serves_every_request(server: _Server) -> None:
+    pool = LeanPool()
+    for _ in range(5):
+        response, body = _get(pool, server)
+        assert (response.status, body) == (206, BODY)
+        assert response.headers.get("Content-Range") == "bytes 0-1/2"
+    assert server.connections == 1
+    first = server.requests[0]
+    assert first.startswith(b"GET /b/k?sig=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"\r\nRange: bytes=0-1\r\n" in first
+
+
+def test_connection_close_is_honoured(server: _Server) -> None:
+    server.mode = "close"
+    pool = LeanPool()
+    for _ in range(3):
+        assert _get(pool, server)[1] == BODY
+    assert server.connections == 3
+
+
+def test_an_idle_connection_the_server_dropped_is_replaced(server: _Server) -> None:
+    server.mode = "drop"
+    pool = LeanPool()
+    for _ in range(3):
+        assert _get(pool, server)[1] == BODY
+    assert server.connections == 3
+
+
+def test_a_chunked_body_is_decoded_and_the_connection_kept(server: _Server) -> None:
+    server.mode = "chunked"
+    pool = LeanPool()
+    assert _get(pool, server)[1] == BODY
+    assert _get(pool, server)[1] == BODY
+    assert server.connections == 1
+
+
+def test_a_body_cut_short_is_short_and_its_connection_is_not_reused(server: _Server) -> None:
+    server.mode = "short"
+    pool = LeanPool()
+    assert _get(pool, server)[1] == BODY  # 10 bytes fewer than Content-Length promised
+    server.mode = "keep"
+    assert _get(pool, server)[1] == BODY
+    assert server.connections == 2
+
+
+def test_an_answer_that_is_not_http_is_a_failure(server: _Server) -> None:
+    server.mode = "garbage"
+    with pytest.raises(HTTPFailure, match="bad status line"):
+        _get(LeanPool(), server)
+
+
+def test_a_refused_connection_is_an_os_error() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(OSError):
+        LeanPool().request("GET", f"http://127.0.0.1:{port}/x", {}, timeout=(1.0, 1.0))
