@@ -84,11 +84,23 @@ class _BlockTee:
 
 
 class _StoreBytes:
-    """A shard of the store read by range, for the scanners of random-access formats."""
+    """A shard of the store read by range, for the scanners of random-access formats.
 
-    def __init__(self, store: Store, shard: ShardInfo) -> None:
+    With a block sink, every read is widened to whole cache blocks, each block is handed to
+    the sink once, and the last span read answers the next request inside it: the bytes a
+    scanner reads (the data between zip headers, say) are not downloaded again later."""
+
+    def __init__(
+        self, store: Store, shard: ShardInfo, sink: BlockSink | None = None, block_size: int = 0
+    ) -> None:
         self._store = store
         self._shard = shard
+        self._sink = sink if block_size > 0 else None
+        self._block_size = block_size
+        self._span_at = 0
+        self._span = b""
+        self._given: set[int] = set()
+        self._sink_failed = False
 
     @property
     def name(self) -> str:
@@ -102,13 +114,36 @@ class _StoreBytes:
         end = min(offset + length, self._shard.size)
         if end <= offset:
             return b""
-        return self._store.read_range(self._shard, offset, end)
+        if self._sink is None:
+            return self._store.read_range(self._shard, offset, end)
+        span_end = self._span_at + len(self._span)
+        if not (self._span_at <= offset and end <= span_end):
+            size = self._block_size
+            start = offset - offset % size
+            stop = min(-(-end // size) * size, self._shard.size)
+            self._span_at, self._span = start, self._store.read_range(self._shard, start, stop)
+            for index in range(start // size, -(-stop // size)):
+                self._give(index)
+        return self._span[offset - self._span_at : end - self._span_at]
+
+    def _give(self, index: int) -> None:
+        if index in self._given or self._sink is None or self._sink_failed:
+            return
+        self._given.add(index)
+        at = index * self._block_size - self._span_at
+        try:
+            self._sink(self._shard, index, self._span[at : at + self._block_size])
+        except (OSError, sqlite3.Error) as exc:  # as for the tar scan's tee
+            log.warning("not caching the blocks of %s while indexing: %s", self._shard.name, exc)
+            self._sink_failed = True
 
 
-def _scan_by_range(store: Store, shard: ShardInfo, scanner: Scanner) -> list[MemberRow]:
+def _scan_by_range(
+    store: Store, shard: ShardInfo, scanner: Scanner, sink: BlockSink | None, block_size: int
+) -> list[MemberRow]:
     """A random-access format's rows, their paths placed under the shard's folder."""
     shard_dir = posixpath.dirname(shard.name)
-    rows = scanner(_StoreBytes(store, shard))
+    rows = scanner(_StoreBytes(store, shard, sink, block_size))
     if not shard_dir:
         return rows
     placed: list[MemberRow] = []
@@ -131,7 +166,7 @@ def scan_shard(
     another format is read by range by its registered scanner."""
     scanner = scanner_for(shard.name)
     if scanner is not None:
-        return _scan_by_range(store, shard, scanner)
+        return _scan_by_range(store, shard, scanner, block_sink, block_size)
     rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)
     with store.open_stream(shard) as raw:
