@@ -20,6 +20,7 @@ import calendar
 import itertools
 import stat
 import struct
+import zlib
 from dataclasses import dataclass
 
 from ..errors import CorruptShardError, UnsupportedMemberError
@@ -49,6 +50,7 @@ _CENTRAL_SIG = b"PK\x01\x02"
 _LOCAL = struct.Struct("<4s5H3L2H")  # local file header
 _ZIP64_EXTRA = 0x0001
 _UNIX_TIME_EXTRA = 0x5455  # "UT": extended timestamp, the mtime first
+_UNICODE_PATH_EXTRA = 0x7075  # "up": the UTF-8 name, for a header name in another encoding
 _FLAG_ENCRYPTED = 0x0001
 _FLAG_UTF8 = 0x0800
 _UNIX = 3  # "version made by" system: the external attributes hold a unix mode
@@ -183,6 +185,7 @@ class _Zip:
         raw_name = buffer[name_at : name_at + name_len]
         extra = buffer[name_at + name_len : name_at + name_len + extra_len]
         mtime = _dos_time(dos_date, dos_time)
+        unicode_name: bytes | None = None
         for tag, body in _extra_fields(extra):
             if tag == _ZIP64_EXTRA:
                 values = [v for v in (size, compressed, local_offset) if v == 0xFFFFFFFF]
@@ -197,7 +200,9 @@ class _Zip:
                     local_offset = wide.pop(0)
             elif tag == _UNIX_TIME_EXTRA and len(body) >= 5 and body[0] & 1:
                 mtime = struct.unpack_from("<l", body, 1)[0]
-        name = raw_name.decode("utf-8" if flags & _FLAG_UTF8 else "cp437", "surrogateescape")
+            elif tag == _UNICODE_PATH_EXTRA and _names_this(body, raw_name):
+                unicode_name = body[5:]
+        name = _decode_name(unicode_name or raw_name, bool(unicode_name or flags & _FLAG_UTF8))
         path = normalize_member_path(name, self.shard, offset)
         unix_mode = external >> 16 if made_by >> 8 == _UNIX else 0
         if name.endswith("/") or stat.S_ISDIR(unix_mode):
@@ -299,6 +304,26 @@ def _header_end(entry: _Entry, cd_offset: int) -> int:
     end = entry.local_offset + _LOCAL.size + len(entry.name.encode("utf-8", "surrogateescape"))
     end += entry.central_extra + _EXTRA_SLACK + (entry.size if entry.wants_data else 0)
     return min(end, cd_offset)
+
+
+def _names_this(body: bytes, raw_name: bytes) -> bool:
+    """Whether a unicode path extra field (version 1) is about this header name: it holds
+    the CRC-32 of the name it translates, so a renamed entry's stale field is ignored."""
+    return (
+        len(body) > 5 and body[0] == 1 and body[1:5] == zlib.crc32(raw_name).to_bytes(4, "little")
+    )
+
+
+def _decode_name(raw: bytes, utf8: bool) -> str:
+    """A member name: UTF-8 where the archive says so; otherwise UTF-8 where it decodes as
+    UTF-8 (what unix tools write, the zip tool without the flag included), else cp437 (the
+    zip format's default encoding)."""
+    if not utf8:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return raw.decode("cp437")
+    return raw.decode("utf-8", "surrogateescape")  # invalid bytes: refused as a path
 
 
 def _extra_fields(extra: bytes) -> list[tuple[int, bytes]]:

@@ -87,7 +87,7 @@ class _StoreBytes:
     """A shard of the store read by range, for the scanners of random-access formats.
 
     With a block sink, every read is widened to whole cache blocks, each block is handed to
-    the sink once, and the last span read answers the next request inside it: the bytes a
+    the sink once, and the spans kept answer the requests inside them: the bytes a
     scanner reads (the data between zip headers, say) are not downloaded again later."""
 
     def __init__(
@@ -97,8 +97,7 @@ class _StoreBytes:
         self._shard = shard
         self._sink = sink if block_size > 0 else None
         self._block_size = block_size
-        self._span_at = 0
-        self._span = b""
+        self._spans: list[tuple[int, bytes]] = []
         self._given: set[int] = set()
         self._sink_failed = False
 
@@ -116,23 +115,25 @@ class _StoreBytes:
             return b""
         if self._sink is None:
             return self._store.read_range(self._shard, offset, end)
-        span_end = self._span_at + len(self._span)
-        if not (self._span_at <= offset and end <= span_end):
-            size = self._block_size
-            start = offset - offset % size
-            stop = min(-(-end // size) * size, self._shard.size)
-            self._span_at, self._span = start, self._store.read_range(self._shard, start, stop)
-            for index in range(start // size, -(-stop // size)):
-                self._give(index)
-        return self._span[offset - self._span_at : end - self._span_at]
+        for span_at, span in self._spans:
+            if span_at <= offset and end <= span_at + len(span):
+                return span[offset - span_at : end - span_at]
+        size = self._block_size
+        start = offset - offset % size
+        stop = min(-(-end // size) * size, self._shard.size)
+        span = self._store.read_range(self._shard, start, stop)
+        # The first span (a format's index at the end, read first) and the latest are kept.
+        self._spans = [*self._spans[:1], (start, span)]
+        for index in range(start // size, -(-stop // size)):
+            self._give(index, span[index * size - start : (index + 1) * size - start])
+        return span[offset - start : end - start]
 
-    def _give(self, index: int) -> None:
+    def _give(self, index: int, block: bytes) -> None:
         if index in self._given or self._sink is None or self._sink_failed:
             return
         self._given.add(index)
-        at = index * self._block_size - self._span_at
         try:
-            self._sink(self._shard, index, self._span[at : at + self._block_size])
+            self._sink(self._shard, index, block)
         except (OSError, sqlite3.Error) as exc:  # as for the tar scan's tee
             log.warning("not caching the blocks of %s while indexing: %s", self._shard.name, exc)
             self._sink_failed = True
@@ -181,6 +182,11 @@ def scan_shard(
                 link = normalize_member_path(link, shard.name, member.header_offset)
             elif member.kind == MemberKind.SYMLINK:
                 link = check_symlink_target(link, shard.name, member.header_offset)
+            if member.folder:  # a member of an inner tar, presented in its folder
+                folder = normalize_member_path(member.folder, shard.name, member.header_offset)
+                path = posixpath.join(folder, path) if path else folder
+                if member.kind == MemberKind.HARDLINK:
+                    link = posixpath.join(folder, link)
             if shard_dir:
                 path = posixpath.join(shard_dir, path) if path else shard_dir
                 if member.kind == MemberKind.HARDLINK:
