@@ -31,6 +31,12 @@ COMPRESSED_SUFFIXES = {
 _GLOB_CHARS = "*?["
 
 
+def shard_patterns() -> str:
+    """The shard names a listing takes, for messages: ``*.tar or *.zip``."""
+    patterns = [f"*{suffix}" for suffix in SHARD_SUFFIXES]
+    return " or ".join([", ".join(patterns[:-1]), patterns[-1]] if len(patterns) > 1 else patterns)
+
+
 def is_shard_name(name: str) -> bool:
     """Whether a listed name ends in one of the shard suffixes."""
     return name.endswith(SHARD_SUFFIXES)
@@ -187,7 +193,7 @@ def select(url: str) -> Selection:
     else:
         magic = [i for i in magic if url[i] != "{"]  # an unbalanced brace is literal
         if not magic:
-            if url.endswith(SHARD_SUFFIX):
+            if is_shard_name(url):
                 root, _, name = url.rpartition("/")
                 return Selection(root=root or ".", names=(name,), single=True)
             _refuse_compressed(url, (url,))
