@@ -10,7 +10,8 @@ FUSE adapter answers with and the exit code the CLI returns.
      │    └── StoreReadError         a ranged read failed after retries
      ├── ShardChangedError        a shard no longer matches the index (ESTALE)
      ├── CorruptShardError        a tar shard is truncated or malformed
-     │    └── UnsafeMemberError      a member path would escape the mount or is no Linux path
+     │    ├── UnsafeMemberError      a member path would escape the mount or is no Linux path
+     │    └── UnsupportedMemberError a member is compressed or encrypted (zip): no byte range
      ├── IndexFileError           the persisted index is unreadable
      ├── MountError               the mountpoint cannot be used
      │    └── FuseUnavailableError   this user may not mount FUSE here
@@ -79,6 +80,11 @@ class CorruptShardError(ShardfsError):
 class UnsafeMemberError(CorruptShardError):
     """A member path is absolute, climbs out with '..', or cannot be a Linux path (not UTF-8,
     a NUL, a name over 255 bytes, a path over 4,095 bytes or 256 levels)."""
+
+
+class UnsupportedMemberError(CorruptShardError):
+    """A member cannot be served as a byte range of the shard: it is compressed or
+    encrypted (a zip member not stored). The message names the member and the fix."""
 
 
 class IndexFileError(ShardfsError):

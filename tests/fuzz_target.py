@@ -1,8 +1,10 @@
-"""Coverage-guided fuzzing of the tar parser, the index's name and label rules and the views.
+"""Coverage-guided fuzzing of the tar and zip parsers, the index's name and label rules and
+the views.
 
 ``make fuzz`` runs ``python tests/fuzz_target.py`` under atheris (libFuzzer) for
 ``FUZZ_SECONDS``. The corpus is seeded with valid archives written by ``tarfile`` (and GNU
-``tar`` when installed). An input that makes anything but a ShardfsError escape, or breaks
+``tar`` when installed), and zips written by ``zipfile``; every input goes through both
+parsers. An input that makes anything but a ShardfsError escape, or breaks
 an invariant, is written to ``tests/fuzz_regressions/`` as JSON text (hex), and
 ``tests/test_hostile_tars.py`` replays every stored finding through ``check``.
 """
@@ -20,6 +22,7 @@ import sys
 import tarfile
 import tempfile
 import traceback
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -28,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import ShardfsError
 from shardfs.formats.members import check_symlink_target, normalize_member_path, parse_label
+from shardfs.formats.source import BytesShard
 from shardfs.formats.tar import MemberKind, iter_members
+from shardfs.formats.zip import scan_zip
 from shardfs.index.db import IndexBuilder
 from shardfs.store.remote import Store
 from shardfs.views.view import View, build_view
@@ -62,6 +67,24 @@ def check_members(data: bytes) -> bool:
     return True
 
 
+def check_zip(data: bytes) -> bool:
+    """The zip scanner's rows lie within the shard and are paths the index accepts, or it
+    raises the project's error; True if the shard was accepted."""
+    shard = BytesShard("fuzz.zip", data)
+    try:
+        rows = scan_zip(shard)
+    except ShardfsError:
+        return False
+    for path, offset, size, _mode, _mtime, kind, link, label in rows:
+        assert path and normalize_member_path(path, SHARD, 0) == path
+        assert offset >= 0 and size >= 0 and offset + size <= len(data)
+        assert kind in (MemberKind.FILE, MemberKind.DIRECTORY, MemberKind.SYMLINK)
+        assert label is None or 0 <= label < 2**31
+        if kind == MemberKind.SYMLINK:
+            check_symlink_target(link, SHARD, 0)
+    return True
+
+
 def check_views(data: bytes, root: Path) -> None:
     """The real scan over a local folder, then both views; every file lies in the shard."""
     shutil.rmtree(root, ignore_errors=True)
@@ -87,6 +110,7 @@ def check_views(data: bytes, root: Path) -> None:
 
 def check(data: bytes, root: Path | None = None) -> None:
     """Everything the fuzzer asserts about one input; ``root`` enables the view pass."""
+    check_zip(data)
     if check_members(data) and root is not None:
         check_views(data, root)
 
@@ -149,12 +173,26 @@ def seed_corpus(folder: Path) -> None:
             out.write_bytes(out.read_bytes()[:4096])
 
 
+def seed_zips(folder: Path) -> None:
+    """Stored zips, zip64 records included, for the zip scanner."""
+    for zip64 in (False, True):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as archive:
+            archive.writestr("c/k0.jpg", b"jpeg" * 50)
+            archive.writestr("c/k0.cls", b"2")
+            archive.mkdir("d")
+            with archive.open("c/k1.jpg", "w", force_zip64=zip64) as handle:
+                handle.write(b"x" * 300)
+        (folder / f"py-zip64-{zip64}.zip").write_bytes(buf.getvalue())
+
+
 def main() -> None:
     import atheris  # only `make fuzz` needs it
 
     work = Path(tempfile.mkdtemp(prefix="shardfs-fuzz-"))
     corpus = work / "corpus"
     seed_corpus(corpus)
+    seed_zips(corpus)
     views_root = work / "views"
 
     def one_input(data: bytes) -> None:

@@ -15,6 +15,7 @@ from support.tarbuild import make_tar
 
 import shardfs
 from shardfs.index.db import SIDECAR_NAME
+from shardfs.store.urls import shard_patterns
 
 ERROR_LINE = re.compile(r"shardfs: error: \S.*")
 
@@ -172,7 +173,7 @@ def test_index_folder_without_tars(tmp_path: Path) -> None:
     folder.mkdir()
     (folder / "a.txt").write_text("hello")
     result = run(tmp_path, "index", folder)
-    assert_one_error(result, 3, "no *.tar shards")
+    assert_one_error(result, 3, f"no {shard_patterns()} shards")
 
 
 def test_index_truncated_tar_names_shard_and_offset(tmp_path: Path, shards: Path) -> None:

@@ -36,6 +36,7 @@ from support.s3 import S3Server, free_port
 
 from shardfs import cli
 from shardfs.index.db import SIDECAR_NAME
+from shardfs.store.urls import shard_patterns
 
 # data/shard-000000..2.tar and data/more/shard-000003.tar: a folder holds 4 shards, a glob
 # without ** only the 3 at its own level.
@@ -312,12 +313,12 @@ def test_pack_and_sidecar_to_an_http_store_are_one_line(
         ("s3", "/shard-000009.tar", "not found"),
         ("http", "/shard-000009.tar", "not found"),
         ("path", "/shard-000009.tar", "not found"),
-        ("s3", "/shard-9*.tar", "no *.tar shards match the pattern"),
-        ("path", "/shard-9*.tar", "no *.tar shards match the pattern"),
+        ("s3", "/shard-9*.tar", f"no {shard_patterns()} shards match the pattern"),
+        ("path", "/shard-9*.tar", f"no {shard_patterns()} shards match the pattern"),
         (
             "http",
             "/shard-9*.tar",
-            "no *.tar links match the pattern in the server's folder listing",
+            f"no {shard_patterns()} links match the pattern in the server's folder listing",
         ),
     ],
 )
@@ -427,7 +428,8 @@ def test_a_folder_of_compressed_tars_only_names_them(
         line = assert_one_error_line(result)
         assert result.returncode == 3
         assert line.startswith(
-            f"shardfs: error: {source}: no *.tar shards found, only {count} compressed tars "
+            f"shardfs: error: {source}: no {shard_patterns()} shards found, only {count} "
+            "compressed tars "
             f"(first: {first}): compressed tars are not supported yet; decompress them"
         ), line
 

@@ -13,12 +13,13 @@ from collections.abc import Callable
 
 from .members import MemberRow
 from .source import ShardBytes
+from .zip import scan_zip
 
 Scanner = Callable[[ShardBytes], list[MemberRow]]
 
 # Name suffix -> scanner. Every suffix here is also in ``shardfs.store.urls.SHARD_SUFFIXES``
 # (tests/test_formats_registry.py checks it), so that listings pick the shards up.
-SCANNERS: dict[str, Scanner] = {}
+SCANNERS: dict[str, Scanner] = {".zip": scan_zip}
 
 
 def scanner_for(name: str) -> Scanner | None:

@@ -17,6 +17,7 @@ is the index's decision (``shardfs.formats.members.normalize_member_path``).
 
 from __future__ import annotations
 
+import dataclasses
 import decimal
 import enum
 import re
@@ -70,6 +71,9 @@ class TarMember:
     mtime: int
     kind: MemberKind
     linkname: str
+    # For a member of an inner tar: the outer member's path without ``.tar``, the folder it
+    # is presented in (``path`` and a hard link's ``linkname`` are relative to it).
+    folder: str = ""
 
 
 _KINDS: dict[int, MemberKind] = {
@@ -256,6 +260,7 @@ def iter_members(
     shard: str,
     *,
     capture: Callable[[TarMember], bool] | None = None,
+    inner_tars: bool = True,
 ) -> Iterator[tuple[TarMember, bytes | None]]:
     """Yield every member of the tar ``stream`` with its offsets, in archive order.
 
@@ -263,8 +268,22 @@ def iter_members(
     True for a member, its data is returned alongside it instead of being skipped, which
     lets the caller pick up small label files in the same pass. A member is yielded only
     after its data has been read, so a truncated member raises instead of being listed.
+
+    With ``inner_tars``, a member named ``NAME.tar`` whose data starts with a valid tar
+    header is parsed as it streams past (no second read): it is yielded as the directory
+    ``NAME``, followed by its own members with ``folder`` set to ``NAME`` and offsets in the
+    outer stream. Nesting stops there: a tar inside an inner tar is a file. A corrupt inner
+    tar makes the whole shard corrupt, at its offset in the outer stream.
     """
-    reader = _Reader(stream)
+    yield from _iter(_Reader(stream), shard, capture, inner_tars)
+
+
+def _iter(
+    reader: _Reader,
+    shard: str,
+    capture: Callable[[TarMember], bool] | None,
+    inner_tars: bool,
+) -> Iterator[tuple[TarMember, bytes | None]]:
     pending = _Extensions()
     while True:
         offset = reader.pos
@@ -293,7 +312,84 @@ def iter_members(
         member = _member(block, typeflag, size, reader.pos, pending, shard, offset)
         if pending.first_offset >= 0:
             pending = _Extensions()  # used up by this member
+        if inner_tars and _may_be_tar(member):
+            head = reader.read(BLOCK_SIZE)
+            if len(head) < BLOCK_SIZE:
+                raise CorruptShardError(shard, reader.pos, "truncated member data")
+            if _is_tar_header(head, shard):
+                yield from _inner_tar(reader, member, head, shard, capture)
+                continue
+            yield member, _data(reader, member, capture, shard, head)
+            continue
         yield member, _data(reader, member, capture, shard)
+
+
+def _may_be_tar(member: TarMember) -> bool:
+    """A file named ``NAME.tar`` (NAME not empty) that holds at least one header block."""
+    base = member.path.rpartition("/")[2]
+    return (
+        member.kind is MemberKind.FILE
+        and base.endswith(".tar")
+        and len(base) > len(".tar")
+        and member.size >= BLOCK_SIZE
+    )
+
+
+def _is_tar_header(block: bytes, shard: str) -> bool:
+    """Whether a block is a tar header: not the end marker, and its checksum holds."""
+    if block == _ZERO_BLOCK:
+        return False
+    try:
+        _check_checksum(block, shard, 0)
+    except CorruptShardError:
+        return False
+    return True
+
+
+class _MemberData:
+    """One member's data as a stream: its first block (already read), then the rest from
+    the outer reader, never past the member's end."""
+
+    __slots__ = ("_head", "_reader", "left")
+
+    def __init__(self, reader: _Reader, head: bytes, left: int) -> None:
+        self._reader = reader
+        self._head = head
+        self.left = left
+
+    def read(self, n: int = -1, /) -> bytes:
+        if self._head:
+            taken, self._head = self._head[:n], self._head[n:]
+            return taken
+        n = min(n, self.left)
+        if n <= 0:
+            return b""
+        data = self._reader.read(n)
+        self.left -= len(data)
+        return data
+
+
+def _inner_tar(
+    reader: _Reader,
+    member: TarMember,
+    head: bytes,
+    shard: str,
+    capture: Callable[[TarMember], bool] | None,
+) -> Iterator[tuple[TarMember, bytes | None]]:
+    """The directory an inner tar stands for, then its members (not expanded further)."""
+    folder = member.path[: -len(".tar")]
+    folder_member = dataclasses.replace(
+        member, path=folder, size=0, mode=0o755, kind=MemberKind.DIRECTORY
+    )
+    yield folder_member, None
+    data = _MemberData(reader, head, member.size - BLOCK_SIZE)
+    inner = _Reader(data)
+    inner.pos = member.data_offset  # offsets stay those of the outer stream
+    for inner_member, content in _iter(inner, shard, capture, inner_tars=False):
+        yield dataclasses.replace(inner_member, folder=folder), content
+    # The inner tar's end marker and record padding, then the outer member's padding.
+    if not reader.skip(data.left + (-member.size % BLOCK_SIZE)):
+        raise CorruptShardError(shard, reader.pos, "truncated member data")
 
 
 def _skip_sparse_map(reader: _Reader, shard: str) -> None:
@@ -364,16 +460,21 @@ def _member(
 
 
 def _data(
-    reader: _Reader, member: TarMember, capture: Callable[[TarMember], bool] | None, shard: str
+    reader: _Reader,
+    member: TarMember,
+    capture: Callable[[TarMember], bool] | None,
+    shard: str,
+    head: bytes = b"",
 ) -> bytes | None:
-    """Read past the member's data (and padding): returned if ``capture`` wants it."""
-    size = member.size
-    padding = -size % BLOCK_SIZE
+    """Read past the member's data (and padding): returned if ``capture`` wants it.
+    ``head`` is the start of the data, when it was read already."""
+    size = member.size - len(head)
+    padding = -member.size % BLOCK_SIZE
     if capture is not None and capture(member):
         content = reader.read(size)
         if len(content) < size or not reader.skip(padding):
             raise CorruptShardError(shard, reader.pos, "truncated member data")
-        return content
+        return head + content
     if not reader.skip(size + padding):
         raise CorruptShardError(shard, reader.pos, "truncated member data")
     return None

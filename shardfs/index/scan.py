@@ -84,11 +84,22 @@ class _BlockTee:
 
 
 class _StoreBytes:
-    """A shard of the store read by range, for the scanners of random-access formats."""
+    """A shard of the store read by range, for the scanners of random-access formats.
 
-    def __init__(self, store: Store, shard: ShardInfo) -> None:
+    With a block sink, every read is widened to whole cache blocks, each block is handed to
+    the sink once, and the spans kept answer the requests inside them: the bytes a
+    scanner reads (the data between zip headers, say) are not downloaded again later."""
+
+    def __init__(
+        self, store: Store, shard: ShardInfo, sink: BlockSink | None = None, block_size: int = 0
+    ) -> None:
         self._store = store
         self._shard = shard
+        self._sink = sink if block_size > 0 else None
+        self._block_size = block_size
+        self._spans: list[tuple[int, bytes]] = []
+        self._given: set[int] = set()
+        self._sink_failed = False
 
     @property
     def name(self) -> str:
@@ -102,13 +113,38 @@ class _StoreBytes:
         end = min(offset + length, self._shard.size)
         if end <= offset:
             return b""
-        return self._store.read_range(self._shard, offset, end)
+        if self._sink is None:
+            return self._store.read_range(self._shard, offset, end)
+        for span_at, span in self._spans:
+            if span_at <= offset and end <= span_at + len(span):
+                return span[offset - span_at : end - span_at]
+        size = self._block_size
+        start = offset - offset % size
+        stop = min(-(-end // size) * size, self._shard.size)
+        span = self._store.read_range(self._shard, start, stop)
+        # The first span (a format's index at the end, read first) and the latest are kept.
+        self._spans = [*self._spans[:1], (start, span)]
+        for index in range(start // size, -(-stop // size)):
+            self._give(index, span[index * size - start : (index + 1) * size - start])
+        return span[offset - start : end - start]
+
+    def _give(self, index: int, block: bytes) -> None:
+        if index in self._given or self._sink is None or self._sink_failed:
+            return
+        self._given.add(index)
+        try:
+            self._sink(self._shard, index, block)
+        except (OSError, sqlite3.Error) as exc:  # as for the tar scan's tee
+            log.warning("not caching the blocks of %s while indexing: %s", self._shard.name, exc)
+            self._sink_failed = True
 
 
-def _scan_by_range(store: Store, shard: ShardInfo, scanner: Scanner) -> list[MemberRow]:
+def _scan_by_range(
+    store: Store, shard: ShardInfo, scanner: Scanner, sink: BlockSink | None, block_size: int
+) -> list[MemberRow]:
     """A random-access format's rows, their paths placed under the shard's folder."""
     shard_dir = posixpath.dirname(shard.name)
-    rows = scanner(_StoreBytes(store, shard))
+    rows = scanner(_StoreBytes(store, shard, sink, block_size))
     if not shard_dir:
         return rows
     placed: list[MemberRow] = []
@@ -131,7 +167,7 @@ def scan_shard(
     another format is read by range by its registered scanner."""
     scanner = scanner_for(shard.name)
     if scanner is not None:
-        return _scan_by_range(store, shard, scanner)
+        return _scan_by_range(store, shard, scanner, block_sink, block_size)
     rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)
     with store.open_stream(shard) as raw:
@@ -146,6 +182,11 @@ def scan_shard(
                 link = normalize_member_path(link, shard.name, member.header_offset)
             elif member.kind == MemberKind.SYMLINK:
                 link = check_symlink_target(link, shard.name, member.header_offset)
+            if member.folder:  # a member of an inner tar, presented in its folder
+                folder = normalize_member_path(member.folder, shard.name, member.header_offset)
+                path = posixpath.join(folder, path) if path else folder
+                if member.kind == MemberKind.HARDLINK:
+                    link = posixpath.join(folder, link)
             if shard_dir:
                 path = posixpath.join(shard_dir, path) if path else shard_dir
                 if member.kind == MemberKind.HARDLINK:

@@ -18,12 +18,12 @@ from .client import translate_errors, version_of
 from .shards import ShardInfo
 from .urls import (
     HTTP_PROTOCOLS,
-    SHARD_SUFFIX,
     Selection,
     compressed_advice,
     compressed_suffix,
     glob_regex,
     is_shard_name,
+    shard_patterns,
 )
 
 T = TypeVar("T")
@@ -74,7 +74,8 @@ class ShardListing:
             raise translate_errors(what, exc) from exc
 
     def shards(self) -> list[ShardInfo]:
-        """The shards the source URL names, sorted by name: every ``*.tar`` under a folder
+        """The shards the source URL names, sorted by name: every shard name (``*.tar``,
+        ``*.zip``: ``SHARD_SUFFIXES``) under a folder
         (recursively), the ones a glob matches, or exactly those a brace pattern or a
         ``.tar`` URL names (each must exist)."""
         selection = self.selection
@@ -210,11 +211,11 @@ class ShardListing:
         what = "match the pattern" if self.selection.globs else "found"
         if self._compressed:
             summary = self._compressed_summary()
-            raise SourceNotFoundError(f"{url}: no *{SHARD_SUFFIX} shards {what}, only {summary}")
+            raise SourceNotFoundError(f"{url}: no {shard_patterns()} shards {what}, only {summary}")
         if self.is_http and not self._listed:
             self._probe_folder()
         if self.is_http:
-            text = f"{url}: no *{SHARD_SUFFIX} links {what} in the server's folder listing"
+            text = f"{url}: no {shard_patterns()} links {what} in the server's folder listing"
             if not self._listed:
                 text += (
                     " (where a server lists no folders, as the Hugging Face hub, name the "
@@ -229,4 +230,4 @@ class ShardListing:
         exists = self.call(url, lambda: self.fs.exists(self.root))
         if not exists:
             raise SourceNotFoundError(f"{url}: no such folder or prefix")
-        raise SourceNotFoundError(f"{url}: no *{SHARD_SUFFIX} shards {what}")
+        raise SourceNotFoundError(f"{url}: no {shard_patterns()} shards {what}")

@@ -17,7 +17,7 @@ from ..errors import UsageError
 SHARD_SUFFIX = ".tar"
 # Every name suffix a listing takes for a shard; which parser reads each is the formats
 # package's business (``shardfs.formats.registry``).
-SHARD_SUFFIXES: tuple[str, ...] = (SHARD_SUFFIX,)
+SHARD_SUFFIXES: tuple[str, ...] = (SHARD_SUFFIX, ".zip")
 # A brace pattern naming more shards than this is a typo, not a dataset.
 MAX_PATTERN_SHARDS = 1_000_000
 HTTP_PROTOCOLS = ("http", "https")
@@ -29,6 +29,12 @@ COMPRESSED_SUFFIXES = {
 }  # fmt: skip
 # Characters that make a source URL a glob; ``{`` starts a brace pattern.
 _GLOB_CHARS = "*?["
+
+
+def shard_patterns() -> str:
+    """The shard names a listing takes, for messages: ``*.tar or *.zip``."""
+    patterns = [f"*{suffix}" for suffix in SHARD_SUFFIXES]
+    return " or ".join([", ".join(patterns[:-1]), patterns[-1]] if len(patterns) > 1 else patterns)
 
 
 def is_shard_name(name: str) -> bool:
@@ -187,7 +193,7 @@ def select(url: str) -> Selection:
     else:
         magic = [i for i in magic if url[i] != "{"]  # an unbalanced brace is literal
         if not magic:
-            if url.endswith(SHARD_SUFFIX):
+            if is_shard_name(url):
                 root, _, name = url.rpartition("/")
                 return Selection(root=root or ".", names=(name,), single=True)
             _refuse_compressed(url, (url,))

@@ -1,0 +1,158 @@
+"""zip shards and a tar of tars, written by the real tools, on a real mount over the S3
+server: every file is byte-identical, torchvision's ImageFolder sees the source's classes,
+the mount plus one full read downloads at most 1.05x the files' bytes, a remount downloads
+no shard at all, and a zip the mount cannot serve (deflated) fails with one line."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from support.datagen import make_imagefolder, relative_files, sha256_tree
+from support.mounts import assert_one_error_line, imagefolder_view, mount, new_bucket, umount
+from support.processes import is_mounted, run_shardfs
+from support.s3 import S3Server, settled_counts
+
+pytestmark = pytest.mark.integration
+
+# ImageNet-sized images (about 100 KB), so that per-member headers stay far below 5 %.
+CLASS_SIZES = {"n01440764": 5, "n01443537": 4, "n01484850": 6}
+IMAGE_BYTES = 100_000
+EGRESS_LIMIT = 1.05
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("archives") / "src"
+    make_imagefolder(root, CLASS_SIZES, image_bytes=IMAGE_BYTES, long_names=False)
+    return root
+
+
+@pytest.fixture
+def env(s3_server: S3Server) -> dict[str, str]:
+    return s3_server.env()
+
+
+def zip_tool(src: Path, out: Path, *flags: str) -> None:
+    subprocess.run(["zip", "-q", *flags, "-r", str(out), "."], cwd=src, check=True)
+
+
+def python_zip(src: Path, out: Path, *, zip64: bool) -> None:
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as archive:
+        for rel in relative_files(src):
+            info = zipfile.ZipInfo.from_file(src / rel, rel)
+            with archive.open(info, "w", force_zip64=zip64) as handle:
+                handle.write((src / rel).read_bytes())
+
+
+def gnu_tar_of_tars(src: Path, out: Path) -> None:
+    """ImageNet's train archive: a GNU tar of ``CLASS.tar``, each a GNU tar of the files."""
+    inner = out.parent / "inner"
+    inner.mkdir()
+    for name in sorted(CLASS_SIZES):
+        files = sorted(p.name for p in (src / name).iterdir())
+        subprocess.run(["tar", "-cf", str(inner / f"{name}.tar"), "-C", str(src / name), *files])
+    tars = sorted(p.name for p in inner.iterdir())
+    subprocess.run(["tar", "-cf", str(out), "-C", str(inner), *tars], check=True)
+    shutil.rmtree(inner)
+
+
+def write_archive(how: str, src: Path, out: Path) -> None:
+    if how == "zip-tool-stored":
+        zip_tool(src, out, "-0")
+    elif how in ("zipfile-stored", "zipfile-zip64"):
+        python_zip(src, out, zip64=how == "zipfile-zip64")
+    else:
+        gnu_tar_of_tars(src, out)
+
+
+ARCHIVES = {
+    "zip-tool-stored": "train.zip",
+    "zipfile-stored": "train.zip",
+    "zipfile-zip64": "train.zip",
+    "gnu-tar-of-tars": "ILSVRC2012_img_train.tar",
+}
+
+
+@pytest.mark.parametrize("how", sorted(ARCHIVES))
+def test_archive_mounts_as_the_imagefolder_it_was_made_from(
+    how: str,
+    src: Path,
+    s3_server: S3Server,
+    env: dict[str, str],
+    mountpoint: Path,
+    tmp_path: Path,
+) -> None:
+    if shutil.which("zip" if how.startswith("zip-tool") else "tar") is None:
+        pytest.fail(f"{how} needs its tool installed")
+    archive = tmp_path / "shards" / ARCHIVES[how]
+    archive.parent.mkdir()
+    write_archive(how, src, archive)
+    bucket = new_bucket(s3_server, how)
+    s3_server.filesystem().put_file(str(archive), f"{bucket}/data/{archive.name}")
+    source, key = f"s3://{bucket}/data/", f"{bucket}/data/{archive.name}"
+    cache = tmp_path / "cache"
+    files_bytes = sum((src / rel).stat().st_size for rel in relative_files(src))
+
+    s3_server.reset_counts()
+    mount(source, mountpoint, cache, env=env)
+    assert sha256_tree(mountpoint) == sha256_tree(src)
+    assert imagefolder_view(mountpoint) == imagefolder_view(src)
+    counts = settled_counts(s3_server)
+    egress = counts["get_object_bytes_by_key"].get(key, 0)
+    assert 0 < egress <= EGRESS_LIMIT * files_bytes, (egress, files_bytes)
+    umount(mountpoint)
+
+    s3_server.reset_counts()
+    mount(source, mountpoint, cache, env=env)
+    assert settled_counts(s3_server)["get_object_bytes_by_key"].get(key, 0) == 0
+    assert sorted(relative_files(mountpoint)) == relative_files(src)
+    umount(mountpoint)
+
+
+def test_a_zip_of_labelled_samples_mounts_with_the_imagefolder_layout(
+    src: Path, s3_server: S3Server, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    """``KEY.jpg`` + ``KEY.cls`` in a zip, as in a webdataset tar: ImageFolder targets are
+    the labels."""
+    labelled = tmp_path / "labelled"
+    labelled.mkdir()
+    labels = {}
+    for label, name in enumerate(sorted(CLASS_SIZES)):
+        for path in sorted((src / name).iterdir()):
+            key = f"{name}_{path.stem}"
+            shutil.copyfile(path, labelled / f"{key}.jpg")
+            (labelled / f"{key}.cls").write_text(str(label))
+            labels[key] = label
+    archive = tmp_path / "labelled.zip"
+    zip_tool(labelled, archive, "-0")
+    bucket = new_bucket(s3_server, "zip-labels")
+    s3_server.filesystem().put_file(str(archive), f"{bucket}/data/labelled.zip")
+    mount(f"s3://{bucket}/data/", mountpoint, tmp_path / "c", "--layout", "imagefolder", env=env)
+    _classes, _index, samples = imagefolder_view(mountpoint)
+    assert sorted((Path(p).stem, target) for p, target in samples) == sorted(labels.items())
+    for path, _target in samples:
+        assert (mountpoint / path).read_bytes() == (labelled / Path(path).name).read_bytes()
+    umount(mountpoint)
+
+
+def test_a_deflated_zip_fails_with_one_line_naming_the_member_and_the_fix(
+    s3_server: S3Server, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "src" / "cat"
+    folder.mkdir(parents=True)
+    (folder / "a.jpg").write_bytes(b"compressible " * 1000)
+    archive = tmp_path / "default.zip"
+    zip_tool(tmp_path / "src", archive)  # the zip tool deflates by default
+    bucket = new_bucket(s3_server, "zip-deflated")
+    s3_server.filesystem().put_file(str(archive), f"{bucket}/data/default.zip")
+    result = run_shardfs(
+        "mount", f"s3://{bucket}/data/", mountpoint, "--cache-dir", tmp_path / "c", env=env
+    )
+    line = assert_one_error_line(result)
+    assert result.returncode == 4 and not is_mounted(mountpoint)
+    assert "default.zip: member 'cat/a.jpg' is compressed (deflate" in line
+    assert "zip -0 -r" in line and "at offset" in line and "--skip-bad-shards" in line
