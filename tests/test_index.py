@@ -513,7 +513,7 @@ def test_a_schema_1_index_rescans_only_the_shards_with_labels_it_did_not_read(
     again, path = build(store, tmp_path / "local")
     assert again.scanned_shards == 1  # b.tar alone
     assert stored_row(path, "s3.v2.cls")[1] == 2
-    assert schema_of(path) == "2"
+    assert schema_of(path) == "3"
     assert build(store, tmp_path / "local")[0].scanned_shards == 0
 
     fresh, fresh_path = build(Store(store.config), tmp_path / "fresh")  # from the sidecar
@@ -530,8 +530,38 @@ def test_a_schema_1_index_without_such_labels_is_carried_over_without_a_scan(
     as_schema_1(path)
     again, path = build(store, tmp_path)
     assert again.scanned_shards == 0
-    assert schema_of(path) == "2"
+    assert schema_of(path) == "3"
     assert stored_row(path, "k.cls")[1] == 0
+
+
+def test_a_schema_2_index_rescans_only_the_shards_holding_a_tar(tmp_path: Path) -> None:
+    """Schema 2 kept a tar inside a tar as one file; schema 3 presents it as a folder, so
+    the shards holding a ``.tar`` member are scanned again and the others carried over."""
+    inner = make_tar([("x.jpg", b"x" * 700)])
+    store = store_with(
+        {
+            "a.tar": make_tar([("k.jpg", b"k"), ("k.cls", b"0")]),
+            "b.tar": make_tar([("n01.tar", inner)]),
+        }
+    )
+    _, path = build(store, tmp_path)
+    assert stored_row(path, "n01/x.jpg") is not None
+    conn = sqlite3.connect(path)
+    try:  # what schema 2 wrote for b.tar: the inner tar as a file
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema'")
+        conn.execute("DELETE FROM members WHERE path LIKE 'n01/%' OR path = 'n01'")
+        conn.execute(
+            "INSERT INTO members (shard, path, offset, size, mode, mtime, kind, link, label) "
+            "SELECT id, 'n01.tar', 512, ?, 420, 0, 0, '', NULL FROM shards WHERE name = 'b.tar'",
+            (len(inner),),
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    again, path = build(store, tmp_path)
+    assert again.scanned_shards == 1  # b.tar alone
+    assert schema_of(path) == "3"
+    assert stored_row(path, "n01/x.jpg") is not None
 
 
 # --- sidecars ---------------------------------------------------------------------------------

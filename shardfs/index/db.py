@@ -40,10 +40,12 @@ from .scan import BlockSink, scan_shard
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
-# Schema 1 read labels only from KEY.cls / KEY.json, not from KEY.v2.cls: its rows are
-# reused for every shard without such a member, and the others are scanned again.
+SCHEMA_VERSION = 3
+# Schema 1 read labels only from KEY.cls / KEY.json, not from KEY.v2.cls; schemas 1 and 2
+# kept a tar inside a tar as one file, where schema 3 presents it as a folder. An older
+# index's rows are reused for every shard without such a member, the others scanned again.
 _OLD_LABEL_SCHEMA = 1
+_OLD_NESTING_SCHEMA = 2
 SIDECAR_NAME = ".shardfs-index.sqlite"
 
 _SCHEMA = """
@@ -128,10 +130,12 @@ def _read_shard_table(path: Path) -> tuple[ShardTable, bool] | None:
         try:
             version = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             schema = int(version[0]) if version is not None else None
-            if schema not in (SCHEMA_VERSION, _OLD_LABEL_SCHEMA):
+            if schema not in (SCHEMA_VERSION, _OLD_NESTING_SCHEMA, _OLD_LABEL_SCHEMA):
                 return None
             rows = conn.execute("SELECT id, name, size, etag FROM shards").fetchall()
             stale = _unread_label_shards(conn) if schema == _OLD_LABEL_SCHEMA else set()
+            if schema != SCHEMA_VERSION:
+                stale |= _inner_tar_shards(conn)
         finally:
             conn.close()
     except (sqlite3.Error, ValueError):
@@ -154,6 +158,16 @@ def _unread_label_shards(conn: sqlite3.Connection) -> set[int]:
         if split is not None and "." in split[1] and label_extension(path) is not None:
             stale.add(shard)
     return stale
+
+
+def _inner_tar_shards(conn: sqlite3.Connection) -> set[int]:
+    """Shards of an index before schema 3 holding a ``.tar`` member, which may be a tar that
+    schema 3 presents as a folder."""
+    rows = conn.execute(
+        "SELECT DISTINCT shard FROM members WHERE kind = ? AND path LIKE '%.tar'",
+        (int(MemberKind.FILE),),
+    )
+    return {shard for (shard,) in rows}
 
 
 @dataclass(frozen=True)

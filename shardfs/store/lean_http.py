@@ -57,9 +57,7 @@ class LeanResponse:
         self._key = key
         self._conn: _Connection | None = conn
         self.status, self.headers, self.version = _read_head(conn.file)
-        self._keep = self.version == "HTTP/1.1" and (
-            self.headers.text("connection") != "close"
-        )
+        self._keep = self.version == "HTTP/1.1" and (self.headers.text("connection") != "close")
         self._chunked = "chunked" in self.headers.text("transfer-encoding")
         self._chunk_left = 0
         self._done = False
