@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .mds import refuse_zstd, scan_mds
 from .members import MemberRow
+from .parquet import scan_parquet
 from .source import ShardBytes
 
 Scanner = Callable[[ShardBytes], list[MemberRow]]
 
 # Name suffix -> scanner. Every suffix here is also in ``shardfs.store.urls.SHARD_SUFFIXES``
 # (tests/test_formats_registry.py checks it), so that listings pick the shards up.
-SCANNERS: dict[str, Scanner] = {}
+SCANNERS: dict[str, Scanner] = {
+    ".parquet": scan_parquet,
+    ".mds": scan_mds,
+    ".mds.zstd": refuse_zstd,
+}
 
 
 def scanner_for(name: str) -> Scanner | None:
