@@ -27,7 +27,7 @@ from .tar import MemberKind
 
 SUFFIX = ".mds"
 ZSTD_SUFFIX = ".mds.zstd"
-FRONT_READ = 64 << 10
+FRONT_READ = 4 << 10  # the count, offsets and config of a typical shard
 MERGE_GAP = 64  # two small ranges of a sample this close are read as one
 _INTS = {"int": (8, True)} | {
     f"{sign}int{bits}": (bits // 8, sign == "") for sign in ("", "u") for bits in (8, 16, 32, 64)

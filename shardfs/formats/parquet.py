@@ -35,7 +35,7 @@ from .thrift import list_field as _list
 from .thrift import text_field as _text
 
 MAGIC = b"PAR1"
-TAIL_READ = 64 << 10  # one read at the end usually holds the whole footer
+TAIL_READ = 8 << 10  # one read at the end holds a typical footer (datasets: 2-4 KB)
 HEADER_READ = 1 << 10  # a page header, its level section and its first value's length
 MAX_HEADER = 1 << 20
 SNIFF = 12  # bytes of an image read with its length, to name its type

@@ -248,7 +248,7 @@ class _Placer:
             elif names is not None:
                 folders = class_folders(names)
             else:
-                top = self.max_own.get(folder, -1)
+                top = max(self.max_own.values(), default=-1)  # the mount's largest label
                 folders = [numeric_folder(label, self.width) for label in range(top + 1)]
             for name in folders:
                 tree.directory(posixpath.join(split, name))
