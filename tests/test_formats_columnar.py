@@ -181,3 +181,13 @@ def test_arbitrary_bytes_give_bounded_rows_or_the_projects_error(data: bytes, ta
         except CorruptShardError:
             continue
         _bounded(rows, len(blob))
+
+
+def test_a_missing_writers_venv_fails_naming_make_writers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from support.columnar import writers_python
+
+    monkeypatch.setenv("SHARDFS_WRITERS_VENV", str(tmp_path / "absent"))
+    with pytest.raises(AssertionError, match=r"run `make writers`"):
+        writers_python()

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.columnar import Item, make_manifest, write
-from support.datagen import noise_jpeg
+from support.columnar import CLASSES, Item, make_manifest, write
+from support.datagen import noise_jpeg, relative_files
 from support.mounts import imagefolder_view, mount, new_bucket, umount
 from support.processes import run_shardfs
 from support.s3 import S3Server
@@ -62,6 +62,10 @@ def test_columnar_mount_serves_images_and_labels(
     bucket = new_bucket(s3_server, f"col-{fmt}")
     local = root / fmt / "data" if fmt == "parquet" else root / fmt
     s3_server.upload_dir(local, f"{bucket}/ds")
+    if fmt == "mds":  # MDS has no class names of its own: a classes.txt beside the splits
+        names = root / "classes.txt"
+        names.write_text("\n".join(CLASSES) + "\n")
+        s3_server.filesystem().put_file(str(names), f"{bucket}/ds/classes.txt")
     prefix = f"{bucket}/ds/"
     shard_total = sum(
         p.stat().st_size for p in local.rglob("*") if p.suffix in (".parquet", ".mds")
@@ -79,7 +83,8 @@ def test_columnar_mount_serves_images_and_labels(
     for split in COUNTS:
         classes, _, samples = imagefolder_view(mountpoint / split, allow_empty=True)
         expected = [i for i in items if i.split == split and i.label >= 0]
-        assert len(classes) == 3  # every class has a folder, the empty one too
+        # Every class has a folder, the empty one too, named so that they sort by label.
+        assert classes == ["0_zebra", "1_apple", "2_mango"]
         got = []
         for rel, target in samples:
             data = (mountpoint / split / rel).read_bytes()  # one full epoch
@@ -97,9 +102,17 @@ def test_columnar_mount_serves_images_and_labels(
     assert egress <= 1.05 * images, (egress, images)
     umount(mountpoint)
 
+    # A remount (raw this time: the view is rebuilt from the persisted index) fetches
+    # nothing, and shows every image, the unlabelled one too, at SPLIT/FILE.
     s3_server.reset_counts()
-    mount(f"s3://{bucket}/ds/", mountpoint, cache, "--layout", "imagefolder", env=env)
+    mount(f"s3://{bucket}/ds/", mountpoint, cache, "--layout", "raw", env=env)
     assert _shard_bytes(s3_server.counts(), prefix) == 0
+    raw = {path: _sha((mountpoint / path).read_bytes()) for path in relative_files(mountpoint)}
+    assert sorted(raw.values()) == sorted(_sha(i.data()) for i in items)
+    assert all(
+        path.count("/") == 1 and by_sha[sha].split == path.split("/")[0]
+        for path, sha in raw.items()
+    )
     umount(mountpoint)
 
 

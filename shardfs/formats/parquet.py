@@ -32,10 +32,11 @@ from .thrift import Struct, ThriftError, Value, read_struct
 from .thrift import field_of as _get
 from .thrift import int_field as _int
 from .thrift import list_field as _list
+from .thrift import struct_field as _struct
 from .thrift import text_field as _text
 
 MAGIC = b"PAR1"
-TAIL_READ = 8 << 10  # one read at the end holds a typical footer (datasets: 2-4 KB)
+TAIL_READ = 8 << 10  # one read at the end holds a typical footer (datasets: ~7 KB)
 HEADER_READ = 1 << 10  # a page header, its level section and its first value's length
 MAX_HEADER = 1 << 20
 SNIFF = 12  # bytes of an image read with its length, to name its type
@@ -255,7 +256,7 @@ def _decode_page(
         raise PageError("a page runs past its column chunk")
     raw = data[body:end]
     if kind == 2:  # the dictionary
-        count = _int(header[7], 1, "dictionary page")
+        count = _int(_struct(header, 7, "page header"), 1, "dictionary page")
         dictionary[:] = plain_values(leaf.physical, decompress(codec, raw, size), 0, count)
         return end
     if kind not in (0, 3):
@@ -263,7 +264,7 @@ def _decode_page(
     if leaf.max_rep:
         raise PageError("repeated columns are not read")
     if kind == 0:
-        page_header = header[5]
+        page_header = _struct(header, 5, "page header")
         count, encoding = _int(page_header, 1, "data page"), _int(page_header, 2, "data page")
         page = decompress(codec, raw, size)
         pos = 0
@@ -273,7 +274,7 @@ def _decode_page(
         else:
             levels = [0] * count
     else:
-        page_header = header[8]
+        page_header = _struct(header, 8, "page header")
         count, encoding = _int(page_header, 1, "data page"), _int(page_header, 4, "data page")
         def_len, rep_len = _int(page_header, 5, "data page"), _int(page_header, 6, "data page")
         if def_len < 0 or rep_len < 0 or rep_len + def_len > len(raw):
@@ -344,7 +345,7 @@ def _image_page(
     if leaf.max_rep:
         raise PageError("repeated image columns are not read")
     v2 = kind == 3
-    page_header = header[8] if v2 else header[5]
+    page_header = _struct(header, 8 if v2 else 5, "page header")
     count = _int(page_header, 1, "data page")
     encoding = _int(page_header, 4 if v2 else 2, "data page")
     compressed = codec != 0 and (not v2 or _get(page_header, 7, bool, "data page", True))
@@ -437,7 +438,14 @@ def _chunks(group: Value) -> tuple[int, dict[tuple[str, ...], Value]]:
 
 def scan_parquet(shard: ShardBytes) -> list[MemberRow]:
     """The index rows of one parquet shard (module docstring)."""
-    reader = _Reader(shard)
+    try:
+        return _scan(_Reader(shard))
+    except ValueError as exc:  # a field check outside a page's own guard
+        raise CorruptShardError(shard.name, 0, f"malformed metadata: {exc}") from None
+
+
+def _scan(reader: _Reader) -> list[MemberRow]:
+    shard = reader.shard
     meta, footer_at = _footer(reader)
     try:
         leaves = _leaves(meta)

@@ -153,3 +153,9 @@ def text_field(struct: Value, field: int, what: str) -> str:
     value = field_of(struct, field, bytes, what)
     assert isinstance(value, bytes)
     return value.decode("utf-8", "replace")
+
+
+def struct_field(struct: Value, field: int, what: str) -> Struct:
+    value = field_of(struct, field, dict, what)
+    assert isinstance(value, dict)
+    return value
