@@ -2,11 +2,19 @@
 so that ImageFolder's class indices, which count the folders in sorted order, equal the
 labels: names that already sort in label order are kept (``cat``, ``dog``); otherwise every
 folder is ``{label:0Nd}_{name}`` (``0_zebra``, ``1_apple``); with no names, the label's
-digits, zero-padded to one width so that they sort as numbers."""
+digits, zero-padded to one width so that they sort as numbers. And a generated file
+name's extension, from the image's first bytes."""
 
 from __future__ import annotations
 
 MAX_CLASS_NAME_BYTES = 200  # leaves room for a prefix within a 255-byte folder name
+_IMAGE_MAGIC = [
+    (b"\xff\xd8\xff", "jpg"),
+    (b"\x89PNG", "png"),
+    (b"BM", "bmp"),
+    (b"II*\x00", "tiff"),
+    (b"MM\x00*", "tiff"),
+]
 
 
 def _usable(name: str) -> bool:
@@ -42,3 +50,10 @@ def class_folders(names: list[str]) -> list[str]:
 def numeric_folder(label: int, width: int) -> str:
     """A label's folder when no names are known: its digits, zero-padded to ``width``."""
     return f"{label:0{width}d}"
+
+
+def image_extension(head: bytes) -> str:
+    """An image's file extension from its first bytes (``bin`` when unknown)."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "webp"
+    return next((ext for magic, ext in _IMAGE_MAGIC if head.startswith(magic)), "bin")

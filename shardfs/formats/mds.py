@@ -20,8 +20,9 @@ import posixpath
 from typing import NoReturn
 
 from ..errors import CorruptShardError
+from .classes import image_extension
 from .members import MAX_LABEL, MemberRow, normalize_member_path
-from .parquet import FILE_MODE, SNIFF, image_extension
+from .parquet import FILE_MODE, SNIFF
 from .source import ShardBytes
 from .tar import MemberKind
 

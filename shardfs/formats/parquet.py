@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from ..errors import CorruptShardError, UnsafeMemberError
-from .classes import class_folders
+from .classes import class_folders, image_extension
 from .members import MAX_LABEL, MemberRow, is_image_name, normalize_member_path
 from .pages import PageError, decompress, hybrid, plain_values
 from .source import ShardBytes
@@ -49,13 +49,6 @@ _FIX = (
 )
 _CODECS = {1: "SNAPPY", 2: "GZIP", 3: "LZO", 4: "BROTLI", 5: "LZ4", 6: "ZSTD", 7: "LZ4_RAW"}
 _ENCODINGS = {2: "PLAIN_DICTIONARY", 8: "RLE_DICTIONARY", 6: "DELTA_LENGTH_BYTE_ARRAY"}
-_IMAGE_MAGIC = [
-    (b"\xff\xd8\xff", "jpg"),
-    (b"\x89PNG", "png"),
-    (b"BM", "bmp"),
-    (b"II*\x00", "tiff"),
-    (b"MM\x00*", "tiff"),
-]
 
 
 @dataclass(frozen=True)
@@ -230,7 +223,7 @@ def _small_column(reader: _Reader, meta: Value, leaf: Leaf, rows: int) -> list[i
         except ThriftError as exc:
             reader.fail(start + exc.offset, f"{what}: page header: {exc.reason}")
         try:
-            pos = _decode_page(header, data, body, codec, leaf, dictionary, out)
+            pos = _decode_page(header, data, body, codec, leaf, dictionary, out, rows - len(out))
         except (PageError, ValueError) as exc:
             reader.fail(start + pos, f"{what}: {exc}")
     if len(out) != rows:
@@ -246,8 +239,10 @@ def _decode_page(
     leaf: Leaf,
     dictionary: list[int | bytes],
     out: list[int | bytes | None],
+    rows: int,
 ) -> int:
-    """Decode one page of a small column into ``out``; returns the offset past it."""
+    """Decode one page of a small column into ``out`` (which ``rows`` values fill);
+    returns the offset past it."""
     kind = _int(header, 1, "page header")
     size = _int(header, 2, "page header")
     stored = _int(header, 3, "page header")
@@ -266,6 +261,7 @@ def _decode_page(
     if kind == 0:
         page_header = _struct(header, 5, "page header")
         count, encoding = _int(page_header, 1, "data page"), _int(page_header, 2, "data page")
+        _check_count(count, rows)
         page = decompress(codec, raw, size)
         pos = 0
         if leaf.max_def:
@@ -276,6 +272,7 @@ def _decode_page(
     else:
         page_header = _struct(header, 8, "page header")
         count, encoding = _int(page_header, 1, "data page"), _int(page_header, 4, "data page")
+        _check_count(count, rows)
         def_len, rep_len = _int(page_header, 5, "data page"), _int(page_header, 6, "data page")
         if def_len < 0 or rep_len < 0 or rep_len + def_len > len(raw):
             raise PageError("level sections run past the page")
@@ -300,6 +297,12 @@ def _decode_page(
     values_iter = iter(found)
     out += [next(values_iter) if level == leaf.max_def else None for level in levels]
     return end
+
+
+def _check_count(count: int, room: int) -> None:
+    """A page's value count fits the rows its row group has left (levels are expanded)."""
+    if not 0 <= count <= room:
+        raise PageError(f"a page of {count} values where {room} rows are left")
 
 
 ImageValue = tuple[int, int, bytes]  # (data offset, size, first bytes)
@@ -387,13 +390,6 @@ def _image_page(
         out.append((cursor + 4, size, head[4 : 4 + min(size, SNIFF)]))
         cursor += 4 + size
     return out
-
-
-def image_extension(head: bytes) -> str:
-    """An image's file extension from its first bytes (``bin`` when unknown)."""
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return "webp"
-    return next((ext for magic, ext in _IMAGE_MAGIC if head.startswith(magic)), "bin")
 
 
 def split_of(name: str) -> str:
