@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test test-unit lint format clean bench bench-scale bench-deps bench-small
+.PHONY: setup system-deps demo test test-unit lint format clean bench bench-scale bench-deps bench-small writers
 
 setup: system-deps $(STAMP)
 
@@ -20,8 +20,28 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(BIN)/python scripts/demo.py
 
-test: setup
+test: setup writers
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The writers venv: the real tools that write the parquet and MDS test fixtures (datasets,
+# pyarrow, mosaicml-streaming's MDSWriter), apart from .venv because their pins conflict
+# with it (numpy<2.2 for streaming). streaming is installed without its dependencies (every
+# cloud SDK) plus the few MDSWriter imports; torch comes from .venv through a .pth file,
+# which Python appends after the writers' own packages. The tests run the scripts in
+# tests/support/writers/ under it, and fail naming `make writers` when it is missing.
+WRITERS := .venv-writers
+WRITERS_STAMP := $(WRITERS)/.installed
+WRITERS_REQS := tests/support/writers/requirements.txt tests/support/writers/requirements-nodeps.txt
+
+writers: setup $(WRITERS_STAMP)
+
+$(WRITERS_STAMP): $(WRITERS_REQS)
+	$(PYTHON) -m venv $(WRITERS)
+	$(WRITERS)/bin/pip install -q -r tests/support/writers/requirements.txt
+	$(WRITERS)/bin/pip install -q --no-deps -r tests/support/writers/requirements-nodeps.txt
+	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+		> "$$($(WRITERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-shardfs-venv.pth"
+	touch $@
 
 test-unit: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not integration and not s3"
@@ -120,7 +140,7 @@ newcomer: setup
 	$(BIN)/python scripts/newcomer_check.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(WRITERS) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 FUZZ_STAMP := $(VENV)/.fuzz-installed
 FUZZ_SECONDS ?= 600

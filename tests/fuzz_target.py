@@ -85,6 +85,25 @@ def check_zip(data: bytes) -> bool:
     return True
 
 
+def check_columnar(data: bytes) -> None:
+    """The parquet and MDS scanners over the same bytes (as a file, and with parquet's
+    magic at its end): rows lie within the file, or the shard is refused."""
+    from shardfs.formats.mds import scan_mds
+    from shardfs.formats.parquet import scan_parquet
+    from shardfs.formats.source import BytesShard
+
+    for name, scanner, blob in (
+        ("fuzz.parquet", scan_parquet, data + b"PAR1"),
+        ("fuzz.mds", scan_mds, data),
+    ):
+        try:
+            rows = scanner(BytesShard(name, blob))
+        except ShardfsError:
+            continue
+        for path, offset, size, *_ in rows:
+            assert path and offset >= 0 and size >= 0 and offset + size <= len(blob)
+
+
 def check_views(data: bytes, root: Path) -> None:
     """The real scan over a local folder, then both views; every file lies in the shard."""
     shutil.rmtree(root, ignore_errors=True)
@@ -111,6 +130,7 @@ def check_views(data: bytes, root: Path) -> None:
 def check(data: bytes, root: Path | None = None) -> None:
     """Everything the fuzzer asserts about one input; ``root`` enables the view pass."""
     check_zip(data)
+    check_columnar(data)
     if check_members(data) and root is not None:
         check_views(data, root)
 

@@ -10,6 +10,7 @@ import posixpath
 from ..errors import UnsafeMemberError
 
 LABEL_EXTENSIONS = frozenset({"cls", "json"})
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
 MAX_LABEL_BYTES = 64 << 10
 
 MemberRow = tuple[str, int, int, int, int, int, str, "int | None"]
@@ -31,6 +32,12 @@ def split_key(path: str) -> tuple[str, str] | None:
 def last_extension(ext: str) -> str:
     """The part of an extension that names the type, lower-cased: ``v2.PNG`` -> ``png``."""
     return ext.rpartition(".")[2].lower()
+
+
+def is_image_name(path: str) -> bool:
+    """Whether a member is an image by its name: its last extension is an image one."""
+    base = posixpath.basename(path)
+    return "." in base and last_extension(base) in IMAGE_EXTENSIONS
 
 
 def label_extension(path: str) -> str | None:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .mds import refuse_zstd, scan_mds
 from .members import MemberRow
+from .parquet import scan_parquet
 from .source import ShardBytes
 from .zip import scan_zip
 
@@ -19,7 +21,25 @@ Scanner = Callable[[ShardBytes], list[MemberRow]]
 
 # Name suffix -> scanner. Every suffix here is also in ``shardfs.store.urls.SHARD_SUFFIXES``
 # (tests/test_formats_registry.py checks it), so that listings pick the shards up.
-SCANNERS: dict[str, Scanner] = {".zip": scan_zip}
+SCANNERS: dict[str, Scanner] = {
+    ".zip": scan_zip,
+    ".parquet": scan_parquet,
+    ".mds": scan_mds,
+    ".mds.zstd": refuse_zstd,
+}
+
+
+# Formats whose scan reads by whole cache blocks, handed to the cache: a zip's local headers
+# sit before every member, so its scan touches nearly every block anyway, and those bytes
+# are then not fetched again. The others read exact small ranges (a parquet footer and page
+# heads, an MDS offsets table and labels) and leave the images to the first epoch, so that
+# a mount costs a few percent of the data, also through a cache smaller than the dataset.
+WHOLE_BLOCK_SCANS = (".zip",)
+
+
+def reads_whole_blocks(name: str) -> bool:
+    """Whether the scan of this shard reads whole cache blocks (``WHOLE_BLOCK_SCANS``)."""
+    return name.endswith(WHOLE_BLOCK_SCANS)
 
 
 def scanner_for(name: str) -> Scanner | None:

@@ -18,7 +18,7 @@ from ..formats.members import (
     normalize_member_path,
     parse_label,
 )
-from ..formats.registry import Scanner, scanner_for
+from ..formats.registry import Scanner, reads_whole_blocks, scanner_for
 from ..formats.tar import MemberKind, TarMember, iter_members
 from ..store.remote import Store
 from ..store.shards import Readable, ShardInfo
@@ -164,10 +164,12 @@ def scan_shard(
 ) -> list[MemberRow]:
     """Index one shard: a row per member worth serving. A tar shard is streamed front to
     back, and with ``block_sink`` every block of it is handed to the sink too; a shard of
-    another format is read by range by its registered scanner."""
+    another format is read by range by its registered scanner, by whole blocks handed to
+    the sink where the format's scan reads most of them anyway (``reads_whole_blocks``)."""
     scanner = scanner_for(shard.name)
     if scanner is not None:
-        return _scan_by_range(store, shard, scanner, block_sink, block_size)
+        sink = block_sink if reads_whole_blocks(shard.name) else None
+        return _scan_by_range(store, shard, scanner, sink, block_size)
     rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)
     with store.open_stream(shard) as raw:

@@ -17,7 +17,7 @@ from ..errors import UsageError
 SHARD_SUFFIX = ".tar"
 # Every name suffix a listing takes for a shard; which parser reads each is the formats
 # package's business (``shardfs.formats.registry``).
-SHARD_SUFFIXES: tuple[str, ...] = (SHARD_SUFFIX, ".zip")
+SHARD_SUFFIXES: tuple[str, ...] = (SHARD_SUFFIX, ".zip", ".parquet", ".mds", ".mds.zstd")
 # A brace pattern naming more shards than this is a typo, not a dataset.
 MAX_PATTERN_SHARDS = 1_000_000
 HTTP_PROTOCOLS = ("http", "https")

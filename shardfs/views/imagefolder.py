@@ -17,18 +17,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from ..formats.members import LABEL_EXTENSIONS, last_extension, split_key
+from ..formats.classes import class_folders, numeric_folder
+from ..formats.members import (
+    IMAGE_EXTENSIONS,
+    LABEL_EXTENSIONS,
+    is_image_name,
+    label_extension,
+    last_extension,
+    split_key,
+)
 from ..formats.tar import MemberKind
 from ..index.db import iter_member_rows
 from .tree import TreeWriter, ViewReport
 
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
-
-
-def is_image_name(path: str) -> bool:
-    """Whether a member is an image by its name: its last extension is an image one."""
-    base = posixpath.basename(path)
-    return "." in base and last_extension(base) in IMAGE_EXTENSIONS
+__all__ = ["IMAGE_EXTENSIONS", "build_imagefolder", "is_image_name"]
 
 
 Image = tuple[str, int, int, int, int]
@@ -69,6 +71,7 @@ def build_imagefolder(
         return False
     for shard, path, offset, size, mode, mtime in placer.placed:
         tree.entry(path, MemberKind.FILE, shard, offset, size, mode, mtime)
+    placer.class_folders(tree)
     return True
 
 
@@ -90,6 +93,12 @@ def _samples_by_shard(
             by_path.clear()  # hard links refer to earlier members of the same shard
             folder = posixpath.dirname(placer.shard_names[shard])
         member = path[len(folder) + 1 :] if folder else path  # as in the tar
+        if label is not None and kind == MemberKind.DIRECTORY:
+            placer.declare(shard, member, label)
+            continue
+        if label is not None and kind == MemberKind.FILE and label_extension(member) is None:
+            placer.own(shard, member, (offset, size, mode, mtime), label)
+            continue
         if kind == MemberKind.DIRECTORY:
             continue  # folders present nothing of their own
         if kind == MemberKind.SYMLINK:
@@ -154,6 +163,11 @@ class _Placer:
         self.strict = strict
         self.leaving_out = False  # an image is left out: a strict build will not be used
         self.placed: list[Placed] = []
+        # Rows that carry their own label (parquet, MDS): class folders by split folder.
+        self.declared: dict[str, dict[int, str]] = {}  # the shard's own class folders
+        self.splits: dict[str, str] = {}  # split folder -> its shards' folder
+        self.max_own: dict[str, int] = {}  # shards' folder -> its largest own label
+        self.own_shards: set[int] = set()
 
     def class_name(self, shard: int, label: int) -> str:
         folder = posixpath.dirname(self.shard_names[shard])
@@ -190,6 +204,54 @@ class _Placer:
                 self.placed.append((shard, path, offset, size, mode, mtime))
         report.labeled += labeled_here
         report.labeled_shards += labeled_here > 0
+
+    def declare(self, shard: int, member: str, label: int) -> None:
+        """A class folder a shard names itself (a parquet ClassLabel): made even if empty."""
+        folder = posixpath.dirname(self.shard_names[shard])
+        split = posixpath.join(folder, posixpath.dirname(member))
+        self.declared.setdefault(split, {})[label] = posixpath.basename(member)
+        self.splits.setdefault(split, folder)
+
+    def own(self, shard: int, member: str, data: tuple[int, int, int, int], label: int) -> None:
+        """An image row that carries its own label: ``SPLIT/FILE`` goes to
+        ``SPLIT/CLASS/FILE``, CLASS the shard's own name for it, else from the classes
+        list (``formats.classes.class_folders``), else the label's padded digits."""
+        folder = posixpath.dirname(self.shard_names[shard])
+        split = posixpath.join(folder, posixpath.dirname(member))
+        self.report.images += 1
+        self.report.labeled += 1
+        if shard not in self.own_shards:
+            self.own_shards.add(shard)
+            self.report.labeled_shards += 1
+        self.splits.setdefault(split, folder)
+        self.max_own[folder] = max(self.max_own.get(folder, -1), label)
+        name = self.declared.get(split, {}).get(label) or self._own_class(shard, label)
+        if not (self.leaving_out and self.strict):
+            path = posixpath.join(split, name, posixpath.basename(member))
+            self.placed.append((shard, path, *data))
+
+    def _own_class(self, shard: int, label: int) -> str:
+        names = self.classes_for(posixpath.dirname(self.shard_names[shard]))
+        if names is None:
+            return numeric_folder(label, self.width)
+        self.class_name(shard, label)  # refuses a label the list does not name
+        return class_folders(names)[label]
+
+    def class_folders(self, tree: TreeWriter) -> None:
+        """Every class's folder in each split of self-labelled rows, also the empty ones,
+        so that ImageFolder's class indices equal the labels."""
+        for split, folder in self.splits.items():
+            declared = self.declared.get(split)
+            names = self.classes_for(folder)
+            if declared:
+                folders = list(declared.values())
+            elif names is not None:
+                folders = class_folders(names)
+            else:
+                top = max(self.max_own.values(), default=-1)  # the mount's largest label
+                folders = [numeric_folder(label, self.width) for label in range(top + 1)]
+            for name in folders:
+                tree.directory(posixpath.join(split, name))
 
     def unsplit(self, shard: int, member: str) -> None:
         """An image whose name has no key (``.x.png``): it cannot have a label."""

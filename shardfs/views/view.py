@@ -51,7 +51,7 @@ __all__ = [
     "view_key",
 ]
 
-VIEW_VERSION = 4  # 4: imagefolder keys by webdataset's rule, member folders kept
+VIEW_VERSION = 5  # 5: rows that carry their own label (parquet, MDS)
 CLASSES_FILE = "classes.txt"
 
 _VIEW_SCHEMA = """
@@ -114,7 +114,8 @@ def _build_raw(conn: sqlite3.Connection, tree: TreeWriter, report: ViewReport) -
             by_path.clear()  # hard links refer to earlier members of the same shard
             current_shard = shard
         if kind == MemberKind.DIRECTORY:
-            tree.directory(path, mode, mtime)
+            if _label is None:  # a labelled folder is a class the imagefolder view makes
+                tree.directory(path, mode, mtime)
         elif kind == MemberKind.FILE:
             by_path[path] = (offset, size, mode, mtime)
             tree.entry(path, MemberKind.FILE, shard, offset, size, mode, mtime)
