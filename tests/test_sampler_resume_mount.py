@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +161,46 @@ def test_resume_on_the_mount_matches_the_uninterrupted_run(
         assert len(after) == 3 * per_epoch - per_epoch - stop_after
         assert before + after == reference
     assert reference[per_epoch : 2 * per_epoch] != reference[:per_epoch]  # epochs differ
+
+
+def world_loader(
+    dataset: DigestFolder, mode: str, workers: int, nodes: int, local: int, rank: int
+) -> StatefulDataLoader:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler = ShardSampler(
+            dataset, mode=mode, seed=SEED, num_replicas=nodes * local, rank=rank,  # type: ignore[arg-type]
+            num_nodes=nodes,
+        )  # fmt: skip
+    return StatefulDataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=workers)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mode", ["shard", "uniform"])
+@pytest.mark.parametrize("after", [(1, 2), (3, 1)])
+def test_a_checkpoint_on_the_mount_resumes_on_another_world(
+    mounted: Path, mode: str, workers: int, after: tuple[int, int]
+) -> None:
+    """2 nodes x 2 ranks stop after 2 batches each; rank 0's state resumes 1 x 2 and 3 x 1:
+    every image once but for padding, each byte right, every new rank the same count."""
+    dataset = DigestFolder(mounted)
+    truth = {i: zlib.crc32(Path(path).read_bytes()) for i, (path, _) in enumerate(dataset.samples)}
+    seen, state = [], None
+    for rank in range(4):
+        loader = world_loader(dataset, mode, workers, 2, 2, rank)
+        loader.sampler.set_epoch(1)  # type: ignore[attr-defined]
+        iterator = iter(loader)
+        seen += [pair for _ in range(2) for pair in as_lists(next(iterator))]
+        state = loader.state_dict() if rank == 0 else state
+        del iterator
+    rest = []
+    for rank in range(after[0] * after[1]):
+        loader = world_loader(dataset, mode, workers, *after, rank)
+        loader.load_state_dict(state)
+        rest.append([pair for batch in loader for pair in as_lists(batch)])
+    every = seen + [pair for r in rest for pair in r]
+    assert all(digest == truth[index] for index, digest in every)
+    assert len({len(r) for r in rest}) == 1
+    counts = Counter(index for index, _ in every)
+    assert set(counts) == set(range(NUM_IMAGES))
+    assert sum(counts.values()) - NUM_IMAGES <= after[0] * after[1] - 1
