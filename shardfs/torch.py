@@ -26,7 +26,6 @@ from torch.utils.data import Sampler
 
 from .sampling import state as states
 from .sampling.plan import (
-    DEFAULT_CANONICAL,
     DEFAULT_WINDOW,
     IntArray,
     Mode,
@@ -41,7 +40,6 @@ from .sampling.plan import (
 )
 
 __all__ = [
-    "DEFAULT_CANONICAL",
     "DEFAULT_WINDOW",
     "NodePlan",
     "ShardSampler",
@@ -197,14 +195,11 @@ class ShardSampler(Sampler[int]):
         drop_last: bool = False,
         hint: bool = True,
         window: float = DEFAULT_WINDOW,
-        canonical: int = DEFAULT_CANONICAL,
     ) -> None:
         if mode not in ("shard", "uniform"):
             raise ValueError(f"mode must be 'shard' or 'uniform', not {mode!r}")
         if not window > 0:
             raise ValueError(f"window must be more than 0 shards, not {window}")
-        if canonical < 1:
-            raise ValueError(f"canonical must be at least 1 part, not {canonical}")
         samples = _samples_of(dataset)
         self.mode: Mode = mode
         self.shuffle = shuffle
@@ -212,7 +207,6 @@ class ShardSampler(Sampler[int]):
         self.drop_last = drop_last
         self.hint = hint
         self.window = window
-        self.canonical = canonical
         self.world = _detect_world(num_replicas, rank, num_nodes, node_rank)
         self.num_samples = len(samples)
         self.epoch = 0
@@ -237,7 +231,6 @@ class ShardSampler(Sampler[int]):
             "shuffle": shuffle,
             "drop_last": drop_last,
             "window": window,
-            "canonical": canonical,
             "num_samples": self.num_samples,
             "table": states.fingerprint(*((table.shard_of, table.rows) if table else (None,))),
         }
@@ -275,7 +268,6 @@ class ShardSampler(Sampler[int]):
             drop_last=self.drop_last,
             within=table.rows if table is not None else None,
             base=self._base,
-            canonical=self.canonical,
             done=done,
         )
 

@@ -3,12 +3,13 @@ of more or fewer nodes and ranks, deals the rest of the same epoch order."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
 from test_sampler import uneven_table
 
-from shardfs.sampling.plan import Segment, epoch_order, legacy_node_order, run_order
+from shardfs.sampling.plan import Segment, deal, draw_epoch, legacy_node_order, run_order
 from shardfs.torch import World, per_rank_length, plan_node, plan_rank
 
 # (nodes, ranks per node) before and after: world sizes 4->2, 4->8, 2->6, 8->3, and more.
@@ -79,21 +80,22 @@ def test_chained_resumes_cover_the_epoch_once() -> None:
     assert set(counts) == set(range(n)) and sum(counts.values()) - n <= 5
 
 
-def test_the_epoch_order_does_not_depend_on_the_world() -> None:
-    """One node reads the epoch order itself; a node of a bigger world reads the same order
-    restricted to its share."""
+def test_what_an_epoch_draws_does_not_depend_on_the_world() -> None:
+    """One node reads the epoch order; the nodes of any world read their shares in the same
+    shard order (a window too small to mix shards keeps each shard's run whole)."""
     n = len(SHARD_OF)
-    order = epoch_order(SHARD_OF, num_samples=n, seed=5, epoch=2).tolist()
-    assert ranks_of(1, 1) == [order]
-    position = {index: p for p, index in enumerate(order)}
+    drawn = draw_epoch(SHARD_OF, num_samples=n, seed=5, epoch=2)
+    assert ranks_of(1, 1) == [deal(drawn, None, nodes=1, local=1, drop_last=False)[0][0].tolist()]
+    alone = plan_node(SHARD_OF, num_samples=n, seed=5, epoch=2, window=0.01).order
+    first_seen = list(dict.fromkeys(SHARD_OF[alone].tolist()))
     for nodes in (2, 3, 5):
         for node in range(nodes):
-            plan = plan_node(
-                SHARD_OF, num_samples=n, world=World(nodes, node, 1, 0), seed=5, epoch=2
-            )
-            mine = list(dict.fromkeys(plan.order.tolist()))  # padding repeats come last
-            assert [position[i] for i in mine] == sorted(position[i] for i in mine)
-    assert order != epoch_order(SHARD_OF, num_samples=n, seed=5, epoch=3).tolist()
+            world = World(nodes, node, 1, 0)
+            plan = plan_node(SHARD_OF, num_samples=n, world=world, seed=5, epoch=2, window=0.01)
+            runs = [int(s) for s, _ in itertools.groupby(SHARD_OF[plan.order].tolist())]
+            mine = [s for s in first_seen if s in set(runs)]
+            assert runs[: len(mine)] == mine, (nodes, node)  # then padding, from its head
+    assert ranks_of(1, 1) != [plan_node(SHARD_OF, num_samples=n, seed=5, epoch=3).order.tolist()]
 
 
 def shards(indices: list[int]) -> set[int]:

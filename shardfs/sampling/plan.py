@@ -1,17 +1,16 @@
 """An epoch's order, and how a world of nodes and ranks deals it.
 
-The order of an epoch does not depend on the world. ``epoch_order`` is a pure numpy
-function of (seed, epoch, table, ``canonical``): the run order (``run_order``, every
-shard's samples together, shards in a per-run order) is cut into ``canonical`` parts of
-whole shards, contiguous in the run order; each epoch the parts come in a fresh order, the
-shards of a part in a fresh order, and every sample drifts forward over a window of
-``window`` shards. A world then splits the run order between its nodes by sample count (a
-node's share is a contiguous range of whole shards, only boundary shards shared), each node
-reads the epoch order restricted to its share, and deals it to its ranks in turn.
+What an epoch draws does not depend on the world (``draw_epoch``, a pure numpy function of
+seed, epoch and table): the order of the shards and each sample's drift. Shards keep a
+per-run order (``run_order``) that a world splits between its nodes by sample count, so a
+node's share is a contiguous range of whole shards (only boundary shards shared) and stays
+the same every epoch. Each node reads its share in the epoch's shard order, each sample
+moved forward by its own drift, so the node mixes about ``window`` of its shards at a time;
+its ranks take that sequence in turn. One node reads the epoch order itself.
 
 A resume point is a list of segments ``(nodes, ranks per node, indices yielded per rank)``:
 each segment dealt what the ones before left (``consumed``), so a state saved under one
-world resumes under any other by dealing the rest of the same epoch order.
+world resumes under any other by dealing the rest of the same epoch.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import numpy.typing as npt
 Mode = Literal["shard", "uniform"]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
 
 DEFAULT_WINDOW = 8
 """Shards mixed at a time in shard mode (bench/shuffle_quality.py, 1,000 classes x 128 in
@@ -34,13 +34,6 @@ classes per batch of 256, lag-1 0.001, KS 0.075). On a class-sorted pack quality
 the window (classes per batch 36 at 4, 66 at 8, 110 at 16) while the live set of shards the
 cache must hold grows with it (5, 9, 16 per batch); 8 is the middle: twice the mixing of 4
 for a live set that stays under ten shards."""
-
-DEFAULT_CANONICAL = 64
-"""Canonical parts of an epoch (bench/shuffle_quality.py --canonical, docs/training.md).
-Parts straddled by a node boundary mix fewer of a node's shards, so parts should be many
-per node; every part boundary a node crosses starts its window afresh, so parts should hold
-many windows. 64 keeps class-sorted mixing within a few percent of one part per node up to
-16 nodes on 128 shards and more; on shuffled packs every choice matches RandomSampler."""
 
 Segment = tuple[int, int, int]  # (nodes, ranks per node, indices yielded per rank)
 
@@ -119,7 +112,20 @@ def _spread(shard_of: IntArray, window: float) -> float:
     return max(1.0, window * len(shard_of) / num_shards)
 
 
-def epoch_order(
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch's draws for the whole dataset, whatever the world. Uniform mode: ``order``
+    is the epoch's permutation, dealt round robin. Shard mode (``shard_of`` set): ``order``
+    is the run order that nodes split; ``shard_rank`` places each shard in the epoch's
+    shard order and ``drift`` moves each sample forward by its own draw (None: no mixing)."""
+
+    order: IntArray
+    shard_of: IntArray | None = None
+    shard_rank: IntArray | None = None
+    drift: FloatArray | None = None
+
+
+def draw_epoch(
     shard_of: IntArray | None,
     *,
     num_samples: int,
@@ -128,31 +134,39 @@ def epoch_order(
     seed: int = 0,
     epoch: int = 0,
     window: float = DEFAULT_WINDOW,
-    canonical: int = DEFAULT_CANONICAL,
     base: IntArray | None = None,
     within: IntArray | None = None,
-) -> IntArray:
-    """Every sample once, in the epoch's order, whatever the world (see the module doc)."""
+) -> Epoch:
     if shard_of is None or mode == "uniform":
         if shuffle:
-            return _rng(seed, epoch).permutation(num_samples).astype(np.int64)
-        return np.arange(num_samples, dtype=np.int64)
+            return Epoch(_rng(seed, epoch).permutation(num_samples).astype(np.int64))
+        return Epoch(np.arange(num_samples, dtype=np.int64))
     if len(shard_of) != num_samples:
         raise ValueError(f"{len(shard_of)} shard ids for {num_samples} samples")
     if base is None:
         base = run_order(shard_of, within, seed=seed, shuffle=shuffle)
     if not shuffle or num_samples == 0:
-        return base
-    shards = shard_of[base]
+        return Epoch(base, shard_of)
+    rng = _rng(seed, epoch, 0x45504F)
+    shard_rank = _ranks_of(rng, int(shard_of.max()) + 1)
+    drift = rng.random(num_samples) * _spread(shard_of, window)  # by sample, not by position
+    return Epoch(base, shard_of, shard_rank, drift)
+
+
+def _mix(share: IntArray, epoch: Epoch) -> IntArray:
+    """A node's share (whole shards of the run order) in the epoch's shard order, each
+    sample drifted forward by its own draw: about ``window`` of its shards at a time."""
+    if epoch.shard_rank is None or epoch.drift is None or not len(share):
+        return share
+    assert epoch.shard_of is not None
+    shards = epoch.shard_of[share]
     starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
-    lengths = np.diff(np.r_[starts, num_samples])
-    part = starts * canonical // num_samples  # whole shards per part, contiguous in the run
-    rng = _rng(seed, epoch, 0x43414E)
-    order = np.lexsort((rng.random(len(starts)), _ranks_of(rng, canonical)[part]))
-    # Shard runs of base, moved as blocks into their new order.
+    lengths = np.diff(np.r_[starts, len(share)])
+    order = np.argsort(epoch.shard_rank[shards[starts]], kind="stable")
+    # Each shard's run, moved as a block to its place in the epoch's shard order.
     shift = np.repeat(starts[order] - (np.cumsum(lengths[order]) - lengths[order]), lengths[order])
-    regrouped = base[np.arange(num_samples) + shift]
-    keys = np.arange(num_samples) + rng.random(num_samples) * _spread(shard_of, window)
+    regrouped = share[np.arange(len(share)) + shift]
+    keys = np.arange(len(share)) + epoch.drift[regrouped]
     mixed: IntArray = regrouped[np.argsort(keys, kind="stable")]
     return mixed
 
@@ -167,59 +181,56 @@ def _fit(order: IntArray, length: int, fill: IntArray) -> IntArray:
 
 
 def deal(
-    order: IntArray, base: IntArray | None, *, nodes: int, local: int, drop_last: bool
-) -> tuple[list[IntArray], int, int, int]:
-    """Each node's share of ``order`` (the samples left, in epoch order), its per-rank length
-    and the world's padding and drops. ``base``: the same samples in run order, split between
-    the nodes by count; None deals ``order`` round robin over every rank, as
-    DistributedSampler does."""
+    epoch: Epoch,
+    left: BoolArray | None,
+    *,
+    nodes: int,
+    local: int,
+    drop_last: bool,
+    which: Sequence[int] | None = None,
+) -> tuple[dict[int, IntArray], int, int, int]:
+    """The shares of the nodes ``which`` (None: all) of the samples ``left`` (None: all),
+    each in the order its ranks read it; the per-rank length; the world's padding and
+    drops. Shard mode: the nodes split the run order by count and each mixes its own
+    share. Uniform mode: the epoch order dealt round robin, as DistributedSampler does."""
+    order = epoch.order if left is None else epoch.order[left[epoch.order]]
     size, count = nodes * local, len(order)
     per_rank = per_rank_length(count, size, drop_last)
     total = per_rank * size
     padded, dropped = max(total - count, 0), max(count - total, 0)
     length = per_rank * local
+    wanted = range(nodes) if which is None else which
     if total == 0:
-        return [order[:0]] * nodes, per_rank, padded, dropped
-    if base is None:
+        return {k: order[:0] for k in wanted}, per_rank, padded, dropped
+    if epoch.shard_of is None:
         grid = np.resize(order, total).reshape(per_rank, size)
-        return (
-            [np.ascontiguousarray(grid[:, k * local : (k + 1) * local]).reshape(-1)
-             for k in range(nodes)],
-            per_rank, padded, dropped,
-        )  # fmt: skip
-    node_of = np.empty(int(order.max()) + 1, dtype=np.int64)
-    node_of[base] = np.minimum(np.arange(count) // length, nodes - 1)
-    by_node = order[np.argsort(node_of[order], kind="stable")]
-    bounds = np.searchsorted(node_of[by_node], np.arange(nodes + 1))
-    shares = [_fit(by_node[bounds[k] : bounds[k + 1]], length, order) for k in range(nodes)]
+        shares = {
+            k: np.ascontiguousarray(grid[:, k * local : (k + 1) * local]).reshape(-1)
+            for k in wanted
+        }
+        return shares, per_rank, padded, dropped
+    shares = {}
+    for k in wanted:
+        start = min(k * length, count)
+        end = count if k == nodes - 1 else min(start + length, count)
+        shares[k] = _fit(_mix(order[start:end], epoch), length, order)
     return shares, per_rank, padded, dropped
 
 
 def consumed(
-    order: IntArray,
-    base: IntArray | None,
-    segments: Sequence[Segment],
-    *,
-    num_samples: int,
-    drop_last: bool,
+    epoch: Epoch, segments: Sequence[Segment], *, num_samples: int, drop_last: bool
 ) -> BoolArray:
     """Which samples the ``segments`` yielded, each segment dealing what the ones before
     left: every rank of a segment yielded the same count, so each node read the head of
     its share."""
     done = np.zeros(num_samples, dtype=np.bool_)
     for nodes, local, yielded in segments:
-        shares, per_rank, _, _ = deal(
-            order[~done[order]],
-            None if base is None else base[~done[base]],
-            nodes=nodes,
-            local=local,
-            drop_last=drop_last,
-        )
+        shares, per_rank, _, _ = deal(epoch, ~done, nodes=nodes, local=local, drop_last=drop_last)
         if not 0 <= yielded <= per_rank:
             raise ValueError(
                 f"a segment of {nodes} x {local} ranks yielded {yielded}, outside 0..{per_rank}"
             )
-        for share in shares:
+        for share in shares.values():
             done[share[: yielded * local]] = True
     return done
 
@@ -237,7 +248,6 @@ def plan_node(
     drop_last: bool = False,
     within: IntArray | None = None,
     base: IntArray | None = None,
-    canonical: int = DEFAULT_CANONICAL,
     done: Sequence[Segment] = (),
 ) -> NodePlan:
     """The order ``world``'s node reads this epoch, as dataset indices, after the
@@ -247,22 +257,15 @@ def plan_node(
     ``DistributedSampler``). ``base`` is ``run_order(...)``, passed in to reuse it across
     epochs; it is derived from the other arguments when absent.
     """
-    by_shard = shard_of is not None and mode == "shard"
-    if by_shard and base is None:
-        assert shard_of is not None
-        base = run_order(shard_of, within, seed=seed, shuffle=shuffle)
-    order = epoch_order(
+    drawn = draw_epoch(
         shard_of, num_samples=num_samples, mode=mode, shuffle=shuffle, seed=seed,
-        epoch=epoch, window=window, canonical=canonical, base=base,
+        epoch=epoch, window=window, base=base, within=within,
     )  # fmt: skip
-    split = base if by_shard else None
-    if done:
-        left = ~consumed(order, split, done, num_samples=num_samples, drop_last=drop_last)
-        order = order[left[order]]
-        split = None if split is None else split[left[split]]
+    left = ~consumed(drawn, done, num_samples=num_samples, drop_last=drop_last) if done else None
     shares, per_rank, padded, dropped = deal(
-        order, split, nodes=world.num_nodes, local=world.local_size, drop_last=drop_last
-    )
+        drawn, left, nodes=world.num_nodes, local=world.local_size, drop_last=drop_last,
+        which=[world.node_rank],
+    )  # fmt: skip
     return NodePlan(shares[world.node_rank], per_rank, padded, dropped)
 
 
@@ -276,8 +279,9 @@ def legacy_node_order(
     base: IntArray, shard_of: IntArray, *, seed: int, epoch: int, window: float, world: World,
     drop_last: bool,
 ) -> IntArray:  # fmt: skip
-    """Shard mode's node order before the canonical parts (shardfs <= 0.x states): each node
-    mixed its own share. Kept so an old state resumes the epoch it was saved in exactly."""
+    """Shard mode's node order before elastic resume (states without a version): each node
+    drew its own shard order and drifts. Kept so that an old state resumes the epoch it was
+    saved in exactly."""
     num_samples = len(base)
     length = per_rank_length(num_samples, world.size, drop_last) * world.local_size
     start = min(world.node_rank * length, num_samples)

@@ -1,7 +1,7 @@
 """What a ``ShardSampler`` resume point holds, and the checks that it belongs to this run.
 
-A state (version 2) names the run (seed, mode, shuffle, drop_last, window, canonical parts,
-sample count and a fingerprint of the table) and the epoch's position: ``segments``, one
+A state (version 2) names the run (seed, mode, shuffle, drop_last, window, sample count,
+a fingerprint of the table) and the epoch's position: ``segments``, one
 ``[nodes, ranks per node, yielded per rank]`` per world the epoch ran on so far, and
 ``consumed``, the indices the whole world yielded so far (the sum of nodes x ranks x
 yielded). Every rank of a DDP world is at the same position, so any rank's state loads on
@@ -23,7 +23,7 @@ from .plan import Segment
 
 VERSION = 2
 LEGACY_KEYS = ("epoch", "yielded", "seed", "length")
-RUN_KEYS = ("seed", "mode", "shuffle", "drop_last", "window", "canonical", "num_samples", "table")
+RUN_KEYS = ("seed", "mode", "shuffle", "drop_last", "window", "num_samples", "table")
 
 
 def fingerprint(*arrays: npt.NDArray[np.int64] | None) -> int:
