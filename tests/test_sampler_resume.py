@@ -130,3 +130,19 @@ def test_a_state_from_before_elastic_resume_loads_on_its_own_world_only(tmp_path
     other, _ = make_loader(dataset, 0, num_replicas=3, rank=1)
     with pytest.raises(ValueError, match=r"^the state predates elastic resume[^\n]*52[^\n]*35$"):
         other.load_state_dict(legacy)
+
+
+def test_a_state_from_another_run_or_past_its_epoch_is_refused_in_one_line(tmp_path: Path) -> None:
+    dataset = IndexFolder(tmp_path, 103)
+    sampler, _ = make_loader(dataset, 0, num_replicas=2, rank=0)
+    state = sampler.state_dict()
+    for change, word in (({"drop_last": True}, "drop_last"), ({"window": 4}, "window")):
+        other, _ = make_loader(dataset, 0, num_replicas=2, rank=0, **change)
+        with pytest.raises(ValueError, match=rf"^the state is from another run \({word} [^\n]*\)$"):
+            other.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"^a ShardSampler state of version 9; this is 2$"):
+        sampler.load_state_dict({**state, "version": 9})
+    with pytest.raises(ValueError, match=r"^yielded 53 is outside 0\.\.52$"):
+        sampler.load_state_dict({**state, "segments": [[2, 1, 53]]})  # this world
+    with pytest.raises(ValueError, match=r"^a segment of 1 x 3 ranks yielded 40, outside 0\.\.35$"):
+        sampler.load_state_dict({**state, "segments": [[1, 3, 40], [1, 2, 0]]})
