@@ -6,9 +6,11 @@ epoch a node walks its own shards in a fresh order, mixing the samples of a slid
 ``window`` shards. The mount is told that order up front (the hint) so it reads ahead of the
 readers instead of behind them.
 
-The planning (``plan_node``) is a pure numpy function of (seed, epoch, table, world): every
-rank and every restart computes the same order without talking to the others. This is the
-only shardfs module that imports torch; ``import shardfs`` never loads it.
+The planning (``shardfs.sampling``, numpy only) is a pure function of (seed, epoch, table,
+world, and the segments a resumed epoch ran before): every rank and every restart computes
+the same order without talking to the others, and a state saved on one world resumes on
+any other. This is the only shardfs module that imports torch; ``import shardfs`` never
+loads it.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from torchvision.datasets import ImageFolder
 
 from shardfs.mount.control import query
 from shardfs.placement import read_placement
+from shardfs.sampling.plan import legacy_node_order
 from shardfs.torch import ShardSampler
 
 pytestmark = pytest.mark.integration
@@ -204,3 +205,25 @@ def test_a_checkpoint_on_the_mount_resumes_on_another_world(
     counts = Counter(index for index, _ in every)
     assert set(counts) == set(range(NUM_IMAGES))
     assert sum(counts.values()) - NUM_IMAGES <= after[0] * after[1] - 1
+
+
+def test_a_state_from_before_elastic_resume_finishes_its_epoch_in_the_old_order(
+    mounted: Path,
+) -> None:
+    """Shard mode on the mount: a state without a version resumes its epoch in the order
+    it was planned in then (each node drew its own), and the next epoch is planned anew."""
+    dataset = DigestFolder(mounted)
+    sampler, _ = make_loader(dataset, "shard", 0)
+    assert sampler._base is not None and sampler._table is not None
+    old = legacy_node_order(
+        sampler._base, sampler._table.shard_of, seed=SEED, epoch=1, window=sampler.window,
+        world=sampler.world, drop_last=False,
+    )[sampler.world.local_rank :: sampler.world.local_size].tolist()  # fmt: skip
+    sampler.load_state_dict({"epoch": 1, "yielded": 5, "seed": SEED, "length": len(sampler)})
+    assert list(sampler) == old[5:]
+    fresh, _ = make_loader(dataset, "shard", 0)
+    fresh.set_epoch(1)
+    assert list(fresh) != old  # the order did change with elastic resume
+    sampler.set_epoch(2)
+    fresh.set_epoch(2)
+    assert list(sampler) == list(fresh)
