@@ -137,6 +137,7 @@ def draw_epoch(
     base: IntArray | None = None,
     within: IntArray | None = None,
 ) -> Epoch:
+    """What epoch ``epoch`` draws, for every world: see ``Epoch``."""
     if shard_of is None or mode == "uniform":
         if shuffle:
             return Epoch(_rng(seed, epoch).permutation(num_samples).astype(np.int64))
