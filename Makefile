@@ -121,6 +121,8 @@ bench-figures: bench-deps
 # Two simulated nodes on this machine, each with its own shardfs mount and cache, each running
 # `torchrun --nnodes 2 --nproc-per-node 2` (gloo, CPU) of examples/train_ddp.py for two epochs,
 # with ShardSampler and then DistributedSampler; egress per node and per epoch at the server.
+# Then the elastic run: 2 nodes x 2 ranks stop mid-epoch and resume on 1 x 2 and on 3 x 1
+# (ranks in the bench process), egress per node and every sample seen once.
 # Writes results/dist.json and results/dist.md.
 bench-dist: bench-deps
 	$(BIN)/python bench/dist.py $(BENCH_ARGS)

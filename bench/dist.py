@@ -8,7 +8,9 @@ equal their sum. Each node runs its own ``torchrun --nnodes 2 --node-rank K
 --nproc-per-node 2`` (gloo, CPU) of examples/train_ddp.py for two epochs, once with
 ``ShardSampler`` (mode shard) and once with torch's ``DistributedSampler``. Between epochs
 the ranks pause (``--sync-dir``) while the counters are read and zeroed, so each epoch's
-egress is its own. Writes results/dist.json and results/dist.md and prints the table.
+egress is its own. Then the elastic run (bench/dist_resume.py): 2 nodes x 2 ranks stop
+mid-epoch and resume on 1 x 2 and on 3 x 1. Writes results/dist.json and results/dist.md
+and prints the table.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import dist_resume  # noqa: E402
 from data import ensure_tree  # noqa: E402
 from procs import force_unmount, run_to_the_end, wait_until  # noqa: E402
 from support.fault_proxy import FaultProxy  # noqa: E402
@@ -165,34 +168,49 @@ class DistBench:
                 "--shard-size", str(shard_size), "--shuffle-seed", "0",
                 "--cache-dir", str(self.run_dir / "pack-cache"))  # fmt: skip
         fs = self.server.filesystem()
-        self.shard_sizes = [fs.size(p) for p in sorted(fs.glob(f"{BUCKET}/{PREFIX}/*.tar"))]
+        keys = sorted(fs.glob(f"{BUCKET}/{PREFIX}/*.tar"))
+        self.shard_bytes = {os.path.basename(key): fs.size(key) for key in keys}
+        self.shard_sizes = [self.shard_bytes[os.path.basename(key)] for key in keys]
         self.dataset_bytes = sum(self.shard_sizes)
         log(
             f"{self.tree.images} JPEGs in {len(self.shard_sizes)} shards "
             f"({self.dataset_bytes / 1e6:.1f} MB, largest {max(self.shard_sizes) / 1e6:.1f} MB)"
         )
         self.nodes = [Node(k, self.run_dir, self.server) for k in range(NODES)]
+        wanted = max(after[0] for after in dist_resume.AFTER) if self.args.resume else 0
+        self.spare = [Node(k, self.run_dir, self.server) for k in range(NODES, wanted)]
 
     def cleanup(self) -> None:
-        for node in self.nodes:
+        for node in [*self.nodes, *getattr(self, "spare", [])]:
             node.stop()
         self.server.stop()
 
-    def settle(self) -> None:
+    def settle(self, nodes: list[Node] | None = None) -> None:
         """Wait until no node's proxy has counted a byte for 0.5 s (prefetches done)."""
-        until_quiet(lambda: [n.bytes() for n in self.nodes], what="the nodes' proxies")
+        nodes = self.nodes if nodes is None else nodes
+        until_quiet(lambda: [n.bytes() for n in nodes], what="the nodes' proxies")
 
-    def counts(self) -> dict[str, Any]:
-        per_node = [n.bytes() for n in self.nodes]
+    def counts(self, nodes: list[Node] | None = None) -> dict[str, Any]:
+        per_node = [n.bytes() for n in (self.nodes if nodes is None else nodes)]
         return {
             "per_node_bytes": per_node,
             "server_bytes": self.server.counts()["get_object_bytes"],
         }
 
-    def reset(self) -> None:
-        for node in self.nodes:
+    def reset(self, nodes: list[Node] | None = None) -> None:
+        for node in self.nodes if nodes is None else nodes:
             node.proxy.clear()
         self.server.reset_counts()
+
+    def run_resume(self, after: tuple[int, int]) -> dict[str, Any]:
+        nodes = [*self.nodes, *self.spare][: max(dist_resume.BEFORE[0], after[0])]
+        log(f"elastic: {dist_resume.BEFORE} -> {after}, stopping at {self.args.stop:.0%}")
+        result = dist_resume.world_change(
+            nodes, self.source, after, self.args.stop, self.shard_bytes,
+            settle=self.settle, counts=self.counts, reset=self.reset,
+        )  # fmt: skip
+        log(f"elastic: {after}: " + ", ".join(f"{k} {v}" for k, v in result["checks"].items()))
+        return result
 
     def run_sampler(self, sampler: str) -> dict[str, Any]:
         log(f"{sampler}: mounting {NODES} nodes")
@@ -257,6 +275,7 @@ class DistBench:
         started = time.perf_counter()
         self.setup()
         runs = [self.run_sampler(s) for s in self.args.samplers]
+        resumes = [self.run_resume(a) for a in dist_resume.AFTER] if self.args.resume else []
         return {
             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -271,6 +290,7 @@ class DistBench:
             "nproc_per_node": self.args.nproc,
             "workers_per_rank": self.args.workers,
             "runs": runs,
+            "resumes": resumes,
             "total_s": time.perf_counter() - started,
         }
 
@@ -321,6 +341,12 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "met": sums,
             }
         )
+    for resume in result["resumes"]:
+        (n0, k0), (n1, k1) = resume["before"], resume["after"]
+        change = f"{n0}x{k0} -> {n1}x{k1}"
+        for name, met in resume["checks"].items():
+            target = f"elastic {change}: {name}"
+            checks.append({"target": target, "value": None, "goal": "yes", "met": met})
     return checks
 
 
@@ -361,6 +387,8 @@ def markdown(result: dict[str, Any], checks: list[dict[str, Any]]) -> str:
                 f"| {r['samples_seen']} | {r['num_padded'] if r['num_padded'] is not None else '—'}"
                 f" | {r['seconds']:.1f} | {r['loss']:.3f} |"
             )
+    if result["resumes"]:
+        lines += dist_resume.markdown(result["resumes"], data["dataset_bytes"])
     lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
     for check in checks:
         value = check["value"]
@@ -388,8 +416,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nproc", type=int, default=2, help="ranks per node (2)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
     parser.add_argument(
-        "--samplers", nargs="+", default=["shard", "distributed"], choices=["shard", "distributed"]
+        "--samplers", nargs="*", default=["shard", "distributed"], choices=["shard", "distributed"]
     )
+    parser.add_argument(
+        "--resume", action=argparse.BooleanOptionalAction, default=True,
+        help="the elastic run: stop on 2 x 2 ranks, resume on 1 x 2 and 3 x 1 (on)",
+    )  # fmt: skip
+    parser.add_argument("--stop", type=float, default=0.5, help="where the elastic run stops")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per epoch")
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "tmp")
     parser.add_argument("--out", type=Path, default=ROOT / "results")

@@ -11,6 +11,11 @@ order). For one epoch of a single rank it reports, per sampler:
 - shards/batch: mean distinct shards per batch of 256 (the locality cost: what the cache
   must hold live).
 
+A second table plans worlds of ``--nodes`` nodes (one rank each, default window) and
+reports the mean over the nodes of each node's order: every node mixes its own share, so a
+node of many mixes as well as one node alone (KS grows with fewer samples per node; compare
+it within a column of nodes).
+
 Run: ``python bench/shuffle_quality.py [--classes 1000 --per-class 128 --shard 1000]``.
 """
 
@@ -22,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from shardfs.torch import World, plan_node
+from shardfs.torch import DEFAULT_WINDOW, World, plan_node
 
 BATCH = 256
 WINDOWS = (1, 2, 4, 8, 16, 32)
@@ -58,6 +63,7 @@ def main() -> None:
     parser.add_argument("--per-class", type=int, default=128)
     parser.add_argument("--shard", type=int, default=1000, help="samples per shard")
     parser.add_argument("--epochs", type=int, default=4, help="epochs averaged (lag-1 is noisy)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16])
     args = parser.parse_args()
 
     n = args.classes * args.per_class
@@ -74,6 +80,7 @@ def main() -> None:
     header = f"| {'pack':<12} | {'sampler':<18} | classes/batch | lag-1   | KS     | shards/batch |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    tables = {}
     for pack, table_order in packs.items():
         # Row r of the table holds sample table_order[r]; shards cut the rows in runs.
         rows = np.empty(n, dtype=np.int64)
@@ -99,6 +106,20 @@ def main() -> None:
                 f"| {pack:<12} | {name:<18} | {classes:13.1f} | {lag1:.5f} | {ks:.4f} "
                 f"| {live:12.1f} |"
             )
+        tables[pack] = shard_of
+    print(f"\nshard mode at window {DEFAULT_WINDOW} per node of a world (mean over its nodes)")
+    print(f"| {'pack':<12} | nodes | classes/batch | KS     | shards/batch |")
+    print("|---|---|---|---|---|")
+    for pack, shard_of in tables.items():
+        for nodes in args.nodes:
+            runs = []
+            for epoch in range(args.epochs):
+                for node in range(nodes):
+                    world = World(nodes, node, 1, 0)
+                    order = plan_node(shard_of, num_samples=n, epoch=epoch, world=world).order
+                    runs.append(metrics(order, labels, shard_of))
+            classes, _, ks, live = np.mean(runs, axis=0)
+            print(f"| {pack:<12} | {nodes:5} | {classes:13.1f} | {ks:.4f} | {live:12.1f} |")
 
 
 if __name__ == "__main__":

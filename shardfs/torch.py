@@ -6,9 +6,11 @@ epoch a node walks its own shards in a fresh order, mixing the samples of a slid
 ``window`` shards. The mount is told that order up front (the hint) so it reads ahead of the
 readers instead of behind them.
 
-The planning (``plan_node``) is a pure numpy function of (seed, epoch, table, world): every
-rank and every restart computes the same order without talking to the others. This is the
-only shardfs module that imports torch; ``import shardfs`` never loads it.
+The planning (``shardfs.sampling``, numpy only) is a pure function of (seed, epoch, table,
+world, and the segments a resumed epoch ran before): every rank and every restart computes
+the same order without talking to the others, and a state saved on one world resumes on
+any other. This is the only shardfs module that imports torch; ``import shardfs`` never
+loads it.
 """
 
 from __future__ import annotations
@@ -18,172 +20,36 @@ import warnings
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-__all__ = ["DEFAULT_WINDOW", "ShardSampler", "World", "plan_node", "plan_rank"]
+from .sampling import state as states
+from .sampling.plan import (
+    DEFAULT_WINDOW,
+    IntArray,
+    Mode,
+    NodePlan,
+    Segment,
+    World,
+    legacy_node_order,
+    per_rank_length,
+    plan_node,
+    plan_rank,
+    run_order,
+)
 
-Mode = Literal["shard", "uniform"]
-IntArray = npt.NDArray[np.int64]
-
-DEFAULT_WINDOW = 8
-"""Shards mixed at a time in shard mode (bench/shuffle_quality.py, 1,000 classes x 128 in
-shards of 1,000). On a shuffled pack every window from 1 up matches RandomSampler (226
-classes per batch of 256, lag-1 0.001, KS 0.075). On a class-sorted pack quality grows with
-the window (classes per batch 36 at 4, 66 at 8, 110 at 16) while the live set of shards the
-cache must hold grows with it (5, 9, 16 per batch); 8 is the middle: twice the mixing of 4
-for a live set that stays under ten shards."""
-
-_STATE_KEYS = ("epoch", "yielded", "seed", "length")
-
-
-@dataclass(frozen=True)
-class World:
-    """Who reads: ``num_nodes`` nodes of ``local_size`` ranks each; ranks on one node share
-    one mount (and its cache). Global rank is ``node_rank * local_size + local_rank``, as
-    torchrun numbers them."""
-
-    num_nodes: int = 1
-    node_rank: int = 0
-    local_size: int = 1
-    local_rank: int = 0
-
-    def __post_init__(self) -> None:
-        if self.num_nodes < 1 or self.local_size < 1:
-            raise ValueError(f"a world needs at least one node and one rank per node: {self}")
-        if not 0 <= self.node_rank < self.num_nodes:
-            raise ValueError(f"node_rank {self.node_rank} is outside 0..{self.num_nodes - 1}")
-        if not 0 <= self.local_rank < self.local_size:
-            raise ValueError(f"local rank {self.local_rank} is outside 0..{self.local_size - 1}")
-
-    @property
-    def size(self) -> int:
-        return self.num_nodes * self.local_size
-
-    @property
-    def rank(self) -> int:
-        return self.node_rank * self.local_size + self.local_rank
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """One node's epoch: ``order`` is what its ranks read, interleaved (rank ``j`` takes
-    ``order[j::local_size]``); the counts are for the whole world."""
-
-    order: IntArray
-    per_rank: int
-    num_padded: int
-    num_dropped: int
-
-
-def per_rank_length(num_samples: int, world_size: int, drop_last: bool) -> int:
-    """Indices each rank yields: every rank the same, so DDP never waits on a short rank."""
-    if drop_last:
-        return num_samples // world_size
-    return -(-num_samples // world_size)
-
-
-def _rng(*key: int) -> np.random.Generator:
-    return np.random.default_rng([k & 0xFFFFFFFF for k in key])
-
-
-def run_order(shard_of: IntArray, within: IntArray | None, *, seed: int, shuffle: bool) -> IntArray:
-    """Every sample, grouped by shard: the shards in a per-run order (fixed across epochs, so
-    the split between nodes and their caches stay valid), samples of a shard in ``within``
-    order (table row, i.e. offset in the shard) or index order."""
-    num_shards = int(shard_of.max()) + 1 if len(shard_of) else 0
-    shard_rank = np.arange(num_shards, dtype=np.int64)
-    if shuffle:
-        shard_rank[_rng(seed, 0x5A4D).permutation(num_shards)] = np.arange(num_shards)
-    secondary = within if within is not None else np.arange(len(shard_of), dtype=np.int64)
-    return np.lexsort((secondary, shard_rank[shard_of])).astype(np.int64)
-
-
-def _window_mix(
-    samples: IntArray, shard_of: IntArray, rng: np.random.Generator, spread: float
-) -> IntArray:
-    """Reorder the node's shards, then let each sample drift forward by up to ``spread``
-    positions: at any point of the epoch the readers draw from about ``spread`` consecutive
-    samples, i.e. a window of shards that slides one shard at a time."""
-    if len(samples) == 0:
-        return samples
-    shards = shard_of[samples]
-    starts = np.flatnonzero(np.r_[True, shards[1:] != shards[:-1]])
-    piece = np.cumsum(np.r_[True, shards[1:] != shards[:-1]]) - 1
-    new_rank = np.empty(len(starts), dtype=np.int64)
-    new_rank[rng.permutation(len(starts))] = np.arange(len(starts))
-    regrouped = samples[np.argsort(new_rank[piece], kind="stable")]
-    keys = np.arange(len(regrouped), dtype=np.float64) + rng.random(len(regrouped)) * spread
-    return regrouped[np.argsort(keys, kind="stable")]
-
-
-def _fit(order: IntArray, length: int, fill: IntArray) -> IntArray:
-    """``order`` cut or padded to ``length``; padding repeats the node's own samples from the
-    head of its order (already cached locally), or ``fill`` when the node has none."""
-    if len(order) >= length:
-        return order[:length]
-    source = order if len(order) else fill
-    return np.concatenate([order, np.resize(source, length - len(order))])
-
-
-def plan_node(
-    shard_of: IntArray | None,
-    *,
-    num_samples: int,
-    mode: Mode = "shard",
-    shuffle: bool = True,
-    seed: int = 0,
-    epoch: int = 0,
-    window: float = DEFAULT_WINDOW,
-    world: World = World(),
-    drop_last: bool = False,
-    within: IntArray | None = None,
-    base: IntArray | None = None,
-) -> NodePlan:
-    """The order ``world``'s node reads this epoch, as dataset indices.
-
-    ``shard_of[i]`` is the shard of sample ``i`` (None: no table, which plans like
-    ``DistributedSampler``). ``base`` is ``run_order(...)``, passed in to reuse it across
-    epochs; it is derived from the other arguments when absent.
-    """
-    per_rank = per_rank_length(num_samples, world.size, drop_last)
-    total = per_rank * world.size
-    padded, dropped = max(total - num_samples, 0), max(num_samples - total, 0)
-    node_length = per_rank * world.local_size
-    if shard_of is None or mode == "uniform":
-        if shuffle:
-            perm = _rng(seed, epoch).permutation(num_samples).astype(np.int64)
-        else:
-            perm = np.arange(num_samples, dtype=np.int64)
-        grid = np.resize(perm, total).reshape(per_rank, world.size)
-        first = world.node_rank * world.local_size
-        order = np.ascontiguousarray(grid[:, first : first + world.local_size]).reshape(-1)
-        return NodePlan(order.astype(np.int64), per_rank, padded, dropped)
-
-    if len(shard_of) != num_samples:
-        raise ValueError(f"{len(shard_of)} shard ids for {num_samples} samples")
-    if base is None:
-        base = run_order(shard_of, within, seed=seed, shuffle=shuffle)
-    start = min(world.node_rank * node_length, num_samples)
-    last = world.node_rank == world.num_nodes - 1
-    end = num_samples if last else min(start + node_length, num_samples)
-    mine = base[start:end]
-    if shuffle:
-        rng = _rng(seed, epoch, world.node_rank, 0x4E4F)
-        num_shards = int(shard_of.max()) + 1 if num_samples else 1
-        spread = max(1.0, window * num_samples / num_shards)
-        mine = _window_mix(mine, shard_of, rng, spread)
-    return NodePlan(_fit(mine, node_length, base), per_rank, padded, dropped)
-
-
-def plan_rank(plan: NodePlan, world: World) -> IntArray:
-    """This rank's share of its node's order: dealt in turn, so a node's ranks read the same
-    few shards at the same time and share the node's cache."""
-    return plan.order[world.local_rank :: world.local_size]
+__all__ = [
+    "DEFAULT_WINDOW",
+    "NodePlan",
+    "ShardSampler",
+    "World",
+    "per_rank_length",
+    "plan_node",
+    "plan_rank",
+]
 
 
 def _samples_of(dataset: object) -> Sequence[tuple[str, int]]:
@@ -313,7 +179,8 @@ class ShardSampler(Sampler[int]):
     Every rank yields ``len(self)`` indices. ``drop_last=False``: every sample at least once,
     at most ``world_size - 1`` repeated (``num_padded``). ``drop_last=True``: at most
     ``world_size - 1`` left out (``num_dropped``), none repeated. Off a shardfs mount it acts
-    as ``DistributedSampler`` (one warning), so one script runs on local disk too.
+    as ``DistributedSampler`` (one warning), so one script runs on local disk too. A state
+    saved mid-epoch resumes on any world (docs/training.md, "Elastic resume").
     """
 
     def __init__(
@@ -346,7 +213,8 @@ class ShardSampler(Sampler[int]):
         self.num_samples = len(samples)
         self.epoch = 0
         self._yielded = 0
-        self._resume_at: int | None = None
+        self._done: tuple[Segment, ...] = ()  # segments of this epoch before this world's
+        self._resume: states.Resume | None = None
         self._hint_warned = False
         self._table, reason = _locate([os.fspath(s[0]) for s in samples])
         if reason is not None:
@@ -356,10 +224,18 @@ class ShardSampler(Sampler[int]):
                 stacklevel=2,
             )
         self._base: IntArray | None = None
-        if self._table is not None and mode == "shard":
-            self._base = run_order(
-                self._table.shard_of, self._table.rows, seed=seed, shuffle=shuffle
-            )
+        table = self._table
+        if table is not None and mode == "shard":
+            self._base = run_order(table.shard_of, table.rows, seed=seed, shuffle=shuffle)
+        self._run = {
+            "seed": seed,
+            "mode": mode,
+            "shuffle": shuffle,
+            "drop_last": drop_last,
+            "window": window,
+            "num_samples": self.num_samples,
+            "table": states.fingerprint(*((table.shard_of, table.rows) if table else (None,))),
+        }
         first = self.plan()
         self.num_padded = first.num_padded
         """Indices repeated across the whole world each epoch to even out the ranks."""
@@ -373,10 +249,14 @@ class ShardSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         """Pick the epoch's order; call it before each epoch, as with DistributedSampler."""
+        if self._resume is not None and self._resume.epoch != epoch:
+            self._resume = None  # a loaded position holds only in its own epoch
+        if epoch != self.epoch:
+            self._done, self._yielded = (), 0
         self.epoch = epoch
 
-    def plan(self) -> NodePlan:
-        """This node's order for the current epoch."""
+    def plan(self, done: Sequence[Segment] = ()) -> NodePlan:
+        """This node's order for the current epoch, after the segments ``done``."""
         table = self._table
         return plan_node(
             table.shard_of if table is not None else None,
@@ -390,19 +270,29 @@ class ShardSampler(Sampler[int]):
             drop_last=self.drop_last,
             within=table.rows if table is not None else None,
             base=self._base,
+            done=done,
         )
 
     def __len__(self) -> int:
+        """An epoch's indices per rank in this world (a resumed epoch yields the rest)."""
         return per_rank_length(self.num_samples, self.world.size, self.drop_last)
 
     def __iter__(self) -> Iterator[int]:
-        start = self._resume_at or 0
-        self._resume_at = None
+        resume, self._resume = self._resume, None
+        self._done = resume.segments if resume is not None else ()
+        start = resume.start if resume is not None else 0
         self._yielded = start
-        plan = self.plan()
+        if resume is not None and resume.legacy and self._base is not None and self.shuffle:
+            assert self._table is not None
+            order = legacy_node_order(
+                self._base, self._table.shard_of, seed=self.seed, epoch=self.epoch,
+                window=self.window, world=self.world, drop_last=self.drop_last,
+            )  # fmt: skip
+        else:
+            order = self.plan(self._done).order
         if self.hint and self.world.local_rank == 0:
-            self._send_hint(plan.order[start * self.world.local_size :])
-        return self._walk(plan_rank(plan, self.world), start)
+            self._send_hint(order[start * self.world.local_size :])
+        return self._walk(order[self.world.local_rank :: self.world.local_size], start)
 
     def _walk(self, indices: IntArray, start: int) -> Iterator[int]:
         for index in indices[start:].tolist():
@@ -427,27 +317,23 @@ class ShardSampler(Sampler[int]):
                     stacklevel=3,
                 )
 
-    def state_dict(self) -> dict[str, int]:
-        """Where this rank is in the epoch; StatefulDataLoader saves it with its own state."""
-        return {
-            "epoch": self.epoch,
-            "yielded": self._yielded,
-            "seed": self.seed,
-            "length": len(self),
-        }
+    def state_dict(self) -> dict[str, Any]:
+        """Where the world is in the epoch (every rank the same); StatefulDataLoader saves it
+        with its own state. It loads on any world (``load_state_dict``)."""
+        world = self.world
+        here = (world.num_nodes, world.local_size, self._yielded)
+        return states.make_state(self._run, self.epoch, (*self._done, here))
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        """Resume at the saved position: the next ``__iter__`` skips what was yielded."""
-        missing = [key for key in _STATE_KEYS if key not in state]
-        if missing:
-            raise ValueError(f"not a ShardSampler state (missing {', '.join(missing)})")
-        if state["seed"] != self.seed or state["length"] != len(self):
-            raise ValueError(
-                f"the state is from another run (seed {state['seed']}, {state['length']} "
-                f"indices per rank); this sampler has seed {self.seed}, {len(self)} per rank"
-            )
-        if not 0 <= state["yielded"] <= state["length"]:
-            raise ValueError(f"yielded {state['yielded']} is outside 0..{state['length']}")
-        self.epoch = state["epoch"]
-        self._resume_at = state["yielded"]
-        self._yielded = state["yielded"]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the saved position: the next ``__iter__`` deals the rest of the epoch to
+        this world (the same world carries on batch for batch)."""
+        world = (self.world.num_nodes, self.world.local_size)
+        resume = states.read_state(state, self._run, world, len(self))
+        self.epoch = resume.epoch
+        if not resume.legacy:  # check the position against the plan now, not mid-training
+            per_rank = self.plan(resume.segments).per_rank
+            if resume.start > per_rank:
+                raise ValueError(f"yielded {resume.start} is outside 0..{per_rank}")
+        self._resume = resume
+        self._done = resume.segments
+        self._yielded = resume.start

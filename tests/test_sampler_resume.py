@@ -4,6 +4,7 @@ batches, one for one, as a run that never stopped (issue 11 item 3)."""
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,76 @@ def test_resumed_run_matches_the_uninterrupted_one(
     after += run_epochs(sampler, loader, range(2, 3))
     assert before + after == reference
     assert reference[per_epoch : 2 * per_epoch] != reference[:per_epoch]  # epochs differ
+
+
+def batches_of(loader: StatefulDataLoader, count: int | None = None) -> list[int]:
+    iterator = iter(loader)
+    if count is None:
+        return [i for batch in iterator for i in batch.tolist()]
+    return [i for _ in range(count) for i in next(iterator).tolist()]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("before", "after"), [((2, 2), (1, 2)), ((2, 2), (4, 2)),
+                                                ((1, 2), (3, 2)), ((4, 2), (3, 1))])  # fmt: skip
+def test_a_checkpoint_resumes_sample_exact_on_another_world(
+    tmp_path: Path, workers: int, before: tuple[int, int], after: tuple[int, int]
+) -> None:
+    """Every rank of world W stops after 2 batches; rank 0's loader state resumes every
+    rank of W': each sample seen once, but for padding, and every new rank the same count."""
+    dataset = IndexFolder(tmp_path, 203)
+    seen, state = [], None
+    for rank in range(before[0] * before[1]):
+        world = {"num_replicas": before[0] * before[1], "rank": rank, "num_nodes": before[0]}
+        sampler, loader = make_loader(dataset, workers, **world)
+        sampler.set_epoch(1)
+        seen += batches_of(loader, 2)
+        state = loader.state_dict() if rank == 0 else state
+    assert state is not None
+    size = after[0] * after[1]
+    resumed = []
+    for _ in range(2):
+        rest = []
+        for rank in range(size):
+            sampler, loader = make_loader(
+                dataset, workers, num_replicas=size, rank=rank, num_nodes=after[0]
+            )
+            loader.load_state_dict(state)
+            rest.append(batches_of(loader))
+        resumed.append(rest)
+    assert resumed[0] == resumed[1]  # the same state resumes the same way
+    lengths = {len(r) for r in resumed[0]}
+    assert lengths == {-(-(203 - len(set(seen))) // size)}
+    counts = Counter(seen + [i for r in resumed[0] for i in r])
+    assert set(counts) == set(range(203))
+    assert sum(counts.values()) - 203 <= size - 1
+
+
+def test_a_state_from_before_elastic_resume_loads_on_its_own_world_only(tmp_path: Path) -> None:
+    dataset = IndexFolder(tmp_path, 103)
+    sampler, _ = make_loader(dataset, 0, num_replicas=2, rank=1)
+    sampler.set_epoch(3)
+    reference = list(sampler)
+    legacy = {"epoch": 3, "yielded": 20, "seed": 11, "length": 52}  # what 0.x saved
+    sampler, _ = make_loader(dataset, 0, num_replicas=2, rank=1)
+    sampler.load_state_dict(legacy)
+    assert list(sampler) == reference[20:]
+    other, _ = make_loader(dataset, 0, num_replicas=3, rank=1)
+    with pytest.raises(ValueError, match=r"^the state predates elastic resume[^\n]*52[^\n]*35$"):
+        other.load_state_dict(legacy)
+
+
+def test_a_state_from_another_run_or_past_its_epoch_is_refused_in_one_line(tmp_path: Path) -> None:
+    dataset = IndexFolder(tmp_path, 103)
+    sampler, _ = make_loader(dataset, 0, num_replicas=2, rank=0)
+    state = sampler.state_dict()
+    for change, word in (({"drop_last": True}, "drop_last"), ({"window": 4}, "window")):
+        other, _ = make_loader(dataset, 0, num_replicas=2, rank=0, **change)
+        with pytest.raises(ValueError, match=rf"^the state is from another run \({word} [^\n]*\)$"):
+            other.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"^a ShardSampler state of version 9; this is 2$"):
+        sampler.load_state_dict({**state, "version": 9})
+    with pytest.raises(ValueError, match=r"^yielded 53 is outside 0\.\.52$"):
+        sampler.load_state_dict({**state, "segments": [[2, 1, 53]]})  # this world
+    with pytest.raises(ValueError, match=r"^a segment of 1 x 3 ranks yielded 40, outside 0\.\.35$"):
+        sampler.load_state_dict({**state, "segments": [[1, 3, 40], [1, 2, 0]]})

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 import zlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from torchvision.datasets import ImageFolder
 
 from shardfs.mount.control import query
 from shardfs.placement import read_placement
+from shardfs.sampling.plan import legacy_node_order
 from shardfs.torch import ShardSampler
 
 pytestmark = pytest.mark.integration
@@ -160,3 +162,68 @@ def test_resume_on_the_mount_matches_the_uninterrupted_run(
         assert len(after) == 3 * per_epoch - per_epoch - stop_after
         assert before + after == reference
     assert reference[per_epoch : 2 * per_epoch] != reference[:per_epoch]  # epochs differ
+
+
+def world_loader(
+    dataset: DigestFolder, mode: str, workers: int, nodes: int, local: int, rank: int
+) -> StatefulDataLoader:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sampler = ShardSampler(
+            dataset, mode=mode, seed=SEED, num_replicas=nodes * local, rank=rank,  # type: ignore[arg-type]
+            num_nodes=nodes,
+        )  # fmt: skip
+    return StatefulDataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=workers)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("mode", ["shard", "uniform"])
+@pytest.mark.parametrize("after", [(1, 2), (3, 1)])
+def test_a_checkpoint_on_the_mount_resumes_on_another_world(
+    mounted: Path, mode: str, workers: int, after: tuple[int, int]
+) -> None:
+    """2 nodes x 2 ranks stop after 2 batches each; rank 0's state resumes 1 x 2 and 3 x 1:
+    every image once but for padding, each byte right, every new rank the same count."""
+    dataset = DigestFolder(mounted)
+    truth = {i: zlib.crc32(Path(path).read_bytes()) for i, (path, _) in enumerate(dataset.samples)}
+    seen, state = [], None
+    for rank in range(4):
+        loader = world_loader(dataset, mode, workers, 2, 2, rank)
+        loader.sampler.set_epoch(1)  # type: ignore[attr-defined]
+        iterator = iter(loader)
+        seen += [pair for _ in range(2) for pair in as_lists(next(iterator))]
+        state = loader.state_dict() if rank == 0 else state
+        del iterator
+    rest = []
+    for rank in range(after[0] * after[1]):
+        loader = world_loader(dataset, mode, workers, *after, rank)
+        loader.load_state_dict(state)
+        rest.append([pair for batch in loader for pair in as_lists(batch)])
+    every = seen + [pair for r in rest for pair in r]
+    assert all(digest == truth[index] for index, digest in every)
+    assert len({len(r) for r in rest}) == 1
+    counts = Counter(index for index, _ in every)
+    assert set(counts) == set(range(NUM_IMAGES))
+    assert sum(counts.values()) - NUM_IMAGES <= after[0] * after[1] - 1
+
+
+def test_a_state_from_before_elastic_resume_finishes_its_epoch_in_the_old_order(
+    mounted: Path,
+) -> None:
+    """Shard mode on the mount: a state without a version resumes its epoch in the order
+    it was planned in then (each node drew its own), and the next epoch is planned anew."""
+    dataset = DigestFolder(mounted)
+    sampler, _ = make_loader(dataset, "shard", 0)
+    assert sampler._base is not None and sampler._table is not None
+    old = legacy_node_order(
+        sampler._base, sampler._table.shard_of, seed=SEED, epoch=1, window=sampler.window,
+        world=sampler.world, drop_last=False,
+    )[sampler.world.local_rank :: sampler.world.local_size].tolist()  # fmt: skip
+    sampler.load_state_dict({"epoch": 1, "yielded": 5, "seed": SEED, "length": len(sampler)})
+    assert list(sampler) == old[5:]
+    fresh, _ = make_loader(dataset, "shard", 0)
+    fresh.set_epoch(1)
+    assert list(fresh) != old  # the order did change with elastic resume
+    sampler.set_epoch(2)
+    fresh.set_epoch(2)
+    assert list(sampler) == list(fresh)

@@ -145,7 +145,7 @@ LAYERS = [
     ["shardfs.views"],
     ["shardfs.cache"],
     ["shardfs.read"],
-    ["shardfs.placement", "shardfs.torch"],
+    ["shardfs.placement", "shardfs.torch", "shardfs.sampling"],
     ["shardfs.core"],
     ["shardfs.fuse"],
     ["shardfs.dataset"],
