@@ -24,6 +24,7 @@ from .errors import (
     SourceNotFoundError,
     StoreReadError,
     UnsafeMemberError,
+    UnsupportedMemberError,
     UsageError,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "SourceNotFoundError",
     "StoreReadError",
     "UnsafeMemberError",
+    "UnsupportedMemberError",
     "UsageError",
     "ViewConfig",
     "__version__",

@@ -33,6 +33,7 @@ EXPECTED = [
     "SourceNotFoundError",
     "StoreReadError",
     "UnsafeMemberError",
+    "UnsupportedMemberError",
     "UsageError",
     "ViewConfig",
     "__version__",
