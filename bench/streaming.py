@@ -48,6 +48,7 @@ from pinning import Pinning  # noqa: E402
 from procs import (  # noqa: E402
     DaemonProbe,
     EpochRunner,
+    cpu_seconds,
     drop_page_cache,
     force_unmount,
     pack_webdataset,
@@ -176,9 +177,14 @@ class StreamingBench:
         self.server.reset_counts()
         probe = DaemonProbe(pid)
         probe.start()
+        store_pid = self.server.pid
+        store_before = cpu_seconds(store_pid) if store_pid is not None else None
         before = query(self.mnt) if pid else {}
         reply = self.runner.run(request)
         after = query(self.mnt) if pid else {}
+        store_cpu = None
+        if store_pid is not None and store_before is not None:
+            store_cpu = cpu_seconds(store_pid) - store_before
         counts = settled_counts(self.server, timeout=120)
         record = {
             **fields,
@@ -188,6 +194,8 @@ class StreamingBench:
             "egress_requests": counts["get_object_requests"],
             "egress_ratio": counts["get_object_bytes"] / self.dataset_bytes,
             "counters": {key: after[key] - before[key] for key in COUNTERS} if pid else {},
+            # The store's share of its core over the epoch: near 1.0, the store is the limit.
+            "store_busy": None if store_cpu is None else store_cpu / reply["seconds"],
             **probe.stop(),
         }
         if reply["images"] != self.tree.images:
@@ -382,6 +390,7 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "images_per_s": med(lambda r: r["images_per_s"]),
             "egress_ratio": med(lambda r: r["egress_ratio"]),
             "daemon_cpu_s": med(lambda r: r["daemon_cpu_s"]),
+            "store_busy": med(lambda r: r.get("store_busy")),
         }  # fmt: skip
         for counter in COUNTERS:
             row[counter] = med(lambda r, c=counter: r["counters"].get(c))
@@ -408,16 +417,17 @@ def markdown(result: dict[str, Any]) -> str:
         f"bytes{shaped}. Medians over {result['rounds']} rounds; egress at the server over "
         "the shard bytes; counters are `shardfs stats` differences over the epoch.",
         "",
-        "| contender | cache | shaped | epoch | images/s | egress | daemon CPU s "
+        "| contender | cache | shaped | epoch | images/s | egress | daemon CPU s | store core busy "
         "| waited on net | fetched ahead | range reads | blocks evicted | evicted unread MB | n |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in _rows(result):
         unread = row["evicted_unread_bytes"]
         lines.append(
             f"| {row['contender']} | {row['cache']} | {'yes' if row['shaped'] else 'no'} "
             f"| {row['epoch']} | {_num(row['images_per_s'], 0)} | {_num(row['egress_ratio'])}x "
-            f"| {_num(row['daemon_cpu_s'], 1)} | {_num(row['reads_waited_on_network'], 0)} "
+            f"| {_num(row['daemon_cpu_s'], 1)} | {_num(row['store_busy'])} "
+            f"| {_num(row['reads_waited_on_network'], 0)} "
             f"| {_num(row['files_fetched_ahead'], 0)} | {_num(row['range_reads'], 0)} "
             f"| {_num(row['blocks_evicted'], 0)} "
             f"| {_num(None if unread is None else unread / 1e6, 1)} | {row['n']} |"
