@@ -5,7 +5,10 @@ no shard at all, and a zip the mount cannot serve (deflated) fails with one line
 
 from __future__ import annotations
 
+import hashlib
+import io
 import shutil
+import struct
 import subprocess
 import zipfile
 from pathlib import Path
@@ -156,3 +159,75 @@ def test_a_deflated_zip_fails_with_one_line_naming_the_member_and_the_fix(
     assert result.returncode == 4 and not is_mounted(mountpoint)
     assert "default.zip: member 'cat/a.jpg' is compressed (deflate" in line
     assert "zip -0 -r" in line and "at offset" in line and "--skip-bad-shards" in line
+
+
+def stored_zip(*members: tuple[str, bytes]) -> bytes:
+    """A stored zip written by Python's zipfile, names exactly as given."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name, data in members:
+            archive.writestr(zipfile.ZipInfo(name, (2024, 1, 1, 0, 0, 0)), data)
+    return buffer.getvalue()
+
+
+def _truncated(data: bytes) -> bytes:
+    return data[: len(data) - 30]  # into the end of central directory
+
+
+def _bogus_offset(data: bytes) -> bytes:
+    """The first central directory entry's local header offset moved past the shard."""
+    at = data.index(b"PK\x01\x02")
+    patched = bytearray(data)
+    patched[at + 42 : at + 46] = struct.pack("<I", len(data) + 1000)
+    return bytes(patched)
+
+
+@pytest.mark.parametrize(
+    ("case", "expect"),
+    [
+        ("climbs-out", "../x.jpg"),
+        ("absolute", "/etc/x.jpg"),
+        ("truncated", "offset"),
+        ("bogus-offset", "offset"),
+        ("not-a-zip", "not a zip archive"),
+    ],
+)
+def test_a_bad_zip_fails_the_mount_with_one_line_and_is_skipped_on_request(
+    case: str,
+    expect: str,
+    s3_server: S3Server,
+    env: dict[str, str],
+    mountpoint: Path,
+    tmp_path: Path,
+) -> None:
+    """Exit 4 and one line naming the shard (and an offset); ``--skip-bad-shards`` mounts
+    the good shard beside it, byte for byte; never a traceback."""
+    good = stored_zip(("cat/a.jpg", b"a" * 5000), ("dog/b.jpg", b"b" * 7000))
+    bad = {
+        "climbs-out": lambda: stored_zip(("ok/c.jpg", b"c" * 100), ("../x.jpg", b"x" * 100)),
+        "absolute": lambda: stored_zip(
+            ("/etc/x.jpg", b"x" * 100),
+        ),
+        "truncated": lambda: _truncated(good),
+        "bogus-offset": lambda: _bogus_offset(good),
+        "not-a-zip": lambda: b"this is not a zip archive at all\n" * 50,
+    }[case]()
+    bucket = new_bucket(s3_server, f"badzip-{case}")
+    fs = s3_server.filesystem()
+    fs.pipe_file(f"{bucket}/data/a-good.zip", good)
+    fs.pipe_file(f"{bucket}/data/b-bad.zip", bad)
+    source = f"s3://{bucket}/data/"
+
+    result = run_shardfs("mount", source, mountpoint, "--cache-dir", tmp_path / "c", env=env)
+    line = assert_one_error_line(result)
+    assert result.returncode == 4 and not is_mounted(mountpoint)
+    assert "b-bad.zip" in line and expect in line, line
+    assert "Traceback" not in result.stderr
+
+    skipped = mount(source, mountpoint, tmp_path / "c2", "--skip-bad-shards", env=env)
+    assert "b-bad.zip" in skipped.stderr
+    assert sha256_tree(mountpoint) == {
+        "cat/a.jpg": hashlib.sha256(b"a" * 5000).hexdigest(),
+        "dog/b.jpg": hashlib.sha256(b"b" * 7000).hexdigest(),
+    }
+    umount(mountpoint)
