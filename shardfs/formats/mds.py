@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import NoReturn
 
 from ..errors import CorruptShardError
 from .classes import image_extension
 from .members import MAX_LABEL, MemberRow, normalize_member_path
 from .parquet import FILE_MODE, SNIFF
-from .source import ShardBytes
+from .source import CheckedReads, ShardBytes
 from .tar import MemberKind
 
 SUFFIX = ".mds"
@@ -38,28 +37,14 @@ _IMAGE_NAMES = ("image", "img", "jpg", "jpeg", "png", "webp")
 _LABEL_NAMES = ("label", "cls", "class", "target", "labels")
 
 
-class _Shard:
-    def __init__(self, shard: ShardBytes) -> None:
-        self.shard = shard
-
-    def fail(self, offset: int, reason: str) -> NoReturn:
-        raise CorruptShardError(self.shard.name, offset, reason)
-
-    def read(self, offset: int, length: int, what: str) -> bytes:
-        if offset < 0 or length < 0 or offset + length > self.shard.size:
-            self.fail(offset, f"{what} ({length} bytes) lies past the end of the shard")
-        data = self.shard.read_at(offset, length)
-        if len(data) != length:
-            self.fail(offset, f"{what} is truncated")
-        return data
-
-
 def _u32s(data: bytes, start: int, count: int) -> list[int]:
     view = memoryview(data)[start : start + 4 * count]
     return [int.from_bytes(view[i : i + 4], "little") for i in range(0, 4 * count, 4)]
 
 
-def _config(shard: _Shard, text: bytes, at: int) -> tuple[list[str], list[str], list[int | None]]:
+def _config(
+    shard: CheckedReads, text: bytes, at: int
+) -> tuple[list[str], list[str], list[int | None]]:
     try:
         config = json.loads(text)
         names, encodings, sizes = (
@@ -83,7 +68,9 @@ def _config(shard: _Shard, text: bytes, at: int) -> tuple[list[str], list[str], 
     return names, encodings, sizes
 
 
-def _pick(shard: _Shard, names: list[str], encodings: list[str], at: int) -> tuple[int, int | None]:
+def _pick(
+    shard: CheckedReads, names: list[str], encodings: list[str], at: int
+) -> tuple[int, int | None]:
     """The image column's index and the label column's (None when there is none)."""
     images = [i for i, e in enumerate(encodings) if e in ("jpeg", "png")]
     images += [i for i, e in enumerate(encodings) if e == "bytes" and names[i] in _IMAGE_NAMES]
@@ -101,7 +88,7 @@ def _pick(shard: _Shard, names: list[str], encodings: list[str], at: int) -> tup
 
 def scan_mds(source: ShardBytes) -> list[MemberRow]:
     """The index rows of one plain MDS shard (module docstring)."""
-    shard = _Shard(source)
+    shard = CheckedReads(source)
     size = source.size
     if size < 8:
         shard.fail(0, "too short for an MDS shard")
@@ -150,7 +137,7 @@ def scan_mds(source: ShardBytes) -> list[MemberRow]:
 
 
 def _spans(
-    shard: _Shard, start: int, end: int, sizes: list[int | None], variable: list[int]
+    shard: CheckedReads, start: int, end: int, sizes: list[int | None], variable: list[int]
 ) -> list[tuple[int, int]]:
     """(offset, size) of each column of the sample at ``[start, end)``."""
     head = 4 * len(variable)
@@ -171,7 +158,7 @@ def _spans(
     return spans
 
 
-def _read_spans(shard: _Shard, spans: list[tuple[int, int]]) -> list[bytes]:
+def _read_spans(shard: CheckedReads, spans: list[tuple[int, int]]) -> list[bytes]:
     """The bytes of a sample's few small spans, neighbouring ones in one read."""
     if len(spans) == 2:
         (a, an), (b, bn) = sorted(spans)

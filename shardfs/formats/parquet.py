@@ -20,13 +20,12 @@ import posixpath
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import NoReturn
 
 from ..errors import CorruptShardError, UnsafeMemberError
 from .classes import class_folders, image_extension
 from .members import MAX_LABEL, MemberRow, is_image_name, normalize_member_path
 from .pages import PageError, decompress, hybrid, plain_values
-from .source import ShardBytes
+from .source import CheckedReads, ShardBytes
 from .tar import MemberKind
 from .thrift import Struct, ThriftError, Value, read_struct
 from .thrift import field_of as _get
@@ -65,25 +64,7 @@ class Leaf:
         return ".".join(self.path)
 
 
-class _Reader:
-    """One shard's reads and its error messages."""
-
-    def __init__(self, shard: ShardBytes) -> None:
-        self.shard = shard
-
-    def fail(self, offset: int, reason: str) -> NoReturn:
-        raise CorruptShardError(self.shard.name, offset, reason)
-
-    def read(self, offset: int, length: int, what: str) -> bytes:
-        if offset < 0 or length < 0 or offset + length > self.shard.size:
-            self.fail(offset, f"{what} ({length} bytes) lies outside the file")
-        data = self.shard.read_at(offset, length)
-        if len(data) != length:
-            self.fail(offset, f"{what} is truncated")
-        return data
-
-
-def _footer(reader: _Reader) -> tuple[Struct, int]:
+def _footer(reader: CheckedReads) -> tuple[Struct, int]:
     size = reader.shard.size
     if size < 12:
         reader.fail(0, "too short for a parquet file")
@@ -182,7 +163,7 @@ def _levels(page: bytes, pos: int, end: int, leaf: Leaf, count: int) -> list[int
     return hybrid(page, pos, end, leaf.max_def.bit_length(), count)
 
 
-def _page_header(reader: _Reader, pos: int, end: int, what: str) -> tuple[Struct, int, bytes]:
+def _page_header(reader: CheckedReads, pos: int, end: int, what: str) -> tuple[Struct, int, bytes]:
     """The page header at ``pos``, its length, and the bytes read from ``pos``."""
     want = HEADER_READ
     while True:
@@ -196,7 +177,7 @@ def _page_header(reader: _Reader, pos: int, end: int, what: str) -> tuple[Struct
             want *= 4
 
 
-def _chunk_span(reader: _Reader, meta: Value, what: str) -> tuple[int, int, int]:
+def _chunk_span(reader: CheckedReads, meta: Value, what: str) -> tuple[int, int, int]:
     """(start, end, codec) of a column chunk, checked against the file."""
     data_off = _int(meta, 9, what)
     dict_off = _int(meta, 11, what, 0)
@@ -207,7 +188,9 @@ def _chunk_span(reader: _Reader, meta: Value, what: str) -> tuple[int, int, int]
     return start, end, _int(meta, 4, what, 0)
 
 
-def _small_column(reader: _Reader, meta: Value, leaf: Leaf, rows: int) -> list[int | bytes | None]:
+def _small_column(
+    reader: CheckedReads, meta: Value, leaf: Leaf, rows: int
+) -> list[int | bytes | None]:
     """Every value of a small column chunk, None where null: read whole, then decoded."""
     what = f"column {leaf.dotted}"
     start, end, codec = _chunk_span(reader, meta, what)
@@ -308,7 +291,9 @@ def _check_count(count: int, room: int) -> None:
 ImageValue = tuple[int, int, bytes]  # (data offset, size, first bytes)
 
 
-def _image_column(reader: _Reader, meta: Value, leaf: Leaf, rows: int) -> list[ImageValue | None]:
+def _image_column(
+    reader: CheckedReads, meta: Value, leaf: Leaf, rows: int
+) -> list[ImageValue | None]:
     """Where each row's image bytes lie, None for a null image; refuses decoded pages."""
     what = f"column {leaf.dotted}"
     start, end, codec = _chunk_span(reader, meta, what)
@@ -327,7 +312,7 @@ def _image_column(reader: _Reader, meta: Value, leaf: Leaf, rows: int) -> list[I
 
 
 def _image_page(
-    reader: _Reader,
+    reader: CheckedReads,
     header: Struct,
     pos: int,
     length: int,
@@ -435,12 +420,12 @@ def _chunks(group: Value) -> tuple[int, dict[tuple[str, ...], Value]]:
 def scan_parquet(shard: ShardBytes) -> list[MemberRow]:
     """The index rows of one parquet shard (module docstring)."""
     try:
-        return _scan(_Reader(shard))
+        return _scan(CheckedReads(shard))
     except ValueError as exc:  # a field check outside a page's own guard
         raise CorruptShardError(shard.name, 0, f"malformed metadata: {exc}") from None
 
 
-def _scan(reader: _Reader) -> list[MemberRow]:
+def _scan(reader: CheckedReads) -> list[MemberRow]:
     shard = reader.shard
     meta, footer_at = _footer(reader)
     try:

@@ -5,7 +5,9 @@ scan supplies the reads, so a parser never sees the store."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NoReturn, Protocol
+
+from ..errors import CorruptShardError
 
 
 class ShardBytes(Protocol):
@@ -40,3 +42,22 @@ class BytesShard:
     def read_at(self, offset: int, length: int) -> bytes:
         self.reads += 1
         return self._data[offset : offset + length]
+
+
+class CheckedReads:
+    """A parser's reads of one shard: each range lies inside the shard and comes back whole,
+    or the shard is bad (``CorruptShardError`` at the offset, saying what was read)."""
+
+    def __init__(self, shard: ShardBytes) -> None:
+        self.shard = shard
+
+    def fail(self, offset: int, reason: str) -> NoReturn:
+        raise CorruptShardError(self.shard.name, offset, reason)
+
+    def read(self, offset: int, length: int, what: str) -> bytes:
+        if offset < 0 or length < 0 or offset + length > self.shard.size:
+            self.fail(offset, f"{what} ({length} bytes) lies past the end of the shard")
+        data = self.shard.read_at(offset, length)
+        if len(data) != length:
+            self.fail(offset, f"{what} is truncated")
+        return data
