@@ -42,6 +42,10 @@ class SourceConfig:
         tree (``shardfs mount A B MNT``); where two present the same path, the later source
         wins, as the later shard does. The storage options apply to every source, the
         endpoint to the S3 ones. Default: none.
+    shard_format: ``auto`` (each shard's parser by its name's suffix) or a format (``tar``,
+        ``zip``, ``parquet``, ``mds``): a folder listing then takes that format's shards
+        alone, and a glob or brace pattern takes every name it matches as that format
+        (``--format``). Default: auto.
     """
 
     url: str
@@ -51,6 +55,7 @@ class SourceConfig:
     connect_timeout: float = 10.0
     stall_timeout: float = 10.0
     extra_urls: tuple[str, ...] = ()
+    shard_format: str = "auto"
 
     @property
     def urls(self) -> tuple[str, ...]:

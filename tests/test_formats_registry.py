@@ -41,6 +41,43 @@ def test_rows_of_a_scanned_shard_go_under_its_folder(monkeypatch) -> None:  # ty
         return [("cat/1.jpg", 10, 4, 0o644, 0, 0, "", 3)]
 
     monkeypatch.setitem(SCANNERS, ".fake", fake_scanner)
-    rows = scan.scan_shard(None, ShardInfo("part/a.fake", 100, "e"))  # type: ignore[arg-type]
+    from shardfs.config import SourceConfig
+
+    class _NoStore:  # the fake scanner reads nothing
+        config = SourceConfig("unused")
+
+    rows = scan.scan_shard(_NoStore(), ShardInfo("part/a.fake", 100, "e"))  # type: ignore[arg-type]
     assert seen == ["part/a.fake"]
     assert rows == [("part/cat/1.jpg", 10, 4, 0o644, 0, 0, "", 3)]
+
+
+def test_a_format_given_reads_any_name_as_that_format() -> None:
+    from shardfs.formats.mds import refuse_zstd, scan_mds
+    from shardfs.formats.registry import reads_whole_blocks
+    from shardfs.formats.zip import scan_zip
+
+    assert scanner_for("x.bin", "zip") is scan_zip and reads_whole_blocks("x.bin", "zip")
+    assert scanner_for("x.zip", "tar") is None  # read as a tar, whatever its name
+    assert scanner_for("x.mds.zstd", "mds") is refuse_zstd
+    assert scanner_for("x.data", "mds") is scan_mds and not reads_whole_blocks("x.data", "mds")
+    assert is_shard_name("a.zip", "zip") and not is_shard_name("a.tar", "zip")
+
+
+def test_a_set_of_sources_keeps_each_shards_format(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Several sources name their shards ``NAME (source N)``: the format still comes from
+    NAME's suffix."""
+    from shardfs.config import SourceConfig
+    from shardfs.index import scan
+    from shardfs.store.sets import name_in_source
+    from shardfs.store.shards import ShardInfo
+
+    assert name_in_source("d/a.zip (source 2)") == "d/a.zip"
+    assert name_in_source("d/a (source x).zip") == "d/a (source x).zip"
+    seen: list[str] = []
+    monkeypatch.setitem(SCANNERS, ".zip", lambda source: seen.append(source.name) or [])
+
+    class _NoStore:
+        config = SourceConfig("unused")
+
+    assert scan.scan_shard(_NoStore(), ShardInfo("d/a.zip (source 2)", 10, "e")) == []  # type: ignore[arg-type]
+    assert seen == ["d/a.zip (source 2)"]

@@ -231,3 +231,36 @@ def test_a_bad_zip_fails_the_mount_with_one_line_and_is_skipped_on_request(
         "dog/b.jpg": hashlib.sha256(b"b" * 7000).hexdigest(),
     }
     umount(mountpoint)
+
+
+def test_format_reads_shards_of_any_name_and_picks_one_format_of_a_mixed_folder(
+    src: Path, s3_server: S3Server, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    """``--format tar`` with a glob reads tar shards named ``*.bin``; in a folder holding a
+    tar and a zip, ``-o format=zip`` mounts the zip alone (and auto mounts both)."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    gnu_tar_of_tars(src, shards / "train.bin")
+    zip_tool(src / "n01440764", shards / "extra.zip", "-0")
+    bucket = new_bucket(s3_server, "formats")
+    fs = s3_server.filesystem()
+    fs.put_file(str(shards / "train.bin"), f"{bucket}/data/train.bin")
+    fs.put_file(str(shards / "extra.zip"), f"{bucket}/data/extra.zip")
+    fs.put_file(str(shards / "train.bin"), f"{bucket}/data/same.tar")
+
+    failed = run_shardfs(
+        "mount", f"s3://{bucket}/data/*.bin", mountpoint, "--cache-dir", tmp_path / "c", env=env
+    )
+    assert failed.returncode != 0 and "*.bin" in assert_one_error_line(failed)
+    mount(f"s3://{bucket}/data/*.bin", mountpoint, tmp_path / "c", "--format", "tar", env=env)
+    assert sha256_tree(mountpoint) == sha256_tree(src)
+    umount(mountpoint)
+
+    mount(f"s3://{bucket}/data/", mountpoint, tmp_path / "c", "-o", "format=zip", env=env)
+    assert sha256_tree(mountpoint) == sha256_tree(src / "n01440764")
+    umount(mountpoint)
+
+    mount(f"s3://{bucket}/data/", mountpoint, tmp_path / "c", env=env)
+    both = {**sha256_tree(src), **sha256_tree(src / "n01440764")}
+    assert sha256_tree(mountpoint) == both
+    umount(mountpoint)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..config import ReadaheadConfig, default_cache_dir
+from ..store.urls import SHARD_FORMATS, shard_patterns
 
 
 def _positive_seconds(text: str) -> float:
@@ -75,6 +76,15 @@ def read_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-sidecar",
         action="store_true",
         help="ignore an index sidecar stored next to the shards",
+    )
+    parser.add_argument(
+        "--format",
+        choices=SHARD_FORMATS,
+        default="auto",
+        help="the shards' format: auto (by each name's suffix: "
+        f"{shard_patterns()}), or one format, whose shards alone a folder listing then "
+        "takes and as which a glob or brace pattern reads every name it matches "
+        "(default: auto)",
     )
 
 

@@ -36,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
             "--write-sidecar takes one SOURCE: a sidecar lies next to one source's shards "
             "(run shardfs index --write-sidecar once per source)"
         )
+    if args.write_sidecar and source.shard_format != "auto":
+        raise UsageError(
+            f"--write-sidecar with --format {source.shard_format}: a sidecar serves mounts "
+            "that pick each shard's format by its name; index without --format to write one"
+        )
     indexing = index_config(args)
     check_cache_dir(indexing.cache_dir)
     store = open_store(source)

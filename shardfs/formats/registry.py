@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..store.urls import is_shard_name
 from .mds import refuse_zstd, scan_mds
 from .members import MemberRow
 from .parquet import scan_parquet
@@ -37,13 +38,27 @@ SCANNERS: dict[str, Scanner] = {
 WHOLE_BLOCK_SCANS = (".zip",)
 
 
-def reads_whole_blocks(name: str) -> bool:
+def reads_whole_blocks(name: str, shard_format: str = "auto") -> bool:
     """Whether the scan of this shard reads whole cache blocks (``WHOLE_BLOCK_SCANS``)."""
+    if shard_format != "auto" and not is_shard_name(name, shard_format):
+        return f".{shard_format}" in WHOLE_BLOCK_SCANS
     return name.endswith(WHOLE_BLOCK_SCANS)
 
 
-def scanner_for(name: str) -> Scanner | None:
-    """The scanner of a shard name, or None for a tar shard (streamed by the index scan)."""
+# The scanner of each format for ``--format``, whatever the shard's name (tar: None).
+FORMAT_SCANNERS: dict[str, Scanner | None] = {
+    "tar": None,
+    "zip": scan_zip,
+    "parquet": scan_parquet,
+    "mds": scan_mds,
+}
+
+
+def scanner_for(name: str, shard_format: str = "auto") -> Scanner | None:
+    """The scanner of a shard, or None for a tar shard (streamed by the index scan): by the
+    name's suffix; with ``shard_format`` (``--format``), that format's, whatever the name."""
+    if shard_format != "auto" and not is_shard_name(name, shard_format):
+        return FORMAT_SCANNERS[shard_format]
     for suffix, scanner in SCANNERS.items():
         if name.endswith(suffix):
             return scanner

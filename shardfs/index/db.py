@@ -231,7 +231,9 @@ class IndexBuilder:
 
         A sidecar names its shards and members relative to its own folder."""
         found: dict[tuple[str, int, str], _Source] = {}
-        if not self.config.use_sidecar:
+        # A sidecar's rows came from each shard's own format; --format may read them as
+        # another.
+        if not self.config.use_sidecar or self.store.config.shard_format != "auto":
             return found
         for part, suffix in self.store.parts():
             names = [s.name.removesuffix(suffix) for s in missing if s.name.endswith(suffix)]

@@ -21,6 +21,7 @@ from ..formats.members import (
 from ..formats.registry import Scanner, reads_whole_blocks, scanner_for
 from ..formats.tar import MemberKind, TarMember, iter_members
 from ..store.remote import Store
+from ..store.sets import name_in_source
 from ..store.shards import Readable, ShardInfo
 
 log = logging.getLogger(__name__)
@@ -166,9 +167,10 @@ def scan_shard(
     back, and with ``block_sink`` every block of it is handed to the sink too; a shard of
     another format is read by range by its registered scanner, by whole blocks handed to
     the sink where the format's scan reads most of them anyway (``reads_whole_blocks``)."""
-    scanner = scanner_for(shard.name)
+    name, shard_format = name_in_source(shard.name), store.config.shard_format
+    scanner = scanner_for(name, shard_format)
     if scanner is not None:
-        sink = block_sink if reads_whole_blocks(shard.name) else None
+        sink = block_sink if reads_whole_blocks(name, shard_format) else None
         return _scan_by_range(store, shard, scanner, sink, block_size)
     rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)

@@ -139,7 +139,10 @@ class ShardListing:
         picked: dict[str, dict[str, Any]] = {}
         self._compressed = []
         for path, info in found.items():
-            is_shard = is_shard_name(path)
+            # With --format, a glob's every match is a shard of that format.
+            is_shard = is_shard_name(path, self.config.shard_format) or bool(
+                matchers and self.config.shard_format != "auto"
+            )
             if info.get("type", "file") != "file" or not (is_shard or compressed_suffix(path)):
                 continue
             name = self.name(path)

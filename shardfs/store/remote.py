@@ -136,6 +136,8 @@ class Store:
         if selection.globs:
             named = ("glob", *named)
         text = f"{self.protocol}://{self.root}|{self._endpoint()}|{'|'.join(named)}"
+        if self.config.shard_format != "auto":  # other rows from the same shards
+            text += f"|format={self.config.shard_format}"
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
     def location(self, shard: ShardInfo) -> str:

@@ -36,6 +36,13 @@ def _suffix(number: int) -> str:
     return f" (source {number})"
 
 
+def name_in_source(name: str) -> str:
+    """A shard's name as its own source names it: without the `` (source N)`` a set of
+    sources adds (what its suffix, and so its format, is read from)."""
+    head, mark, tail = name.rpartition(" (source ")
+    return head if mark and tail.endswith(")") and tail[:-1].isdigit() else name
+
+
 class StoreSet(Store):
     """The shards of several sources as one store (see the module)."""
 

@@ -17,7 +17,16 @@ from ..errors import UsageError
 SHARD_SUFFIX = ".tar"
 # Every name suffix a listing takes for a shard; which parser reads each is the formats
 # package's business (``shardfs.formats.registry``).
-SHARD_SUFFIXES: tuple[str, ...] = (SHARD_SUFFIX, ".zip", ".parquet", ".mds", ".mds.zstd")
+FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "tar": (SHARD_SUFFIX,),
+    "zip": (".zip",),
+    "parquet": (".parquet",),
+    "mds": (".mds", ".mds.zstd"),
+}
+SHARD_SUFFIXES: tuple[str, ...] = tuple(s for group in FORMAT_SUFFIXES.values() for s in group)
+# ``--format``: auto picks each shard's parser by its suffix; a format name reads every
+# shard the source names with that parser (see ``is_shard_name``).
+SHARD_FORMATS: tuple[str, ...] = ("auto", *FORMAT_SUFFIXES)
 # A brace pattern naming more shards than this is a typo, not a dataset.
 MAX_PATTERN_SHARDS = 1_000_000
 HTTP_PROTOCOLS = ("http", "https")
@@ -37,9 +46,12 @@ def shard_patterns() -> str:
     return " or ".join([", ".join(patterns[:-1]), patterns[-1]] if len(patterns) > 1 else patterns)
 
 
-def is_shard_name(name: str) -> bool:
-    """Whether a listed name ends in one of the shard suffixes."""
-    return name.endswith(SHARD_SUFFIXES)
+def is_shard_name(name: str, shard_format: str = "auto") -> bool:
+    """Whether a listed name ends in one of the shard suffixes (of ``shard_format`` alone,
+    when one is given)."""
+    return name.endswith(
+        SHARD_SUFFIXES if shard_format == "auto" else FORMAT_SUFFIXES[shard_format]
+    )
 
 
 def _split_top_level(body: str) -> list[str]:
