@@ -79,6 +79,7 @@ def read_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--format",
+        dest="shard_format",  # pack's --format is its output's
         choices=SHARD_FORMATS,
         default="auto",
         help="the shards' format: auto (by each name's suffix: "

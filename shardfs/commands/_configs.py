@@ -31,7 +31,7 @@ def source_config(args: argparse.Namespace) -> SourceConfig:
         storage_options=storage_options_from_pairs(args.storage_option),
         endpoint_url=args.endpoint_url,
         read_timeout=getattr(args, "read_timeout", SourceConfig.read_timeout),
-        shard_format=getattr(args, "format", "auto"),
+        shard_format=getattr(args, "shard_format", "auto"),
     )
 
 
