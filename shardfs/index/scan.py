@@ -87,9 +87,11 @@ class _BlockTee:
 class _StoreBytes:
     """A shard of the store read by range, for the scanners of random-access formats.
 
-    With a block sink, every read is widened to whole cache blocks, each block is handed to
-    the sink once, and the spans kept answer the requests inside them: the bytes a
-    scanner reads (the data between zip headers, say) are not downloaded again later."""
+    With a block sink, reads are made of whole cache blocks, each fetched once and handed
+    to the sink once: the bytes a scanner reads (the data between zip headers, say) are not
+    downloaded again when files are read. The blocks of the first read (a format's index at
+    the end) and of the latest are kept, so a scan moving forward in windows fetches each
+    block once; only a block that left both can be fetched again."""
 
     def __init__(
         self, store: Store, shard: ShardInfo, sink: BlockSink | None = None, block_size: int = 0
@@ -98,7 +100,8 @@ class _StoreBytes:
         self._shard = shard
         self._sink = sink if block_size > 0 else None
         self._block_size = block_size
-        self._spans: list[tuple[int, bytes]] = []
+        self._kept: dict[int, bytes] = {}
+        self._first: set[int] | None = None
         self._given: set[int] = set()
         self._sink_failed = False
 
@@ -116,18 +119,27 @@ class _StoreBytes:
             return b""
         if self._sink is None:
             return self._store.read_range(self._shard, offset, end)
-        for span_at, span in self._spans:
-            if span_at <= offset and end <= span_at + len(span):
-                return span[offset - span_at : end - span_at]
         size = self._block_size
-        start = offset - offset % size
-        stop = min(-(-end // size) * size, self._shard.size)
-        span = self._store.read_range(self._shard, start, stop)
-        # The first span (a format's index at the end, read first) and the latest are kept.
-        self._spans = [*self._spans[:1], (start, span)]
-        for index in range(start // size, -(-stop // size)):
-            self._give(index, span[index * size - start : (index + 1) * size - start])
-        return span[offset - start : end - start]
+        first, last = offset // size, (end - 1) // size
+        wanted = range(first, last + 1)
+        missing = [index for index in wanted if index not in self._kept]
+        while missing:  # each run of missing blocks in one ranged GET
+            run = 1
+            while run < len(missing) and missing[run] == missing[0] + run:
+                run += 1
+            lo = missing[0] * size
+            data = self._store.read_range(self._shard, lo, min(lo + run * size, self._shard.size))
+            for at, index in enumerate(missing[:run]):
+                block = data[at * size : (at + 1) * size]
+                self._kept[index] = block
+                self._give(index, block)
+            del missing[:run]
+        if self._first is None:
+            self._first = set(wanted)
+        keep = self._first | set(wanted)
+        self._kept = {i: block for i, block in self._kept.items() if i in keep}
+        joined = b"".join(self._kept[index] for index in wanted)
+        return joined[offset - first * size : end - first * size]
 
     def _give(self, index: int, block: bytes) -> None:
         if index in self._given or self._sink is None or self._sink_failed:
