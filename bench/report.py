@@ -101,6 +101,47 @@ def paired_verdict(spread: dict[str, float] | None, goal: float) -> tuple[bool |
     return met, words
 
 
+def spread_of(values: list[float]) -> dict[str, float] | None:
+    """Median, min, max and count of ``values``; None when there are none."""
+    return _spread(values) if values else None
+
+
+def within_verdict(
+    spread: dict[str, float] | None, center: float, tolerance: float
+) -> tuple[bool | None, str]:
+    """(met, the words for the table) for per-pair ratios whose median must lie within
+    ``tolerance`` of ``center`` (``|median - center| <= tolerance``) over ``MIN_PAIRS``."""
+    if spread is None:
+        return None, "—"
+    if spread["n"] < MIN_PAIRS:
+        return False, f"**no**: {spread['n']:.0f} pairs, {MIN_PAIRS} needed"
+    met = abs(spread["median"] - center) <= tolerance
+    words = "yes" if met else "**no**"
+    low, high = center - tolerance, center + tolerance
+    inside = low <= spread["min"] and spread["max"] <= high
+    outside = spread["max"] < low or spread["min"] > high
+    if not inside and not outside:  # some pairs in the band, some out
+        words += ", within noise"
+    return met, words
+
+
+def target_row(
+    name: str, value: float | None, spread: dict[str, float] | None, goal: str,
+    met: bool | None, verdict: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One target's row; ``met`` None: not measured in this run (a contender skipped)."""
+    verdict = verdict or {True: "yes", False: "**no**", None: "—"}[met]
+    return {"target": name, "value": value, "range": spread, "goal": goal, "met": met,
+            "verdict": verdict}  # fmt: skip
+
+
+def num(value: float | None, digits: int = 2) -> str:
+    """A table cell: ``value`` with ``digits`` decimals and thousands commas, — for None."""
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
+
+
 def summarise(epochs: list[dict[str, Any]], cores: str = "shared") -> list[dict[str, Any]]:
     """One row per contender, mode, workers, epoch and cores ("pinned" or "shared"; records
     without one ran under ``cores``)."""

@@ -57,6 +57,9 @@ from procs import (  # noqa: E402
 )
 from procs import shardfs_cli as shardfs  # noqa: E402
 from report import MIN_PAIRS, paired_verdict  # noqa: E402
+from report import num as _num  # noqa: E402
+from report import spread_of as _spread  # noqa: E402
+from report import target_row as _check  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
 BUCKET = "stream"
@@ -273,13 +276,6 @@ class StreamingBench:
 # -- ratios, targets and report ------------------------------------------------------------
 
 
-def _spread(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}  # fmt: skip
-
-
 def _find(epochs: list[dict[str, Any]], round_: int, **match: Any) -> dict[str, Any] | None:
     for record in epochs:
         if record["round"] == round_ and all(record.get(k) == v for k, v in match.items()):
@@ -328,16 +324,6 @@ RATIO_TARGETS = (
     ("uniform mode, full cache, cold / local warm (per round)", "uniform full / local warm", 0.93),
     ("plain shuffle, full cache, cold / local warm (per round)", "random full / local warm", 0.90),
 )  # fmt: skip
-
-
-def _check(
-    name: str, value: float | None, spread: dict[str, float] | None, goal: str,
-    met: bool | None, verdict: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """One target's row; ``met`` None: not measured in this run (a contender skipped)."""
-    verdict = verdict or {True: "yes", False: "**no**", None: "—"}[met]
-    return {"target": name, "value": value, "range": spread, "goal": goal, "met": met,
-            "verdict": verdict}  # fmt: skip
 
 
 def targets(result: dict[str, Any], ratios: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
@@ -396,12 +382,6 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             row[counter] = med(lambda r, c=counter: r["counters"].get(c))
         rows.append(row)
     return rows
-
-
-def _num(value: float | None, digits: int = 2) -> str:
-    if value is None:
-        return "—"
-    return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
 
 
 def markdown(result: dict[str, Any]) -> str:
