@@ -51,7 +51,15 @@ from procs import (  # noqa: E402
     start_store,
 )
 from procs import shardfs_cli as shardfs  # noqa: E402
-from report import num, spread_of, target_row, within_verdict  # noqa: E402
+from report import (  # noqa: E402
+    num,
+    spread_of,
+    summary_lines,
+    target_row,
+    target_table,
+    within_verdict,
+    write_section,
+)
 from support.s3 import S3Server, settled_counts  # noqa: E402
 
 BUCKET = "formats"
@@ -453,26 +461,14 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {name} | {s['median']:.3f} | {s['min']:.3f}-{s['max']:.3f} | {each} "
             f"| {s['n']:.0f} |"
         )
-    lines += ["", "| target | measured | range | goal | met |", "|---|---|---|---|---|"]
-    for check in result["targets"]:
-        s = check["range"]
-        span = f"{s['min']:.3f}-{s['max']:.3f} ({s['n']:.0f})" if s else "—"
-        lines.append(
-            f"| {check['target']} | {num(check['value'], 3)} | {span} "
-            f"| {check['goal']} | {check['verdict']} |"
-        )
+    lines += ["", *target_table(result["targets"], 3)]
     lines += ["", f"Command: `{result['command']}` ({result['total_s'] / 60:.1f} min)."]
     return "\n".join(lines) + "\n"
 
 
 def write_reports(result: dict[str, Any], out: Path) -> dict[str, Any]:
     """formats.json and formats.md in ``out``; the result with its ratios and targets."""
-    ratios = round_ratios(result)
-    result = {**result, "ratios": ratios, "targets": targets(result, ratios)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "formats.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "formats.md").write_text(markdown(result))
-    return result
+    return write_section(result, out, "formats", round_ratios, targets, markdown)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -500,14 +496,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    result = run_to_the_end(FormatsBench(parse_args(argv)), log)
+    args = parse_args(argv)
+    result = run_to_the_end(FormatsBench(args), log)
     if result is None:
         return 130
-    result = write_reports(result, parse_args(argv).out)
+    result = write_reports(result, args.out)
     print(markdown(result))
-    word = {True: "PASS", False: "FAIL", None: "SKIP"}
-    for c in result["targets"]:
-        print(f"{word[c['met']]} {c['target']}: {num(c['value'], 3)} (goal {c['goal']})")
+    print("\n".join(summary_lines(result["targets"], 3)))
     return 0
 
 
