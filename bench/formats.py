@@ -172,6 +172,8 @@ class FormatsBench:
         self.checks: dict[str, dict[str, Any]] = {}
 
     def setup(self) -> None:
+        from shardfs.config import plural
+
         shutil.rmtree(self.run_dir, ignore_errors=True)
         self.mnt.mkdir(parents=True)
         work = self.args.work.absolute()
@@ -196,7 +198,7 @@ class FormatsBench:
         log(
             f"{self.tree.images} JPEGs, {self.tree.image_bytes / 1e6:.0f} MB; "
             + ", ".join(
-                f"{k} {v['shards']} shards {v['bytes'] / 1e6:.0f} MB"
+                f"{k} {plural(v['shards'], 'shard')} {v['bytes'] / 1e6:.0f} MB"
                 for k, v in self.shards.items()
             )
         )
@@ -302,10 +304,18 @@ class FormatsBench:
     def run(self) -> dict[str, Any]:
         started = time.perf_counter()
         self.setup()
-        for round_ in range(self.args.rounds):
-            shift = round_ % len(self.args.formats)
+        rounds, first = 0, time.perf_counter()
+        while rounds < self.args.rounds:
+            shift = rounds % len(self.args.formats)
             for fmt in self.args.formats[shift:] + self.args.formats[:shift]:
-                self.cold_epoch(fmt, round_)
+                self.cold_epoch(fmt, rounds)
+            rounds += 1
+            spent = time.perf_counter() - first
+            # Stop before a round that would run past --max-minutes (rounds so far: the mean).
+            if self.args.max_minutes and spent * (rounds + 1) / rounds > 60 * self.args.max_minutes:
+                if rounds < self.args.rounds:
+                    log(f"stopping after {rounds} rounds: another would pass --max-minutes")
+                break
         return {
             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -319,7 +329,8 @@ class FormatsBench:
             "tree_checks": self.checks,
             "workers": self.args.workers,
             "full": self.args.full,
-            "rounds": self.args.rounds,
+            "rounds": rounds,
+            "rounds_asked": self.args.rounds,
             "epochs": self.records,
             "total_s": time.perf_counter() - started,
         }
@@ -412,11 +423,15 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    from shardfs.config import plural
+
     data = result["dataset"]
     shards = "; ".join(
-        f"{fmt} {v['shards']} shard(s), {v['bytes'] / 1e6:.0f} MB"
+        f"{fmt} {plural(v['shards'], 'shard')}, {v['bytes'] / 1e6:.0f} MB"
         for fmt, v in data["formats"].items()
     )
+    asked = result.get("rounds_asked", result["rounds"])
+    stopped = f" (of {asked} asked: --max-minutes)" if asked > result["rounds"] else ""
     lines = [
         f"Formats (issue 22): {data['images']} JPEGs in {data['classes']} classes "
         f"({data['image_bytes'] / 1e6:.0f} MB of images); {shards}. {result['pinning']['label']}; "
@@ -424,9 +439,10 @@ def markdown(result: dict[str, Any]) -> str:
         f"and format (order rotated each round) a fresh mount over an empty cache "
         f"(--cache-size {result['full']}x the format's bytes), then one cold epoch, page cache "
         f"dropped before the mount and before the epoch. Medians (min-max) over "
-        f"{result['rounds']} rounds. Index egress: bytes the mount fetched before the epoch, "
-        "over the format's bytes; epoch egress likewise; mount + epoch over the images' bytes. "
-        "Every format's mount showed the source's class folders with the same files and bytes.",
+        f"{result['rounds']} rounds{stopped}. Index egress: bytes the mount fetched before the "
+        "epoch, over the format's bytes; epoch egress likewise; mount + epoch over the images' "
+        "bytes. Every format's mount showed the source's class folders with the same files and "
+        "bytes.",
         "",
         "| format | images/s | mount s | index egress | epoch egress | mount + epoch / images "
         "| daemon CPU s | ImageFolder scan s | n |",
@@ -478,6 +494,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shards", type=int, default=12, help="tar and MDS shards, about (12)")
     parser.add_argument("--parquet-shards", type=int, default=4, help="parquet files (4)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds; targets need 5 (5)")
+    parser.add_argument(
+        "--max-minutes", type=float, default=None,
+        help="start no round that would end the rounds past this many minutes (no limit)",
+    )  # fmt: skip
     parser.add_argument("--full", type=float, default=3.0, help="cache / format's bytes (3)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (2)")
     parser.add_argument(
