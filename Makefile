@@ -108,6 +108,17 @@ bench-scale: bench-deps
 bench-stream: bench-deps
 	$(BIN)/python bench/streaming.py $(STREAM_ARGS)
 
+.PHONY: bench-formats
+# Shard formats (issue 22), the store pinned to the last core: the same 2,000 JPEGs as GNU
+# tar shards, parquet (`datasets` to_parquet), MDS (MDSWriter, plain) and a stored zip
+# (`zip -0 -r`), the parquet and MDS written in the writers venv; per round and format, in
+# an order rotated by round, a fresh mount over an empty cache (3x) and one cold decode
+# epoch. Ratios parquet / tar, mds / tar, zip / tar per round; targets: parquet and MDS
+# within 0.05 of tar (5 rounds), mount + epoch egress <= 1.05x the images, index <= 2%.
+# Writes results/formats.json and .md. FORMATS_ARGS passes options (`--rounds 3`).
+bench-formats: bench-deps writers
+	$(BIN)/python bench/formats.py $(FORMATS_ARGS)
+
 .PHONY: bench-figures
 # The README's figures that `make bench` does not produce (bench/figures.py): `shardfs pack`
 # into a folder and into S3 against `tar -cf` and `cp -r`, a cold shuffled read with each

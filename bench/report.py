@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,81 @@ def paired_verdict(spread: dict[str, float] | None, goal: float) -> tuple[bool |
     if spread["min"] < goal <= spread["max"]:
         words += ", within noise"
     return met, words
+
+
+def spread_of(values: list[float]) -> dict[str, float] | None:
+    """Median, min, max and count of ``values``; None when there are none."""
+    return _spread(values) if values else None
+
+
+def within_verdict(
+    spread: dict[str, float] | None, center: float, tolerance: float
+) -> tuple[bool | None, str]:
+    """(met, the words for the table) for per-pair ratios whose median must lie within
+    ``tolerance`` of ``center`` (``|median - center| <= tolerance``) over ``MIN_PAIRS``."""
+    if spread is None:
+        return None, "—"
+    if spread["n"] < MIN_PAIRS:
+        return False, f"**no**: {spread['n']:.0f} pairs, {MIN_PAIRS} needed"
+    met = abs(spread["median"] - center) <= tolerance
+    words = "yes" if met else "**no**"
+    low, high = center - tolerance, center + tolerance
+    inside = low <= spread["min"] and spread["max"] <= high
+    outside = spread["max"] < low or spread["min"] > high
+    if not inside and not outside:  # some pairs in the band, some out
+        words += ", within noise"
+    return met, words
+
+
+def target_row(
+    name: str, value: float | None, spread: dict[str, float] | None, goal: str,
+    met: bool | None, verdict: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """One target's row; ``met`` None: not measured in this run (a contender skipped)."""
+    verdict = verdict or {True: "yes", False: "**no**", None: "—"}[met]
+    return {"target": name, "value": value, "range": spread, "goal": goal, "met": met,
+            "verdict": verdict}  # fmt: skip
+
+
+def num(value: float | None, digits: int = 2) -> str:
+    """A table cell: ``value`` with ``digits`` decimals and thousands commas, — for None."""
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
+
+
+def target_table(checks: list[dict[str, Any]], digits: int = 2) -> list[str]:
+    """The markdown table of ``target_row`` rows: measured, min-max (n), goal, verdict."""
+    lines = ["| target | measured | range | goal | met |", "|---|---|---|---|---|"]
+    for check in checks:
+        s = check["range"]
+        span = f"{s['min']:.{digits}f}-{s['max']:.{digits}f} ({s['n']:.0f})" if s else "—"
+        lines.append(f"| {check['target']} | {num(check['value'], digits)} | {span} "
+                     f"| {check['goal']} | {check['verdict']} |")  # fmt: skip
+    return lines
+
+
+def summary_lines(checks: list[dict[str, Any]], digits: int = 2) -> list[str]:
+    """One PASS / FAIL (SKIP: not measured) line per ``target_row`` row, for the terminal."""
+    word = {True: "PASS", False: "FAIL", None: "SKIP"}
+    return [f"{word[c['met']]} {c['target']}: {num(c['value'], digits)} (goal {c['goal']})"
+            for c in checks]  # fmt: skip
+
+
+def write_section(
+    result: dict[str, Any], out: Path, name: str,
+    ratios: Callable[[dict[str, Any]], dict[str, dict[int, float]]],
+    checks: Callable[[dict[str, Any], dict[str, dict[int, float]]], list[dict[str, Any]]],
+    markdown: Callable[[dict[str, Any]], str],
+) -> dict[str, Any]:  # fmt: skip
+    """NAME.json and NAME.md in ``out`` for a section with per-round ratios and targets;
+    the result with its ``ratios`` and ``targets``."""
+    by_round = ratios(result)
+    result = {**result, "ratios": by_round, "targets": checks(result, by_round)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown(result))
+    return result
 
 
 def summarise(epochs: list[dict[str, Any]], cores: str = "shared") -> list[dict[str, Any]]:

@@ -27,7 +27,6 @@ difference to the unshaped one of the same round; the targets are checked on the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -56,7 +55,11 @@ from procs import (  # noqa: E402
     start_store,
 )
 from procs import shardfs_cli as shardfs  # noqa: E402
-from report import MIN_PAIRS, paired_verdict  # noqa: E402
+from report import MIN_PAIRS, paired_verdict, target_table, write_section  # noqa: E402  # noqa: E402
+from report import num as _num  # noqa: E402
+from report import spread_of as _spread  # noqa: E402
+from report import summary_lines as target_summary  # noqa: E402
+from report import target_row as _check  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
 BUCKET = "stream"
@@ -273,13 +276,6 @@ class StreamingBench:
 # -- ratios, targets and report ------------------------------------------------------------
 
 
-def _spread(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}  # fmt: skip
-
-
 def _find(epochs: list[dict[str, Any]], round_: int, **match: Any) -> dict[str, Any] | None:
     for record in epochs:
         if record["round"] == round_ and all(record.get(k) == v for k, v in match.items()):
@@ -328,16 +324,6 @@ RATIO_TARGETS = (
     ("uniform mode, full cache, cold / local warm (per round)", "uniform full / local warm", 0.93),
     ("plain shuffle, full cache, cold / local warm (per round)", "random full / local warm", 0.90),
 )  # fmt: skip
-
-
-def _check(
-    name: str, value: float | None, spread: dict[str, float] | None, goal: str,
-    met: bool | None, verdict: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """One target's row; ``met`` None: not measured in this run (a contender skipped)."""
-    verdict = verdict or {True: "yes", False: "**no**", None: "—"}[met]
-    return {"target": name, "value": value, "range": spread, "goal": goal, "met": met,
-            "verdict": verdict}  # fmt: skip
 
 
 def targets(result: dict[str, Any], ratios: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
@@ -398,12 +384,6 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _num(value: float | None, digits: int = 2) -> str:
-    if value is None:
-        return "—"
-    return f"{value:,.{digits}f}" if digits else f"{value:,.0f}"
-
-
 def markdown(result: dict[str, Any]) -> str:
     data, shaping = result["dataset"], result["shaping"]
     shaped = (f"; shaped: {shaping['latency_ms']:g} ms first-byte latency, "
@@ -437,33 +417,19 @@ def markdown(result: dict[str, Any]) -> str:
         s = _spread(list(by_round.values()))
         assert s is not None
         lines.append(f"| {name} | {s['median']:.2f} | {s['min']:.2f}-{s['max']:.2f} | {s['n']} |")
-    lines += ["", "| target | measured | range | goal | met |", "|---|---|---|---|---|"]
-    for check in result["targets"]:
-        s = check["range"]
-        span = f"{s['min']:.2f}-{s['max']:.2f} ({s['n']})" if s else "—"
-        lines.append(f"| {check['target']} | {_num(check['value'])} | {span} "
-                     f"| {check['goal']} | {check['verdict']} |")  # fmt: skip
+    lines += ["", *target_table(result["targets"])]
     lines += ["", f"Command: `{result['command']}` ({result['total_s'] / 60:.1f} min)."]
     return "\n".join(lines) + "\n"
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """One PASS / FAIL (SKIP: not measured) line per target, for the terminal."""
-    word = {True: "PASS", False: "FAIL", None: "SKIP"}
-    return [
-        f"{word[c['met']]} {c['target']}: {_num(c['value'])} (goal {c['goal']})"
-        for c in result["targets"]
-    ]
+    return target_summary(result["targets"])
 
 
 def write_reports(result: dict[str, Any], out: Path) -> dict[str, Any]:
     """streaming.json and streaming.md in ``out``; the result with its ratios and targets."""
-    ratios = round_ratios(result)
-    result = {**result, "ratios": ratios, "targets": targets(result, ratios)}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "streaming.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "streaming.md").write_text(markdown(result))
-    return result
+    return write_section(result, out, "streaming", round_ratios, targets, markdown)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
