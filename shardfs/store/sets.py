@@ -36,11 +36,18 @@ def _suffix(number: int) -> str:
     return f" (source {number})"
 
 
+def _split_source(name: str) -> tuple[str, int | None]:
+    """``NAME (source N)`` -> (NAME, N); any other name -> (name, None)."""
+    head, mark, tail = name.rpartition(" (source ")
+    if mark and tail.endswith(")") and tail[:-1].isdigit():
+        return head, int(tail[:-1])
+    return name, None
+
+
 def name_in_source(name: str) -> str:
     """A shard's name as its own source names it: without the `` (source N)`` a set of
     sources adds (what its suffix, and so its format, is read from)."""
-    head, mark, tail = name.rpartition(" (source ")
-    return head if mark and tail.endswith(")") and tail[:-1].isdigit() else name
+    return _split_source(name)[0]
 
 
 class StoreSet(Store):
@@ -66,13 +73,10 @@ class StoreSet(Store):
 
     def _owner(self, shard: ShardInfo) -> tuple[Store, ShardInfo]:
         """The part that holds ``shard``, and the shard as that part names it."""
-        name = shard.name
-        head, mark, tail = name.rpartition(" (source ")
-        if mark and tail.endswith(")") and tail[:-1].isdigit():
-            number = int(tail[:-1])
-            if 1 <= number <= len(self._parts):
-                return self._parts[number - 1][0], ShardInfo(head, shard.size, shard.etag)
-        raise ValueError(f"{name!r} names no shard of {self.describe()}")
+        head, number = _split_source(shard.name)
+        if number is not None and 1 <= number <= len(self._parts):
+            return self._parts[number - 1][0], ShardInfo(head, shard.size, shard.etag)
+        raise ValueError(f"{shard.name!r} names no shard of {self.describe()}")
 
     @property
     def root(self) -> str:
