@@ -20,11 +20,11 @@ from typing import Any, BinaryIO, Protocol
 from .pages import PageError, snappy_decompress
 from .units import Unit
 
+_cram: Any
 try:  # the ``formats`` extra: compiled snappy and zstd
-    import cramjam as _cramjam
+    import cramjam as _cram
 except ImportError:  # pragma: no cover - the extra is part of every test install
-    _cramjam = None
-_cram: Any = _cramjam
+    _cram = None
 
 
 class DecodeError(ValueError):
