@@ -22,6 +22,12 @@ class ShardBytes(Protocol):
 
     def read_at(self, offset: int, length: int) -> bytes: ...
 
+    def read_cached(self, offset: int, length: int) -> bytes:
+        """As ``read_at``, for bytes the files are served from later (the units a scanner
+        decodes at index time): a mount reads them by whole cache blocks that it hands to
+        the block cache, so an epoch does not download them again."""
+        ...
+
 
 class BytesShard:
     """A shard held in memory: for tests, and for parsers that read a nested member."""
@@ -42,6 +48,9 @@ class BytesShard:
     def read_at(self, offset: int, length: int) -> bytes:
         self.reads += 1
         return self._data[offset : offset + length]
+
+    def read_cached(self, offset: int, length: int) -> bytes:
+        return self.read_at(offset, length)
 
 
 class CheckedReads:

@@ -100,6 +100,7 @@ class _StoreBytes:
         self._shard = shard
         self._sink = sink if block_size > 0 else None
         self._block_size = block_size
+        self.whole_blocks = False  # every read by whole blocks (``reads_whole_blocks``)
         self._kept: dict[int, bytes] = {}
         self._first: set[int] | None = None
         self._given: set[int] = set()
@@ -117,8 +118,19 @@ class _StoreBytes:
         end = min(offset + length, self._shard.size)
         if end <= offset:
             return b""
+        if self._sink is None or not self.whole_blocks:
+            return self._store.read_range(self._shard, offset, end)
+        return self._read_blocks(offset, end)
+
+    def read_cached(self, offset: int, length: int) -> bytes:
+        end = min(offset + length, self._shard.size)
+        if end <= offset:
+            return b""
         if self._sink is None:
             return self._store.read_range(self._shard, offset, end)
+        return self._read_blocks(offset, end)
+
+    def _read_blocks(self, offset: int, end: int) -> bytes:
         size = self._block_size
         first, last = offset // size, (end - 1) // size
         wanted = range(first, last + 1)
@@ -153,11 +165,18 @@ class _StoreBytes:
 
 
 def _scan_by_range(
-    store: Store, shard: ShardInfo, scanner: Scanner, sink: BlockSink | None, block_size: int
+    store: Store,
+    shard: ShardInfo,
+    scanner: Scanner,
+    sink: BlockSink | None,
+    block_size: int,
+    whole_blocks: bool,
 ) -> list[MemberRow]:
     """A random-access format's rows, their paths placed under the shard's folder."""
     shard_dir = posixpath.dirname(shard.name)
-    rows = scanner(_StoreBytes(store, shard, sink, block_size))
+    source = _StoreBytes(store, shard, sink, block_size)
+    source.whole_blocks = whole_blocks
+    rows = scanner(source)
     if not shard_dir:
         return rows
     placed: list[MemberRow] = []
@@ -182,8 +201,8 @@ def scan_shard(
     name, shard_format = name_in_source(shard.name), store.config.shard_format
     scanner = scanner_for(name, shard_format)
     if scanner is not None:
-        sink = block_sink if reads_whole_blocks(name, shard_format) else None
-        return _scan_by_range(store, shard, scanner, sink, block_size)
+        whole = reads_whole_blocks(name, shard_format)
+        return _scan_by_range(store, shard, scanner, block_sink, block_size, whole)
     rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)
     with store.open_stream(shard) as raw:
