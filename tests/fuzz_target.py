@@ -91,17 +91,24 @@ def check_columnar(data: bytes) -> None:
     from shardfs.formats.mds import scan_mds
     from shardfs.formats.parquet import scan_parquet
     from shardfs.formats.source import BytesShard
+    from shardfs.formats.units import DecodedScan, is_decoded
 
     for name, scanner, blob in (
         ("fuzz.parquet", scan_parquet, data + b"PAR1"),
         ("fuzz.mds", scan_mds, data),
     ):
         try:
-            rows = scanner(BytesShard(name, blob))
+            scan = scanner(BytesShard(name, blob))
         except ShardfsError:
             continue
+        rows = scan.rows if isinstance(scan, DecodedScan) else scan
         for path, offset, size, *_ in rows:
-            assert path and offset >= 0 and size >= 0 and offset + size <= len(blob)
+            assert path and offset >= 0 and size >= 0
+            if isinstance(scan, DecodedScan) and is_decoded(offset):
+                _, unit, within = scan.space.locate(offset)  # a slice of a unit in the file
+                assert within + size <= unit.size and unit.end <= len(blob)
+            else:
+                assert offset + size <= len(blob)
 
 
 def check_views(data: bytes, root: Path) -> None:

@@ -1,17 +1,44 @@
-"""Decoding the small parts of a parquet file in memory: snappy blocks, the RLE/bit-packed
-hybrid (definition levels, dictionary indices) and PLAIN values, for the label and
-image-path columns, whose bytes are read whole. Image pages are never decoded here: they
-are served as byte ranges. Every length is checked; malformed input raises ``PageError``."""
+"""Decoding parquet pages in memory: the RLE/bit-packed hybrid (definition levels,
+dictionary indices), PLAIN values, a pure-Python snappy decoder, and the whole decoding of
+a page of a small column (labels, image paths), whose bytes are read whole. Decompression
+itself is the caller's (``Clear``: parquet's codecs through ``formats.codecs``). Every
+length is checked; malformed input raises ``PageError``."""
 
 from __future__ import annotations
 
-import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from .thrift import CompactReader, ThriftError
+from .source import CheckedReads
+from .thrift import CompactReader, Struct, ThriftError, Value, read_struct
+from .thrift import field_of as _get
+from .thrift import int_field as _int
+from .thrift import struct_field as _struct
+
+MAX_SMALL_COLUMN = 256 << 20  # the label and path columns are read whole
+HEADER_READ = 1 << 10  # a page header, its level section and its first value's length
+MAX_HEADER = 1 << 20
+
+Clear = Callable[[int, bytes, int], bytes]
+"""(codec, stored bytes, decoded size) -> the decoded bytes, exactly that many."""
 
 
 class PageError(ValueError):
     """Malformed page data."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A leaf column of the schema: its dotted path, physical type and level maxima."""
+
+    path: tuple[str, ...]
+    physical: int
+    max_def: int
+    max_rep: int
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
 
 
 def snappy_decompress(data: bytes, limit: int) -> bytes:
@@ -66,22 +93,6 @@ def snappy_decompress(data: bytes, limit: int) -> bytes:
     if len(out) != length:
         raise PageError(f"snappy block holds {len(out)} bytes, not the {length} it declares")
     return bytes(out)
-
-
-def decompress(codec: int, data: bytes, size: int) -> bytes:
-    """A page's bytes in the clear: UNCOMPRESSED (0), SNAPPY (1) or GZIP (2)."""
-    if codec == 0:
-        return data
-    if codec == 1:
-        return snappy_decompress(data, size)
-    if codec == 2:
-        inflater = zlib.decompressobj(31)
-        try:
-            out = inflater.decompress(data, size)
-        except zlib.error as exc:
-            raise PageError(f"gzip: {exc}") from None
-        return out
-    raise PageError(f"codec {codec} is not read by shardfs")
 
 
 def hybrid(data: bytes, pos: int, end: int, bit_width: int, count: int) -> list[int]:
@@ -139,3 +150,160 @@ def plain_values(physical: int, data: bytes, pos: int, count: int) -> list[int |
             pos += length
         return out
     raise PageError(f"physical type {physical} is not read by shardfs")
+
+
+def levels_of(page: bytes, pos: int, end: int, leaf: Leaf, count: int) -> list[int]:
+    if leaf.max_def == 0:
+        return [0] * count
+    return hybrid(page, pos, end, leaf.max_def.bit_length(), count)
+
+
+def decode_small_page(
+    header: Struct,
+    data: bytes,
+    body: int,
+    codec: int,
+    leaf: Leaf,
+    dictionary: list[int | bytes],
+    out: list[int | bytes | None],
+    rows: int,
+    clear: Clear,
+) -> int:
+    """Decode one page of a small column into ``out`` (which ``rows`` values fill);
+    returns the offset past it."""
+    kind = _int(header, 1, "page header")
+    size = _int(header, 2, "page header")
+    stored = _int(header, 3, "page header")
+    end = body + stored
+    if stored < 0 or end > len(data) or not 0 <= size <= MAX_SMALL_COLUMN:
+        raise PageError("a page runs past its column chunk")
+    raw = data[body:end]
+    if kind == 2:  # the dictionary
+        count = _int(_struct(header, 7, "page header"), 1, "dictionary page")
+        dictionary[:] = plain_values(leaf.physical, clear(codec, raw, size), 0, count)
+        return end
+    if kind not in (0, 3):
+        return end  # index pages hold nothing we need
+    if leaf.max_rep:
+        raise PageError("repeated columns are not read")
+    if kind == 0:
+        page_header = _struct(header, 5, "page header")
+        count, encoding = _int(page_header, 1, "data page"), _int(page_header, 2, "data page")
+        check_count(count, rows)
+        page = clear(codec, raw, size)
+        pos = 0
+        if leaf.max_def:
+            length = int.from_bytes(page[:4], "little")
+            levels, pos = levels_of(page, 4, 4 + length, leaf, count), 4 + length
+        else:
+            levels = [0] * count
+    else:
+        page_header = _struct(header, 8, "page header")
+        count, encoding = _int(page_header, 1, "data page"), _int(page_header, 4, "data page")
+        check_count(count, rows)
+        def_len, rep_len = _int(page_header, 5, "data page"), _int(page_header, 6, "data page")
+        if def_len < 0 or rep_len < 0 or rep_len + def_len > len(raw):
+            raise PageError("level sections run past the page")
+        levels = levels_of(raw, rep_len, rep_len + def_len, leaf, count)
+        values = raw[rep_len + def_len :]
+        if _get(page_header, 7, bool, "data page", True):
+            values = clear(codec, values, size - rep_len - def_len)
+        page, pos = values, 0
+    present = sum(1 for level in levels if level == leaf.max_def)
+    if encoding == 0:
+        found = plain_values(leaf.physical, page, pos, present)
+    elif encoding in DICTIONARY_ENCODINGS:
+        found = [dictionary[i] for i in dictionary_indices(page, pos, present, len(dictionary))]
+    else:
+        raise PageError(f"encoding {encoding} is not read by shardfs")
+    values_iter = iter(found)
+    out += [next(values_iter) if level == leaf.max_def else None for level in levels]
+    return end
+
+
+def check_count(count: int, room: int) -> None:
+    """A page's value count fits the rows its row group has left (levels are expanded)."""
+    if not 0 <= count <= room:
+        raise PageError(f"a page of {count} values where {room} rows are left")
+
+
+DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY (parquet 1.0 writers), RLE_DICTIONARY
+
+
+def dictionary_indices(page: bytes, pos: int, count: int, entries: int) -> list[int]:
+    """``count`` dictionary indices at ``pos`` (a bit width byte, then the hybrid), each
+    checked against the dictionary's ``entries``."""
+    if not count:
+        return []
+    if pos >= len(page):
+        raise PageError("dictionary indices missing")
+    indices = hybrid(page, pos + 1, len(page), page[pos], count)
+    if any(i >= entries for i in indices):
+        raise PageError("a dictionary index past the dictionary")
+    return indices
+
+
+def plain_extents(page: bytes, pos: int, count: int) -> list[tuple[int, int]]:
+    """Where ``count`` PLAIN byte arrays from ``pos`` lie in ``page``: (offset, length)."""
+    out = []
+    for _ in range(count):
+        if pos + 4 > len(page):
+            raise PageError("an image's length runs past the page")
+        length = int.from_bytes(page[pos : pos + 4], "little")
+        if pos + 4 + length > len(page):
+            raise PageError(f"an image of {length} bytes runs past the page")
+        out.append((pos + 4, length))
+        pos += 4 + length
+    return out
+
+
+def page_header(reader: CheckedReads, pos: int, end: int, what: str) -> tuple[Struct, int, bytes]:
+    """The page header at ``pos``, its length, and the bytes read from ``pos``."""
+    want = HEADER_READ
+    while True:
+        buf = reader.read(pos, min(want, end - pos), what)
+        try:
+            header, length = read_struct(buf)
+            return header, length, buf
+        except ThriftError as exc:
+            if len(buf) >= end - pos or want >= MAX_HEADER:
+                reader.fail(pos + exc.offset, f"{what}: page header: {exc.reason}")
+            want *= 4
+
+
+def chunk_span(reader: CheckedReads, meta: Value, what: str) -> tuple[int, int, int]:
+    """(start, end, codec) of a column chunk, checked against the file."""
+    data_off = _int(meta, 9, what)
+    dict_off = _int(meta, 11, what, 0)
+    start = dict_off if 4 <= dict_off < data_off else data_off
+    end = start + _int(meta, 7, what)
+    if start < 4 or end > reader.shard.size - 8 or end < start:
+        reader.fail(max(start, 0), f"{what} lies outside the file")
+    return start, end, _int(meta, 4, what, 0)
+
+
+def small_column(
+    reader: CheckedReads, meta: Value, leaf: Leaf, rows: int, clear: Clear
+) -> list[int | bytes | None]:
+    """Every value of a small column chunk, None where null: read whole, then decoded."""
+    what = f"column {leaf.dotted}"
+    start, end, codec = chunk_span(reader, meta, what)
+    if end - start > MAX_SMALL_COLUMN:
+        reader.fail(start, f"{what} is over {MAX_SMALL_COLUMN >> 20} MiB")
+    data = reader.read(start, end - start, what)
+    pos = 0
+    dictionary: list[int | bytes] = []
+    out: list[int | bytes | None] = []
+    while pos < len(data) and len(out) < rows:
+        try:
+            header, body = read_struct(data, pos)
+        except ThriftError as exc:
+            reader.fail(start + exc.offset, f"{what}: page header: {exc.reason}")
+        try:
+            left = rows - len(out)
+            pos = decode_small_page(header, data, body, codec, leaf, dictionary, out, left, clear)
+        except (PageError, ValueError) as exc:
+            reader.fail(start + pos, f"{what}: {exc}")
+    if len(out) != rows:
+        reader.fail(start, f"{what} holds {len(out)} values for {rows} rows")
+    return out

@@ -1,12 +1,21 @@
 """Hugging Face parquet shards (``datasets``' ``Image`` and ``ClassLabel`` features) as
-index rows: each image a direct byte range of the file, carrying its own label.
+index rows: each image a byte range of the file, or of a decoded page, with its own label.
 
 What is read: the footer (``FileMetaData``, thrift compact) once; the label and
-``image.path`` columns whole (they are small, and may be snappy and dictionary encoded);
-and of the image column only each page's header and level section (one read) and each
-value's 4-byte length (one small read), never the image bytes. Images must be stored
-PLAIN and uncompressed, as ``datasets`` >= 4.6 writes them; a page that is compressed or
-dictionary encoded is refused with one line naming the page and the fix.
+``image.path`` columns whole (they are small; any codec and dictionary encoding); and of
+the image column, page by page:
+- an uncompressed PLAIN page (``datasets`` >= 4.6): its header and level section (one
+  read) and each value's 4-byte length (one small read), never the image bytes: each
+  image is a direct byte range of the file;
+- a compressed page (snappy, gzip, zstd; v1 whole, v2 its values after the stored levels)
+  of PLAIN images: a decode unit (``units.Unit``), read through the block cache
+  (``read_cached``) and decoded once at index time to find each value in the decoded page;
+- a dictionary page holds the images (compressed: a unit; uncompressed: direct ranges),
+  and the data pages the indices into it (read and decoded, not served), so that a row's
+  bytes are its dictionary value's, shared by rows that repeat an image.
+A page that declares over ``MAX_EXPANSION`` times its stored size (past a small floor),
+pages that decode to other sizes than declared, truncated or corrupt bodies, and codecs
+shardfs does not read (LZO, BROTLI, LZ4) make the shard bad, in one line.
 
 Rows: ``[SPLIT/]FILE`` per image (SPLIT from ``{split}-NNNNN-of-NNNNN.parquet``; FILE the
 basename of ``image.path``, else ``{stem}-{row}.{ext}``), label -1 or missing as no label;
@@ -22,9 +31,21 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..errors import CorruptShardError, UnsafeMemberError
+from . import codecs
 from .classes import class_folders, image_extension
 from .members import MAX_LABEL, MemberRow, is_image_name, normalize_member_path
-from .pages import PageError, decompress, hybrid, plain_values
+from .pages import (
+    DICTIONARY_ENCODINGS,
+    Leaf,
+    PageError,
+    check_count,
+    chunk_span,
+    dictionary_indices,
+    levels_of,
+    page_header,
+    plain_extents,
+    small_column,
+)
 from .source import CheckedReads, ShardBytes
 from .tar import MemberKind
 from .thrift import Struct, ThriftError, Value, read_struct
@@ -33,35 +54,18 @@ from .thrift import int_field as _int
 from .thrift import list_field as _list
 from .thrift import struct_field as _struct
 from .thrift import text_field as _text
+from .units import MAX_EXPANSION, DecodedScan, DecodedSpace, Unit
 
 MAGIC = b"PAR1"
 TAIL_READ = 8 << 10  # one read at the end holds a typical footer (datasets: ~7 KB)
-HEADER_READ = 1 << 10  # a page header, its level section and its first value's length
-MAX_HEADER = 1 << 20
 SNIFF = 12  # bytes of an image read with its length, to name its type
-MAX_SMALL_COLUMN = 256 << 20  # the label and path columns are read whole
+BOMB_FLOOR = 64 << 10  # a page may decode to this much, whatever its stored size
+MAX_DECODED = 64 << 30  # a shard's pages may decode to this much in all (bombs)
 FILE_MODE, DIR_MODE = 0o644, 0o755
 _SPLIT_NAME = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.parquet$")
-_FIX = (
-    "shardfs serves parquet images stored PLAIN and uncompressed only: write the file with "
-    "datasets >= 4.6 (to_parquet), or with pyarrow's compression='none' and use_dictionary=False"
-)
-_CODECS = {1: "SNAPPY", 2: "GZIP", 3: "LZO", 4: "BROTLI", 5: "LZ4", 6: "ZSTD", 7: "LZ4_RAW"}
+_CODECS = {1: "snappy", 2: "gzip", 6: "zstd"}  # parquet's codec ids, in ``codecs.WHOLE``
+_REFUSED = {3: "LZO", 4: "BROTLI", 5: "LZ4", 7: "LZ4_RAW"}
 _ENCODINGS = {2: "PLAIN_DICTIONARY", 8: "RLE_DICTIONARY", 6: "DELTA_LENGTH_BYTE_ARRAY"}
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """A leaf column of the schema: its dotted path, physical type and level maxima."""
-
-    path: tuple[str, ...]
-    physical: int
-    max_def: int
-    max_rep: int
-
-    @property
-    def dotted(self) -> str:
-        return ".".join(self.path)
 
 
 def _footer(reader: CheckedReads) -> tuple[Struct, int]:
@@ -157,152 +161,123 @@ def _columns(
     return image, by_path.get((image, "path")), label, names
 
 
-def _levels(page: bytes, pos: int, end: int, leaf: Leaf, count: int) -> list[int]:
-    if leaf.max_def == 0:
-        return [0] * count
-    return hybrid(page, pos, end, leaf.max_def.bit_length(), count)
+def _clear(codec: int, raw: bytes, size: int) -> bytes:
+    """A page part's stored bytes in the clear, exactly ``size`` of them (``pages.Clear``)."""
+    if codec == 0:
+        if len(raw) != size:
+            raise PageError(f"an uncompressed page of {len(raw)} bytes declares {size}")
+        return raw
+    return codecs.decode(_unit(codec, 0, len(raw), size), raw)
 
 
-def _page_header(reader: CheckedReads, pos: int, end: int, what: str) -> tuple[Struct, int, bytes]:
-    """The page header at ``pos``, its length, and the bytes read from ``pos``."""
-    want = HEADER_READ
-    while True:
-        buf = reader.read(pos, min(want, end - pos), what)
+def _unit(codec: int, offset: int, length: int, size: int) -> Unit:
+    """The decode unit of a compressed page part; refuses unknown codecs and bombs."""
+    name = _CODECS.get(codec)
+    if name is None:
+        known = _REFUSED.get(codec, f"codec {codec}")
+        raise PageError(f"the page is {known}-compressed, a codec shardfs does not read")
+    if size > max(MAX_EXPANSION * length, BOMB_FLOOR) or size < 0:
+        raise PageError(f"a page of {length} bytes declares {size} decoded: a decompression bomb")
+    return Unit(name, offset, length, size)
+
+
+# Where an image's bytes lie: (unit, offset, size, first bytes). Unit -1: ``offset`` is a
+# real offset of the shard (a direct extent); else the index of its decode unit, and
+# ``offset`` is within the unit's decoded bytes.
+ImageValue = tuple[int, int, int, bytes]
+
+
+@dataclass
+class _Chunk:
+    """The state of one image column chunk's scan: its codec, the shard's decode units so
+    far (shared by all chunks) and the chunk's dictionary, once its page was read."""
+
+    reader: CheckedReads
+    codec: int
+    leaf: Leaf
+    units: list[Unit]
+    dictionary: list[ImageValue] | None = None
+
+
+class _Part:
+    """A part of a page (its levels, its values): stored bytes read lazily by small ranges
+    (``start`` real), or bytes in memory (``data``: read whole or decoded), whose values are
+    in decode unit ``unit`` (-1: the part is stored verbatim at ``start``)."""
+
+    def __init__(self, reader: CheckedReads, start: int, end: int, head: tuple[int, bytes]):
+        self.reader, self.start, self.end, self.head = reader, start, end, head
+        self.data: bytes | None = None
+        self.unit = -1
+
+    def at(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` of the part (fewer at its end)."""
+        size = max(min(size, self.end - self.start - offset), 0)
+        if self.data is not None:
+            return self.data[offset : offset + size]
+        real = self.start + offset
+        pos, buf = self.head
+        if pos <= real and real + size <= pos + len(buf):
+            return buf[real - pos : real - pos + size]
+        return self.reader.read(real, size, "an image page")
+
+    def whole(self) -> bytes:
+        if self.data is None:
+            self.data = self.reader.read(self.start, self.end - self.start, "an image page")
+        return self.data
+
+    def values(self, pos: int, count: int) -> list[ImageValue]:
+        """``count`` PLAIN byte arrays from ``pos``: where each lies, and its first bytes."""
+        if self.data is not None:
+            found = plain_extents(self.data, pos, count)
+            place = 0 if self.unit >= 0 else self.start
+            return [(self.unit, place + o, n, self.data[o : o + min(n, SNIFF)]) for o, n in found]
+        out: list[ImageValue] = []
+        for _ in range(count):  # the image bytes are never read: a length and a sniff each
+            head = self.at(pos, 4 + SNIFF)
+            if len(head) < 4:
+                raise PageError("an image's length runs past the page")
+            size = int.from_bytes(head[:4], "little")
+            if pos + 4 + size > self.end - self.start:
+                raise PageError(f"an image of {size} bytes runs past the page")
+            out.append((-1, self.start + pos + 4, size, head[4 : 4 + min(size, SNIFF)]))
+            pos += 4 + size
+        return out
+
+    def decode(self, chunk: _Chunk, size: int, serves: bool) -> None:
+        """Decode the part (``size`` bytes in the clear). A part whose values are images
+        (``serves``) becomes a decode unit, its bytes read through the block cache."""
+        length = self.end - self.start
+        unit = _unit(chunk.codec, self.start, length, size)
+        reader = chunk.reader
+        if self.start < 0 or self.end > reader.shard.size:
+            reader.fail(self.start, "an image page lies past the end of the shard")
+        read = reader.shard.read_cached if serves else reader.shard.read_at
+        raw = read(self.start, length)
+        if len(raw) != length:
+            reader.fail(self.start, "an image page is truncated")
         try:
-            header, length = read_struct(buf)
-            return header, length, buf
-        except ThriftError as exc:
-            if len(buf) >= end - pos or want >= MAX_HEADER:
-                reader.fail(pos + exc.offset, f"{what}: page header: {exc.reason}")
-            want *= 4
-
-
-def _chunk_span(reader: CheckedReads, meta: Value, what: str) -> tuple[int, int, int]:
-    """(start, end, codec) of a column chunk, checked against the file."""
-    data_off = _int(meta, 9, what)
-    dict_off = _int(meta, 11, what, 0)
-    start = dict_off if 4 <= dict_off < data_off else data_off
-    end = start + _int(meta, 7, what)
-    if start < 4 or end > reader.shard.size - 8 or end < start:
-        reader.fail(max(start, 0), f"{what} lies outside the file")
-    return start, end, _int(meta, 4, what, 0)
-
-
-def _small_column(
-    reader: CheckedReads, meta: Value, leaf: Leaf, rows: int
-) -> list[int | bytes | None]:
-    """Every value of a small column chunk, None where null: read whole, then decoded."""
-    what = f"column {leaf.dotted}"
-    start, end, codec = _chunk_span(reader, meta, what)
-    if end - start > MAX_SMALL_COLUMN:
-        reader.fail(start, f"{what} is over {MAX_SMALL_COLUMN >> 20} MiB")
-    data = reader.read(start, end - start, what)
-    pos = 0
-    dictionary: list[int | bytes] = []
-    out: list[int | bytes | None] = []
-    while pos < len(data) and len(out) < rows:
-        try:
-            header, body = read_struct(data, pos)
-        except ThriftError as exc:
-            reader.fail(start + exc.offset, f"{what}: page header: {exc.reason}")
-        try:
-            pos = _decode_page(header, data, body, codec, leaf, dictionary, out, rows - len(out))
-        except (PageError, ValueError) as exc:
-            reader.fail(start + pos, f"{what}: {exc}")
-    if len(out) != rows:
-        reader.fail(start, f"{what} holds {len(out)} values for {rows} rows")
-    return out
-
-
-def _decode_page(
-    header: Struct,
-    data: bytes,
-    body: int,
-    codec: int,
-    leaf: Leaf,
-    dictionary: list[int | bytes],
-    out: list[int | bytes | None],
-    rows: int,
-) -> int:
-    """Decode one page of a small column into ``out`` (which ``rows`` values fill);
-    returns the offset past it."""
-    kind = _int(header, 1, "page header")
-    size = _int(header, 2, "page header")
-    stored = _int(header, 3, "page header")
-    end = body + stored
-    if stored < 0 or end > len(data) or not 0 <= size <= MAX_SMALL_COLUMN:
-        raise PageError("a page runs past its column chunk")
-    raw = data[body:end]
-    if kind == 2:  # the dictionary
-        count = _int(_struct(header, 7, "page header"), 1, "dictionary page")
-        dictionary[:] = plain_values(leaf.physical, decompress(codec, raw, size), 0, count)
-        return end
-    if kind not in (0, 3):
-        return end  # index pages hold nothing we need
-    if leaf.max_rep:
-        raise PageError("repeated columns are not read")
-    if kind == 0:
-        page_header = _struct(header, 5, "page header")
-        count, encoding = _int(page_header, 1, "data page"), _int(page_header, 2, "data page")
-        _check_count(count, rows)
-        page = decompress(codec, raw, size)
-        pos = 0
-        if leaf.max_def:
-            length = int.from_bytes(page[:4], "little")
-            levels, pos = _levels(page, 4, 4 + length, leaf, count), 4 + length
-        else:
-            levels = [0] * count
-    else:
-        page_header = _struct(header, 8, "page header")
-        count, encoding = _int(page_header, 1, "data page"), _int(page_header, 4, "data page")
-        _check_count(count, rows)
-        def_len, rep_len = _int(page_header, 5, "data page"), _int(page_header, 6, "data page")
-        if def_len < 0 or rep_len < 0 or rep_len + def_len > len(raw):
-            raise PageError("level sections run past the page")
-        levels = _levels(raw, rep_len, rep_len + def_len, leaf, count)
-        values = raw[rep_len + def_len :]
-        if _get(page_header, 7, bool, "data page", True):
-            values = decompress(codec, values, size)
-        page, pos = values, 0
-    present = sum(1 for level in levels if level == leaf.max_def)
-    if encoding == 0:
-        found = plain_values(leaf.physical, page, pos, present)
-    elif encoding in (2, 8):
-        if pos >= len(page) and present:
-            raise PageError("dictionary indices missing")
-        width = page[pos] if present else 0
-        indices = hybrid(page, pos + 1, len(page), width, present) if present else []
-        if any(i >= len(dictionary) for i in indices):
-            raise PageError("a dictionary index past the dictionary")
-        found = [dictionary[i] for i in indices]
-    else:
-        raise PageError(f"encoding {encoding} is not read by shardfs")
-    values_iter = iter(found)
-    out += [next(values_iter) if level == leaf.max_def else None for level in levels]
-    return end
-
-
-def _check_count(count: int, room: int) -> None:
-    """A page's value count fits the rows its row group has left (levels are expanded)."""
-    if not 0 <= count <= room:
-        raise PageError(f"a page of {count} values where {room} rows are left")
-
-
-ImageValue = tuple[int, int, bytes]  # (data offset, size, first bytes)
+            self.data = codecs.decode(unit, raw)
+        except codecs.DecodeError as exc:
+            raise PageError(f"{unit.codec} page: {exc}") from None
+        self.start, self.end = 0, size
+        if serves:
+            self.unit = len(chunk.units)
+            chunk.units.append(unit)
 
 
 def _image_column(
-    reader: CheckedReads, meta: Value, leaf: Leaf, rows: int
+    reader: CheckedReads, meta: Value, leaf: Leaf, rows: int, units: list[Unit]
 ) -> list[ImageValue | None]:
-    """Where each row's image bytes lie, None for a null image; refuses decoded pages."""
+    """Where each row's image bytes lie, None for a null image."""
     what = f"column {leaf.dotted}"
-    start, end, codec = _chunk_span(reader, meta, what)
+    start, end, codec = chunk_span(reader, meta, what)
+    chunk = _Chunk(reader, codec, leaf, units)
     out: list[ImageValue | None] = []
     pos = start
     while pos < end and len(out) < rows:
-        header, length, buf = _page_header(reader, pos, end, what)
+        header, length, buf = page_header(reader, pos, end, what)
         try:
-            out += _image_page(reader, header, pos, length, buf, end, codec, leaf)
+            out += _image_page(chunk, header, pos, length, buf, end, rows - len(out))
         except (PageError, ValueError) as exc:
             reader.fail(pos, f"{what}: {exc}")
         pos += length + _int(header, 3, "page header")
@@ -312,69 +287,69 @@ def _image_column(
 
 
 def _image_page(
-    reader: CheckedReads,
-    header: Struct,
-    pos: int,
-    length: int,
-    buf: bytes,
-    end: int,
-    codec: int,
-    leaf: Leaf,
+    chunk: _Chunk, header: Struct, pos: int, length: int, buf: bytes, end: int, room: int
 ) -> list[ImageValue | None]:
+    """The values of one page of the image column: a dictionary page fills the chunk's
+    dictionary; a data page gives a value per row (PLAIN, or indices into the dictionary)."""
     kind = _int(header, 1, "page header")
+    size = _int(header, 2, "page header")
     body = pos + length
     body_end = body + _int(header, 3, "page header")
     if body_end > end or body_end < body:
         raise PageError("a page runs past its column chunk")
+    whole = _Part(chunk.reader, body, body_end, (pos, buf))
+    leaf = chunk.leaf
     if kind == 2:
-        raise PageError(f"the images are dictionary encoded (a dictionary page); {_FIX}")
-    if kind not in (0, 3):
+        count = _int(_struct(header, 7, "page header"), 1, "dictionary page")
+        if not 0 <= count <= body_end - body:
+            raise PageError(f"a dictionary of {count} values cannot fit its page")
+        if chunk.codec:
+            whole.decode(chunk, size, serves=True)
+        chunk.dictionary = whole.values(0, count)
         return []
+    if kind not in (0, 3):
+        return []  # index pages hold nothing we need
     if leaf.max_rep:
         raise PageError("repeated image columns are not read")
     v2 = kind == 3
     page_header = _struct(header, 8 if v2 else 5, "page header")
     count = _int(page_header, 1, "data page")
     encoding = _int(page_header, 4 if v2 else 2, "data page")
-    compressed = codec != 0 and (not v2 or _get(page_header, 7, bool, "data page", True))
-    if compressed:
-        raise PageError(f"the image page is {_CODECS.get(codec, codec)}-compressed; {_FIX}")
-    if encoding != 0:
-        raise PageError(f"the image page is {_ENCODINGS.get(encoding, encoding)} encoded; {_FIX}")
-    if not 0 <= count <= body_end - body + 1:
-        raise PageError(f"{count} values cannot fit the page")
-
-    def at(offset: int, size: int) -> bytes:
-        size = min(size, body_end - offset)
-        if pos <= offset and offset + size <= pos + len(buf):
-            return buf[offset - pos : offset - pos + size]
-        return reader.read(offset, size, "an image page")
-
-    if v2:
+    check_count(count, room)
+    plain = encoding == 0
+    if not plain and encoding not in DICTIONARY_ENCODINGS:
+        name = _ENCODINGS.get(encoding, f"encoding {encoding}")
+        raise PageError(f"the image page is {name} encoded, which shardfs does not read")
+    if v2:  # the levels stored as they are, then the values, compressed or not
         rep_len, def_len = _int(page_header, 6, "data page"), _int(page_header, 5, "data page")
-        levels_at, values_at = body + rep_len, body + rep_len + def_len
+        if rep_len < 0 or def_len < 0 or body + rep_len + def_len > body_end:
+            raise PageError("the level sections run past the page")
+        levels = levels_of(whole.at(rep_len, def_len), 0, def_len, leaf, count)
+        values = _Part(chunk.reader, body + rep_len + def_len, body_end, (pos, buf))
+        if chunk.codec and _get(page_header, 7, bool, "data page", True):
+            values.decode(chunk, size - rep_len - def_len, serves=plain)
+        at = 0
+    else:  # v1: the levels are inside the compressed page
+        if chunk.codec:
+            whole.decode(chunk, size, serves=plain)
+        def_len = int.from_bytes(whole.at(0, 4), "little") if leaf.max_def else 0
+        levels_at = 4 if leaf.max_def else 0
+        at = levels_at + def_len
+        if def_len < 0 or at > whole.end - whole.start:
+            raise PageError("the level section runs past the page")
+        levels = levels_of(whole.at(levels_at, def_len), 0, def_len, leaf, count)
+        values = whole
+    present = sum(1 for level in levels if level == leaf.max_def)
+    if plain:
+        found = values.values(at, present)
     else:
-        def_len = int.from_bytes(at(body, 4), "little") if leaf.max_def else 0
-        levels_at = body + 4 if leaf.max_def else body
-        values_at = levels_at + def_len
-    if def_len < 0 or values_at > body_end:
-        raise PageError("the level section runs past the page")
-    levels = _levels(at(levels_at, def_len), 0, def_len, leaf, count)
-    out: list[ImageValue | None] = []
-    cursor = values_at
-    for level in levels:
-        if level != leaf.max_def:
-            out.append(None)
-            continue
-        head = at(cursor, 4 + SNIFF)
-        if len(head) < 4:
-            raise PageError("an image's length runs past the page")
-        size = int.from_bytes(head[:4], "little")
-        if cursor + 4 + size > body_end:
-            raise PageError(f"an image of {size} bytes runs past the page")
-        out.append((cursor + 4, size, head[4 : 4 + min(size, SNIFF)]))
-        cursor += 4 + size
-    return out
+        if chunk.dictionary is None:
+            raise PageError("a dictionary encoded page before any dictionary page")
+        table = chunk.dictionary
+        page = values.whole()
+        found = [table[i] for i in dictionary_indices(page, at, present, len(table))]
+    found_iter = iter(found)
+    return [next(found_iter) if level == leaf.max_def else None for level in levels]
 
 
 def split_of(name: str) -> str:
@@ -417,7 +392,7 @@ def _chunks(group: Value) -> tuple[int, dict[tuple[str, ...], Value]]:
     return _int(group, 3, "row group"), chunks
 
 
-def scan_parquet(shard: ShardBytes) -> list[MemberRow]:
+def scan_parquet(shard: ShardBytes) -> list[MemberRow] | DecodedScan:
     """The index rows of one parquet shard (module docstring)."""
     try:
         return _scan(CheckedReads(shard))
@@ -425,7 +400,7 @@ def scan_parquet(shard: ShardBytes) -> list[MemberRow]:
         raise CorruptShardError(shard.name, 0, f"malformed metadata: {exc}") from None
 
 
-def _scan(reader: CheckedReads) -> list[MemberRow]:
+def _scan(reader: CheckedReads) -> list[MemberRow] | DecodedScan:
     shard = reader.shard
     meta, footer_at = _footer(reader)
     try:
@@ -438,23 +413,51 @@ def _scan(reader: CheckedReads) -> list[MemberRow]:
     values: list[ImageValue | None] = []
     labels: list[int | bytes | None] = []
     paths: list[int | bytes | None] = []
+    units: list[Unit] = []
     for number, (rows, chunks) in enumerate(groups):
         image_chunk = chunks.get(image_leaf.path)
         if image_chunk is None or not 0 <= rows <= shard.size:
             reader.fail(footer_at, f"footer: row group {number} has no image column or bad rows")
-        values += _image_column(reader, image_chunk, image_leaf, rows)
+        values += _image_column(reader, image_chunk, image_leaf, rows, units)
         for leaf, into in ((label_leaf, labels), (path_leaf, paths)):
             chunk_meta = chunks.get(leaf.path) if leaf is not None else None
             if leaf is None or chunk_meta is None:
                 into += [None] * rows
             else:
-                into += _small_column(reader, chunk_meta, leaf, rows)
-    return _rows(shard.name, values, labels, paths, names)
+                into += small_column(reader, chunk_meta, leaf, rows, _clear)
+    if sum(unit.size for unit in units) > MAX_DECODED:
+        reader.fail(0, f"its pages decode to over {MAX_DECODED >> 30} GiB: a decompression bomb")
+    space, placed = _placed(units, values)
+    members = _rows(shard.name, placed, labels, paths, names)
+    return DecodedScan(members, space) if units else members
+
+
+Placed = tuple[int, int, bytes, int]  # (offset, real or decoded; size; first bytes; raw offset)
+
+
+def _placed(
+    units: list[Unit], values: list[ImageValue | None]
+) -> tuple[DecodedSpace, list[Placed | None]]:
+    """The shard's decoded space (its units in raw-offset order) and where each value lies."""
+    space = DecodedSpace()
+    starts = [0] * len(units)
+    for index in sorted(range(len(units)), key=lambda i: units[i].offset):
+        starts[index] = space.add(units[index])
+    placed: list[Placed | None] = []
+    for value in values:
+        if value is None:
+            placed.append(None)
+        elif value[0] < 0:
+            placed.append((value[1], value[2], value[3], value[1]))
+        else:
+            unit = value[0]
+            placed.append((starts[unit] + value[1], value[2], value[3], units[unit].offset))
+    return space, placed
 
 
 def _rows(
     name: str,
-    values: list[ImageValue | None],
+    values: list[Placed | None],
     labels: list[int | bytes | None],
     paths: list[int | bytes | None],
     names: list[str] | None,
@@ -474,6 +477,6 @@ def _rows(
         own = label if isinstance(label, int) and 0 <= label <= MAX_LABEL else None
         if own is not None and names is not None and own >= len(names):
             own = None  # a label the ClassLabel does not name: left unlabelled
-        path = normalize_member_path(posixpath.join(split, file), name, value[0])
+        path = normalize_member_path(posixpath.join(split, file), name, value[3])
         rows.append((path, value[0], value[1], FILE_MODE, 0, int(MemberKind.FILE), "", own))
     return rows

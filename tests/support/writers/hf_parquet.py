@@ -3,7 +3,11 @@
 ``data/{split}-{i:05d}-of-{n:05d}.parquet`` per shard. Run under the writers venv
 (``make writers``), never imported by the suite.
 
-Usage: hf_parquet.py MANIFEST OUT [--shards N] [--no-names] [--no-paths]"""
+With ``--legacy``, the layout ``datasets`` wrote before 4.6: its own to_parquet, but with
+pyarrow's defaults for every column (snappy, dictionary pages), not PLAIN uncompressed
+images.
+
+Usage: hf_parquet.py MANIFEST OUT [--shards N] [--no-paths] [--legacy]"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import json
 from pathlib import Path
 
 import datasets
+import datasets.io.parquet
 
 
 def main() -> None:
@@ -20,7 +25,10 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--shards", type=int, default=1)
     parser.add_argument("--no-paths", action="store_true", help="store image.path as None")
+    parser.add_argument("--legacy", action="store_true", help="pyarrow's defaults")
     args = parser.parse_args()
+    if args.legacy:  # datasets < 4.6 passed no per-column options to pyarrow
+        datasets.io.parquet.get_parquet_column_options = lambda features, schema: {}
     manifest = json.loads(args.manifest.read_text())
     features = datasets.Features(
         {"image": datasets.Image(), "label": datasets.ClassLabel(names=manifest["classes"])}
