@@ -39,6 +39,7 @@ from .pages import (
     Leaf,
     PageError,
     check_count,
+    checked_read,
     chunk_span,
     dictionary_indices,
     levels_of,
@@ -245,16 +246,11 @@ class _Part:
 
     def decode(self, chunk: _Chunk, size: int, serves: bool) -> None:
         """Decode the part (``size`` bytes in the clear). A part whose values are images
-        (``serves``) becomes a decode unit, its bytes read through the block cache."""
+        (``serves``) becomes a decode unit. A compressed chunk is read through the block
+        cache (its units are served from it, its other pages share their blocks)."""
         length = self.end - self.start
         unit = _unit(chunk.codec, self.start, length, size)
-        reader = chunk.reader
-        if self.start < 0 or self.end > reader.shard.size:
-            reader.fail(self.start, "an image page lies past the end of the shard")
-        read = reader.shard.read_cached if serves else reader.shard.read_at
-        raw = read(self.start, length)
-        if len(raw) != length:
-            reader.fail(self.start, "an image page is truncated")
+        raw = checked_read(chunk.reader, self.start, length, "an image page", cached=True)
         try:
             self.data = codecs.decode(unit, raw)
         except codecs.DecodeError as exc:
@@ -275,7 +271,7 @@ def _image_column(
     out: list[ImageValue | None] = []
     pos = start
     while pos < end and len(out) < rows:
-        header, length, buf = page_header(reader, pos, end, what)
+        header, length, buf = page_header(reader, pos, end, what, cached=codec != 0)
         try:
             out += _image_page(chunk, header, pos, length, buf, end, rows - len(out))
         except (PageError, ValueError) as exc:
