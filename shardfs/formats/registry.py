@@ -16,9 +16,10 @@ from .mds import refuse_zstd, scan_mds
 from .members import MemberRow
 from .parquet import scan_parquet
 from .source import ShardBytes
+from .units import DecodedScan
 from .zip import scan_zip
 
-Scanner = Callable[[ShardBytes], list[MemberRow]]
+Scanner = Callable[[ShardBytes], "list[MemberRow] | DecodedScan"]
 
 # Name suffix -> scanner. Every suffix here is also in ``shardfs.store.urls.SHARD_SUFFIXES``
 # (tests/test_formats_registry.py checks it), so that listings pick the shards up.
