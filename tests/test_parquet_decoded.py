@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.columnar import Item, make_manifest, write
 from support.decoded import read_row
 
 from shardfs.errors import CorruptShardError
+from shardfs.formats import pages, parquet
 from shardfs.formats.members import MemberRow
 from shardfs.formats.parquet import scan_parquet
 from shardfs.formats.source import BytesShard
@@ -32,7 +34,9 @@ PYARROW = {
     "snappy-dict-v2": ["--data-page-version", "2.0", *SMALL_PAGES],
     "zstd-plain-v2": ["--data-page-version", "2.0", "--compression", "zstd", "--no-dictionary"],
     "none-dict": ["--compression", "none"],
+    "none-plain-index": ["--compression", "none", "--no-dictionary", "--page-index", *SMALL_PAGES],
 }
+STORED = ("none-dict", "none-plain-index")
 
 
 class CountingShard(BytesShard):
@@ -89,7 +93,7 @@ def _check(path: Path, expected: list[Item]) -> list[MemberRow] | DecodedScan:
     return scan
 
 
-@pytest.mark.parametrize("name", [n for n in PYARROW if n != "none-dict"])
+@pytest.mark.parametrize("name", [n for n in PYARROW if n not in STORED])
 def test_compressed_pages_decode_to_the_images(written: tuple[Path, list[Item]], name: str) -> None:
     root, items = written
     codec = name.split("-")[0]
@@ -121,6 +125,47 @@ def test_an_uncompressed_dictionary_is_served_as_extents(
     path = root / "none-dict" / "data" / "train-00000-of-00001.parquet"
     scan = _check(path, [i for i in items if i.split == "train"])
     assert isinstance(scan, list)  # no units: each image a range of the dictionary page
+
+
+def test_stored_pages_listed_by_the_page_index_are_read_side_by_side(
+    written: tuple[Path, list[Item]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With an offset index, the stored pages' small reads run in threads; the rows equal
+    those of the page by page walk, which a bad offset index falls back to."""
+    root, items = written
+    path = root / "none-plain-index" / "data" / "train-00000-of-00001.parquet"
+    calls: list[bool] = []
+    at_once = parquet._pages_at_once
+
+    def recorded(*args: Any) -> object:
+        found = at_once(*args)
+        calls.append(found is not None)
+        return found
+
+    monkeypatch.setattr(parquet, "_pages_at_once", recorded)
+    scan = _check(path, [i for i in items if i.split == "train"])
+    assert calls == [True]  # the first row group's pages at once (the second has one page)
+    serial = scan_parquet(BytesShard(path.name, path.read_bytes()))
+    calls.clear()
+    monkeypatch.setattr(parquet, "page_locations", lambda *args: None)
+    assert scan_parquet(BytesShard(path.name, path.read_bytes())) == serial == scan
+    assert calls == []
+    # An offset index whose first page's size is off: the pages at once disagree, so the
+    # walk page by page decides (and finds the same rows).
+    monkeypatch.undo()
+    monkeypatch.setattr(parquet, "_pages_at_once", recorded)
+    real = pages.page_locations
+
+    def skewed(*args: Any) -> list[tuple[int, int, int]] | None:
+        found = real(*args)
+        if found is None or len(found) < 2:
+            return found
+        (offset, size, count), (offset2, size2, count2), *rest = found
+        return [(offset, size + 1, count), (offset2 + 1, size2 - 1, count2), *rest]
+
+    monkeypatch.setattr(parquet, "page_locations", skewed)
+    assert scan_parquet(BytesShard(path.name, path.read_bytes())) == serial
+    assert calls == [False]
 
 
 def test_rows_that_share_a_dictionary_value(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
-"""Decoding parquet pages in memory: the RLE/bit-packed hybrid (definition levels,
-dictionary indices), PLAIN values, a pure-Python snappy decoder, and the whole decoding of
-a page of a small column (labels, image paths), whose bytes are read whole. Decompression
-itself is the caller's (``Clear``: parquet's codecs through ``formats.codecs``). Every
-length is checked; malformed input raises ``PageError``."""
+"""Parquet's metadata and pages, below the Hugging Face layer of ``parquet``: the footer
+and the schema's leaf columns; the reads of a column chunk and its page headers; and the
+decoding of pages in memory: the RLE/bit-packed hybrid (definition levels, dictionary
+indices), PLAIN values, a pure-Python snappy decoder, and the whole decoding of a page of
+a small column (labels, image paths), whose bytes are read whole. Decompression itself is
+the caller's (``Clear``: parquet's codecs through ``formats.codecs``). Every length is
+checked; malformed input raises ``PageError`` (or the reader's ``CorruptShardError``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from .source import CheckedReads
 from .thrift import CompactReader, Struct, ThriftError, Value, read_struct
 from .thrift import field_of as _get
 from .thrift import int_field as _int
+from .thrift import list_field as _list
 from .thrift import struct_field as _struct
+from .thrift import text_field as _text
 
 MAX_SMALL_COLUMN = 256 << 20  # the label and path columns are read whole
 HEADER_READ = 1 << 10  # a page header, its level section and its first value's length
@@ -21,6 +25,10 @@ MAX_HEADER = 1 << 20
 
 Clear = Callable[[int, bytes, int], bytes]
 """(codec, stored bytes, decoded size) -> the decoded bytes, exactly that many."""
+
+
+MAGIC = b"PAR1"
+TAIL_READ = 8 << 10  # one read at the end holds a typical footer (datasets: ~7 KB)
 
 
 class PageError(ValueError):
@@ -39,6 +47,60 @@ class Leaf:
     @property
     def dotted(self) -> str:
         return ".".join(self.path)
+
+
+def read_footer(reader: CheckedReads) -> tuple[Struct, int]:
+    size = reader.shard.size
+    if size < 12:
+        reader.fail(0, "too short for a parquet file")
+    tail_len = min(size, TAIL_READ)
+    tail = reader.read(size - tail_len, tail_len, "the footer")
+    if tail[-4:] != MAGIC:
+        reader.fail(size - 4, "no PAR1 magic at the end: not a parquet file, or truncated")
+    meta_len = int.from_bytes(tail[-8:-4], "little")
+    start = size - 8 - meta_len
+    if start < 4:
+        reader.fail(size - 8, f"footer length {meta_len} is larger than the file")
+    if meta_len + 8 <= tail_len:
+        data = tail[tail_len - 8 - meta_len : tail_len - 8]
+    else:
+        data = reader.read(start, meta_len, "the footer")
+    try:
+        meta, _ = read_struct(data)
+    except ThriftError as exc:
+        reader.fail(start + exc.offset, f"footer: {exc.reason}")
+    return meta, start
+
+
+def schema_leaves(meta: Struct) -> list[Leaf]:
+    schema = _list(meta, 2, "schema")
+    if not schema:
+        raise ValueError("schema: empty")
+    leaves: list[Leaf] = []
+    stack: list[list[object]] = [[_int(schema[0], 5, "schema root", 0), (), 0, 0]]
+    index = 1
+    while stack:
+        top = stack[-1]
+        if top[0] == 0:
+            stack.pop()
+            continue
+        top[0] = int(top[0]) - 1  # type: ignore[call-overload]
+        if index >= len(schema):
+            raise ValueError("schema: fewer elements than its folders declare")
+        element = schema[index]
+        index += 1
+        name = _text(element, 4, "schema element")
+        repetition = _int(element, 3, "schema element", 0)
+        path = (*top[1], name)  # type: ignore[misc]
+        max_def = int(top[2]) + (repetition in (1, 2))  # type: ignore[call-overload]
+        max_rep = int(top[3]) + (repetition == 2)  # type: ignore[call-overload]
+        children = _int(element, 5, "schema element", 0)
+        if children:
+            stack.append([children, path, max_def, max_rep])
+        else:
+            physical = _int(element, 1, "schema element", -1)
+            leaves.append(Leaf(path, physical, max_def, max_rep))
+    return leaves
 
 
 def snappy_decompress(data: bytes, limit: int) -> bytes:
@@ -323,3 +385,31 @@ def small_column(
     if len(out) != rows:
         reader.fail(start, f"{what} holds {len(out)} values for {rows} rows")
     return out
+
+
+def page_locations(
+    reader: CheckedReads, column: Value, start: int, end: int, rows: int
+) -> list[tuple[int, int, int]] | None:
+    """The data pages of a column chunk from its offset index (the page index), as
+    (offset, size with header, rows), when the chunk has one that tiles ``[start, end)``
+    exactly from its first page; else None (the pages are then walked one by one)."""
+    try:
+        at, length = _int(column, 4, "column chunk", -1), _int(column, 5, "column chunk", -1)
+        if at < 4 or length <= 0 or at + length > reader.shard.size - 8 or length > MAX_HEADER:
+            return None
+        index, _ = read_struct(reader.read(at, length, "the offset index"))
+        locations = _list(index, 1, "offset index")
+        pages = [(_int(p, 1, "page"), _int(p, 2, "page"), _int(p, 3, "page")) for p in locations]
+    except ValueError:  # ThriftError too: an offset index that does not parse is not used
+        return None
+    out: list[tuple[int, int, int]] = []
+    pos = start
+    for number, (offset, size, first) in enumerate(pages):
+        last = pages[number + 1][2] if number + 1 < len(pages) else rows
+        if offset != pos or size <= 0 or not 0 <= first < last <= rows:
+            return None
+        if number == 0 and first != 0:
+            return None
+        out.append((offset, size, last - first))
+        pos += size
+    return out if out and pos == end else None

@@ -28,6 +28,7 @@ import json
 import posixpath
 import re
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..errors import CorruptShardError, UnsafeMemberError
@@ -44,22 +45,23 @@ from .pages import (
     dictionary_indices,
     levels_of,
     page_header,
+    page_locations,
     plain_extents,
+    read_footer,
+    schema_leaves,
     small_column,
 )
 from .source import CheckedReads, ShardBytes
 from .tar import MemberKind
-from .thrift import Struct, ThriftError, Value, read_struct
+from .thrift import Struct, Value
 from .thrift import field_of as _get
 from .thrift import int_field as _int
 from .thrift import list_field as _list
 from .thrift import struct_field as _struct
-from .thrift import text_field as _text
 from .units import MAX_EXPANSION, DecodedScan, DecodedSpace, Unit
 
-MAGIC = b"PAR1"
-TAIL_READ = 8 << 10  # one read at the end holds a typical footer (datasets: ~7 KB)
 SNIFF = 12  # bytes of an image read with its length, to name its type
+PAGE_THREADS = 8  # stored image pages whose small reads are in flight at once
 BOMB_FLOOR = 64 << 10  # a page may decode to this much, whatever its stored size
 MAX_DECODED = 64 << 30  # a shard's pages may decode to this much in all (bombs)
 FILE_MODE, DIR_MODE = 0o644, 0o755
@@ -67,60 +69,6 @@ _SPLIT_NAME = re.compile(r"^(?P<split>.+)-\d{5}-of-\d{5}\.parquet$")
 _CODECS = {1: "snappy", 2: "gzip", 6: "zstd"}  # parquet's codec ids, in ``codecs.WHOLE``
 _REFUSED = {3: "LZO", 4: "BROTLI", 5: "LZ4", 7: "LZ4_RAW"}
 _ENCODINGS = {2: "PLAIN_DICTIONARY", 8: "RLE_DICTIONARY", 6: "DELTA_LENGTH_BYTE_ARRAY"}
-
-
-def _footer(reader: CheckedReads) -> tuple[Struct, int]:
-    size = reader.shard.size
-    if size < 12:
-        reader.fail(0, "too short for a parquet file")
-    tail_len = min(size, TAIL_READ)
-    tail = reader.read(size - tail_len, tail_len, "the footer")
-    if tail[-4:] != MAGIC:
-        reader.fail(size - 4, "no PAR1 magic at the end: not a parquet file, or truncated")
-    meta_len = int.from_bytes(tail[-8:-4], "little")
-    start = size - 8 - meta_len
-    if start < 4:
-        reader.fail(size - 8, f"footer length {meta_len} is larger than the file")
-    if meta_len + 8 <= tail_len:
-        data = tail[tail_len - 8 - meta_len : tail_len - 8]
-    else:
-        data = reader.read(start, meta_len, "the footer")
-    try:
-        meta, _ = read_struct(data)
-    except ThriftError as exc:
-        reader.fail(start + exc.offset, f"footer: {exc.reason}")
-    return meta, start
-
-
-def _leaves(meta: Struct) -> list[Leaf]:
-    schema = _list(meta, 2, "schema")
-    if not schema:
-        raise ValueError("schema: empty")
-    leaves: list[Leaf] = []
-    stack: list[list[object]] = [[_int(schema[0], 5, "schema root", 0), (), 0, 0]]
-    index = 1
-    while stack:
-        top = stack[-1]
-        if top[0] == 0:
-            stack.pop()
-            continue
-        top[0] = int(top[0]) - 1  # type: ignore[call-overload]
-        if index >= len(schema):
-            raise ValueError("schema: fewer elements than its folders declare")
-        element = schema[index]
-        index += 1
-        name = _text(element, 4, "schema element")
-        repetition = _int(element, 3, "schema element", 0)
-        path = (*top[1], name)  # type: ignore[misc]
-        max_def = int(top[2]) + (repetition in (1, 2))  # type: ignore[call-overload]
-        max_rep = int(top[3]) + (repetition == 2)  # type: ignore[call-overload]
-        children = _int(element, 5, "schema element", 0)
-        if children:
-            stack.append([children, path, max_def, max_rep])
-        else:
-            physical = _int(element, 1, "schema element", -1)
-            leaves.append(Leaf(path, physical, max_def, max_rep))
-    return leaves
 
 
 def _hf_features(meta: Struct) -> dict[str, object]:
@@ -262,12 +210,17 @@ class _Part:
 
 
 def _image_column(
-    reader: CheckedReads, meta: Value, leaf: Leaf, rows: int, units: list[Unit]
+    reader: CheckedReads, column: Value, leaf: Leaf, rows: int, units: list[Unit]
 ) -> list[ImageValue | None]:
     """Where each row's image bytes lie, None for a null image."""
     what = f"column {leaf.dotted}"
-    start, end, codec = chunk_span(reader, meta, what)
+    start, end, codec = chunk_span(reader, _struct(column, 3, "column chunk"), what)
     chunk = _Chunk(reader, codec, leaf, units)
+    if not codec:  # stored pages: each a chain of small reads, the chains side by side
+        pages = page_locations(reader, column, start, end, rows)
+        found = _pages_at_once(chunk, pages, end, what) if pages and len(pages) > 1 else None
+        if found is not None:
+            return found
     out: list[ImageValue | None] = []
     pos = start
     while pos < end and len(out) < rows:
@@ -279,6 +232,35 @@ def _image_column(
         pos += length + _int(header, 3, "page header")
     if len(out) != rows:
         reader.fail(start, f"{what} holds {len(out)} values for {rows} rows")
+    return out
+
+
+def _pages_at_once(
+    chunk: _Chunk, pages: list[tuple[int, int, int]], end: int, what: str
+) -> list[ImageValue | None] | None:
+    """The values of a stored chunk's data pages, read by ``PAGE_THREADS`` at once (the
+    latency of a store's small reads, not its bandwidth, is what an index of PLAIN images
+    waits on); None when a page is not what the offset index says (then the pages are
+    walked one by one, which names the fault)."""
+
+    def one(page: tuple[int, int, int]) -> list[ImageValue | None] | None:
+        offset, size, count = page
+        try:
+            header, length, buf = page_header(chunk.reader, offset, end, what)
+            if _int(header, 1, "page") not in (0, 3) or length + _int(header, 3, "") != size:
+                return None
+            values = _image_page(chunk, header, offset, length, buf, end, count)
+        except (CorruptShardError, ValueError):
+            return None
+        return values if len(values) == count else None
+
+    with ThreadPoolExecutor(min(PAGE_THREADS, len(pages))) as pool:
+        found = list(pool.map(one, pages))
+    out: list[ImageValue | None] = []
+    for values in found:
+        if values is None:
+            return None
+        out += values
     return out
 
 
@@ -374,7 +356,7 @@ def _file_names(stem: str, paths: list[str | None], heads: list[bytes | None]) -
 
 
 def _chunks(group: Value) -> tuple[int, dict[tuple[str, ...], Value]]:
-    """A row group's row count and its column chunks' metadata by column path."""
+    """A row group's row count and its column chunks by column path."""
     chunks: dict[tuple[str, ...], Value] = {}
     for chunk in _list(group, 1, "row group"):
         if _get(chunk, 1, bytes, "column chunk", b""):
@@ -382,9 +364,7 @@ def _chunks(group: Value) -> tuple[int, dict[tuple[str, ...], Value]]:
         meta_data = _get(chunk, 3, dict, "column chunk")
         assert isinstance(meta_data, dict)
         parts = _list(meta_data, 3, "column metadata")
-        chunks[tuple(p.decode("utf-8", "replace") for p in parts if isinstance(p, bytes))] = (
-            meta_data
-        )
+        chunks[tuple(p.decode("utf-8", "replace") for p in parts if isinstance(p, bytes))] = chunk
     return _int(group, 3, "row group"), chunks
 
 
@@ -398,9 +378,9 @@ def scan_parquet(shard: ShardBytes) -> list[MemberRow] | DecodedScan:
 
 def _scan(reader: CheckedReads) -> list[MemberRow] | DecodedScan:
     shard = reader.shard
-    meta, footer_at = _footer(reader)
+    meta, footer_at = read_footer(reader)
     try:
-        leaves = _leaves(meta)
+        leaves = schema_leaves(meta)
         image, path_leaf, label_leaf, names = _columns(_hf_features(meta), leaves)
         image_leaf = next(leaf for leaf in leaves if leaf.path == (image, "bytes"))
         groups = [_chunks(group) for group in _list(meta, 4, "row groups")]
@@ -420,7 +400,8 @@ def _scan(reader: CheckedReads) -> list[MemberRow] | DecodedScan:
             if leaf is None or chunk_meta is None:
                 into += [None] * rows
             else:
-                into += small_column(reader, chunk_meta, leaf, rows, _clear)
+                meta_data = _struct(chunk_meta, 3, "column chunk")
+                into += small_column(reader, meta_data, leaf, rows, _clear)
     if sum(unit.size for unit in units) > MAX_DECODED:
         reader.fail(0, f"its pages decode to over {MAX_DECODED >> 30} GiB: a decompression bomb")
     space, placed = _placed(units, values)

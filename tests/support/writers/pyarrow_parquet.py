@@ -7,7 +7,7 @@ venv (``make writers``).
 
 Usage: pyarrow_parquet.py MANIFEST OUT [--row-group-size N] [--compression C]
        [--no-dictionary] [--data-page-version 1.0|2.0] [--data-page-size BYTES]
-       [--dictionary-pagesize-limit BYTES] [--write-batch-size ROWS] [--hf]"""
+       [--dictionary-pagesize-limit BYTES] [--write-batch-size ROWS] [--page-index] [--hf]"""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--dictionary-pagesize-limit", type=int, default=None)
     parser.add_argument("--write-batch-size", type=int, default=None, help="rows a page check")
     parser.add_argument("--hf", action="store_true", help="write the huggingface features")
+    parser.add_argument("--page-index", action="store_true", help="write the page index")
     args = parser.parse_args()
     manifest = json.loads(args.manifest.read_text())
     features = {
@@ -54,6 +55,7 @@ def main() -> None:
             data_page_size=args.data_page_size,
             dictionary_pagesize_limit=args.dictionary_pagesize_limit,
             write_batch_size=args.write_batch_size,
+            write_page_index=args.page_index,
         )
     print(pa.__version__)
 
