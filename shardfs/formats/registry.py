@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..store.urls import is_shard_name
-from .mds import refuse_zstd, scan_mds
+from .mds import scan_mds, scan_mds_zstd
 from .members import MemberRow
 from .parquet import scan_parquet
 from .source import ShardBytes
+from .units import DecodedScan
 from .zip import scan_zip
 
-Scanner = Callable[[ShardBytes], list[MemberRow]]
+Scanner = Callable[[ShardBytes], list[MemberRow] | DecodedScan]
 
 # Name suffix -> scanner. Every suffix here is also in ``shardfs.store.urls.SHARD_SUFFIXES``
 # (tests/test_formats_registry.py checks it), so that listings pick the shards up.
@@ -26,7 +27,7 @@ SCANNERS: dict[str, Scanner] = {
     ".zip": scan_zip,
     ".parquet": scan_parquet,
     ".mds": scan_mds,
-    ".mds.zstd": refuse_zstd,
+    ".mds.zstd": scan_mds_zstd,
 }
 
 

@@ -10,6 +10,7 @@ import posixpath
 import sqlite3
 from collections.abc import Callable
 
+from ..errors import CorruptShardError
 from ..formats.members import (
     MAX_LABEL_BYTES,
     MemberRow,
@@ -20,6 +21,7 @@ from ..formats.members import (
 )
 from ..formats.registry import Scanner, reads_whole_blocks, scanner_for
 from ..formats.tar import MemberKind, TarMember, iter_members
+from ..formats.units import DecodedScan
 from ..store.remote import Store
 from ..store.sets import name_in_source
 from ..store.shards import Readable, ShardInfo
@@ -177,6 +179,8 @@ def _scan_by_range(
     source = _StoreBytes(store, shard, sink, block_size)
     source.whole_blocks = whole_blocks
     rows = scanner(source)
+    if isinstance(rows, DecodedScan):  # until the read path serves decode units
+        raise CorruptShardError(shard.name, 0, "holds decoded members, not served by this build")
     if not shard_dir:
         return rows
     placed: list[MemberRow] = []
