@@ -123,10 +123,12 @@ def test_refused_shards_fail_the_mount_in_one_line(
     root.mkdir()
     make_manifest(root, {"train": 4})
     write("pyarrow_parquet.py", root, root / "pa")
-    write("mds.py", root, root / "mdsz", "--compression", "zstd")
+    write("mds.py", root, root / "mdsz")
+    for plain in (root / "mdsz").rglob("*.mds"):  # a .mds.zstd that is no zstd frame
+        plain.rename(plain.with_name(plain.name + ".zstd"))
     for name, local, needle in (
         ("pa", root / "pa" / "data", "datasets >= 4.6"),
-        ("mdsz", root / "mdsz", "compression=None"),
+        ("mdsz", root / "mdsz", "not zstd"),
     ):
         bucket = new_bucket(s3_server, f"col-bad-{name}")
         s3_server.upload_dir(local, f"{bucket}/ds")
