@@ -13,12 +13,13 @@ unit declares are refused as they come (a bomb never fills memory).
 
 from __future__ import annotations
 
+import io
 import zlib
 from collections.abc import Callable
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 from .pages import PageError, snappy_decompress
-from .units import Unit
+from .units import DecodedSpace, Unit
 
 _cram: Any
 try:  # the ``formats`` extra: compiled snappy and zstd
@@ -89,8 +90,21 @@ class SeekableReader(Protocol):
     def close(self) -> None: ...
 
 
-SEEKABLE: dict[str, Callable[[Unit, BinaryIO], SeekableReader]] = {}
+RawStream = io.RawIOBase | io.BufferedIOBase
+"""A file object of a shard's raw bytes (read, seek, tell)."""
+
+SEEKABLE: dict[str, Callable[[Unit, RawStream], SeekableReader]] = {}
 """Codec -> opener of a seekable unit over a file object of the shard's raw bytes."""
+
+SPANS: dict[str, Callable[[Unit, int, int], tuple[int, int]]] = {}
+"""Codec -> the raw bytes ``[lo, hi)`` of the shard that decoding ``[start, end)`` of a unit
+reads (a seekable codec's nearest seek point on); absent: the whole unit."""
+
+
+def raw_span(unit: Unit, start: int, end: int) -> tuple[int, int]:
+    """Where in the shard the decoded bytes ``[start, end)`` of ``unit`` come from."""
+    span = SPANS.get(unit.codec)
+    return span(unit, start, end) if span is not None else (unit.offset, unit.end)
 
 
 def decode(unit: Unit, raw: bytes) -> bytes:
@@ -102,3 +116,15 @@ def decode(unit: Unit, raw: bytes) -> bytes:
     if len(out) != unit.size:
         raise DecodeError(f"decodes to {len(out)} bytes, not the {unit.size} declared")
     return out
+
+
+def raw_placement(space: DecodedSpace, offset: int, size: int) -> tuple[int, int]:
+    """The raw bytes ``[lo, hi)`` of the shard that a decoded file at ``offset`` is read
+    from: where the placement table and the order hint place it. A file no unit holds (an
+    index that disagrees with itself) is placed at the end of the last unit."""
+    try:
+        _, unit, within = space.locate(offset)
+    except KeyError:
+        last = space.units[-1] if space.units else Unit("", 0, 0, 0)
+        return last.end, last.end
+    return raw_span(unit, within, within + size)

@@ -19,7 +19,7 @@ from .source import ShardBytes
 from .units import DecodedScan
 from .zip import scan_zip
 
-Scanner = Callable[[ShardBytes], list[MemberRow] | DecodedScan]
+Scanner = Callable[[ShardBytes], "list[MemberRow] | DecodedScan"]
 
 # Name suffix -> scanner. Every suffix here is also in ``shardfs.store.urls.SHARD_SUFFIXES``
 # (tests/test_formats_registry.py checks it), so that listings pick the shards up.

@@ -10,7 +10,6 @@ import posixpath
 import sqlite3
 from collections.abc import Callable
 
-from ..errors import CorruptShardError
 from ..formats.members import (
     MAX_LABEL_BYTES,
     MemberRow,
@@ -25,6 +24,9 @@ from ..formats.units import DecodedScan
 from ..store.remote import Store
 from ..store.sets import name_in_source
 from ..store.shards import Readable, ShardInfo
+
+ShardScan = list[MemberRow] | DecodedScan
+"""One shard's index rows, with its decode units when it has any."""
 
 log = logging.getLogger(__name__)
 
@@ -173,23 +175,24 @@ def _scan_by_range(
     sink: BlockSink | None,
     block_size: int,
     whole_blocks: bool,
-) -> list[MemberRow]:
+) -> ShardScan:
     """A random-access format's rows, their paths placed under the shard's folder."""
     shard_dir = posixpath.dirname(shard.name)
     source = _StoreBytes(store, shard, sink, block_size)
     source.whole_blocks = whole_blocks
-    rows = scanner(source)
-    if isinstance(rows, DecodedScan):  # until the read path serves decode units
-        raise CorruptShardError(shard.name, 0, "holds decoded members, not served by this build")
-    if not shard_dir:
-        return rows
-    placed: list[MemberRow] = []
-    for path, offset, size, mode, mtime, kind, link, label in rows:
-        if kind == MemberKind.HARDLINK:
-            link = posixpath.join(shard_dir, link)
-        path = posixpath.join(shard_dir, path)
-        placed.append((path, offset, size, mode, mtime, kind, link, label))
-    return placed
+    scanned = scanner(source)
+    rows = scanned.rows if isinstance(scanned, DecodedScan) else scanned
+    if shard_dir:
+        placed: list[MemberRow] = []
+        for path, offset, size, mode, mtime, kind, link, label in rows:
+            if kind == MemberKind.HARDLINK:
+                link = posixpath.join(shard_dir, link)
+            path = posixpath.join(shard_dir, path)
+            placed.append((path, offset, size, mode, mtime, kind, link, label))
+        rows = placed
+    if isinstance(scanned, DecodedScan) and scanned.space.units:
+        return DecodedScan(rows, scanned.space)
+    return rows
 
 
 def scan_shard(
@@ -197,7 +200,7 @@ def scan_shard(
     shard: ShardInfo,
     block_sink: BlockSink | None = None,
     block_size: int = 0,
-) -> list[MemberRow]:
+) -> ShardScan:
     """Index one shard: a row per member worth serving. A tar shard is streamed front to
     back, and with ``block_sink`` every block of it is handed to the sink too; a shard of
     another format is read by range by its registered scanner, by whole blocks handed to
