@@ -1,7 +1,8 @@
-"""zip shards and a tar of tars, written by the real tools, on a real mount over the S3
-server: every file is byte-identical, torchvision's ImageFolder sees the source's classes,
-the mount plus one full read downloads at most 1.05x the files' bytes, a remount downloads
-no shard at all, and a zip the mount cannot serve (bzip2) fails with one line."""
+"""zip shards (stored and deflated) and a tar of tars, written by the real tools, on a real
+mount over the S3 server: every file is byte-identical, torchvision's ImageFolder sees the
+source's classes, the mount plus one full read downloads at most 1.05x the files' bytes, a
+remount downloads no shard at all, and a zip the mount cannot serve (bzip2) fails with one
+line."""
 
 from __future__ import annotations
 
@@ -66,6 +67,11 @@ def gnu_tar_of_tars(src: Path, out: Path) -> None:
 def write_archive(how: str, src: Path, out: Path) -> None:
     if how == "zip-tool-stored":
         zip_tool(src, out, "-0")
+    elif how == "zip-tool-deflated":  # the zip tool's default: every JPEG deflates a little
+        zip_tool(src, out)
+        with zipfile.ZipFile(out) as archive:
+            methods = {info.compress_type for info in archive.infolist() if not info.is_dir()}
+        assert methods == {zipfile.ZIP_DEFLATED}
     elif how in ("zipfile-stored", "zipfile-zip64"):
         python_zip(src, out, zip64=how == "zipfile-zip64")
     else:
@@ -74,6 +80,7 @@ def write_archive(how: str, src: Path, out: Path) -> None:
 
 ARCHIVES = {
     "zip-tool-stored": "train.zip",
+    "zip-tool-deflated": "train.zip",
     "zipfile-stored": "train.zip",
     "zipfile-zip64": "train.zip",
     "gnu-tar-of-tars": "ILSVRC2012_img_train.tar",
