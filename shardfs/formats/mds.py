@@ -300,6 +300,6 @@ def scan_mds_zstd(source: ShardBytes) -> DecodedScan:
     return DecodedScan(shifted, space)
 
 
-def _at_most(unit: Unit, raw: bytes) -> bytes:
+def _at_most(unit: Unit, raw: bytes) -> codecs.Decoded:
     """A unit's decoded bytes, at most ``unit.size`` of them (frames without a size)."""
     return codecs.WHOLE[unit.codec](raw, unit.size)

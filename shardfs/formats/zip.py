@@ -333,7 +333,7 @@ class _Zip:
             data = self.read(entry.data_offset, entry.stored_size)
         if entry.deflated:
             try:
-                data = decode(self.unit(entry), data)
+                data = bytes(decode(self.unit(entry), data))  # a label or a link: small
             except DecodeError as exc:
                 raise self.fail(
                     entry.data_offset, f"deflated member {entry.name!r}: {exc}"
