@@ -84,7 +84,8 @@ class UnsafeMemberError(CorruptShardError):
 
 class UnsupportedMemberError(CorruptShardError):
     """A member cannot be served as a byte range of the shard: it is compressed or
-    encrypted (a zip member not stored). The message names the member and the fix."""
+    encrypted (a zip member neither stored nor deflated). The message names the member
+    and the fix."""
 
 
 class IndexFileError(ShardfsError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
 import shutil
@@ -30,9 +31,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import ShardfsError
-from shardfs.formats.members import check_symlink_target, normalize_member_path, parse_label
+from shardfs.formats import codecs
+from shardfs.formats.members import (
+    MemberRow,
+    check_symlink_target,
+    normalize_member_path,
+    parse_label,
+)
 from shardfs.formats.source import BytesShard
 from shardfs.formats.tar import MemberKind, iter_members
+from shardfs.formats.units import MAX_EXPANSION, DecodedScan, is_decoded
 from shardfs.formats.zip import scan_zip
 from shardfs.index.db import IndexBuilder
 from shardfs.store.remote import Store
@@ -67,17 +75,34 @@ def check_members(data: bytes) -> bool:
     return True
 
 
+def check_decoded(data: bytes, scan: list[MemberRow] | DecodedScan) -> list[MemberRow]:
+    """A scan's rows; where it has decode units, each lies within the shard, a decoded row
+    lies within its unit, and decoding a unit gives its bytes or ``DecodeError`` only."""
+    if not isinstance(scan, DecodedScan):
+        return scan
+    for unit in scan.space.units:
+        assert 0 <= unit.offset <= unit.end <= len(data) and unit.size >= 0
+        assert unit.size <= max(MAX_EXPANSION * unit.length, 64 << 10)
+        with contextlib.suppress(codecs.DecodeError):
+            assert len(codecs.decode(unit, data[unit.offset : unit.end])) == unit.size
+    for _path, offset, size, *_ in scan.rows:
+        if is_decoded(offset):
+            _, unit, within = scan.space.locate(offset)
+            assert within + size <= unit.size
+    return scan.rows
+
+
 def check_zip(data: bytes) -> bool:
-    """The zip scanner's rows lie within the shard and are paths the index accepts, or it
-    raises the project's error; True if the shard was accepted."""
+    """The zip scanner's rows lie within the shard (or its decode units) and are paths the
+    index accepts, or it raises the project's error; True if the shard was accepted."""
     shard = BytesShard("fuzz.zip", data)
     try:
-        rows = scan_zip(shard)
+        rows = check_decoded(data, scan_zip(shard))
     except ShardfsError:
         return False
     for path, offset, size, _mode, _mtime, kind, link, label in rows:
         assert path and normalize_member_path(path, SHARD, 0) == path
-        assert offset >= 0 and size >= 0 and offset + size <= len(data)
+        assert size >= 0 and (is_decoded(offset) or (offset >= 0 and offset + size <= len(data)))
         assert kind in (MemberKind.FILE, MemberKind.DIRECTORY, MemberKind.SYMLINK)
         assert label is None or 0 <= label < 2**31
         if kind == MemberKind.SYMLINK:
@@ -88,27 +113,22 @@ def check_zip(data: bytes) -> bool:
 def check_columnar(data: bytes) -> None:
     """The parquet and MDS scanners over the same bytes (as a file, and with parquet's
     magic at its end): rows lie within the file, or the shard is refused."""
-    from shardfs.formats.mds import scan_mds
+    from shardfs.formats.mds import scan_mds, scan_mds_zstd
     from shardfs.formats.parquet import scan_parquet
     from shardfs.formats.source import BytesShard
-    from shardfs.formats.units import DecodedScan, is_decoded
 
     for name, scanner, blob in (
         ("fuzz.parquet", scan_parquet, data + b"PAR1"),
         ("fuzz.mds", scan_mds, data),
+        ("fuzz.mds.zstd", scan_mds_zstd, data),
     ):
         try:
-            scan = scanner(BytesShard(name, blob))
+            rows = check_decoded(blob, scanner(BytesShard(name, blob)))
         except ShardfsError:
             continue
-        rows = scan.rows if isinstance(scan, DecodedScan) else scan
         for path, offset, size, *_ in rows:
-            assert path and offset >= 0 and size >= 0
-            if isinstance(scan, DecodedScan) and is_decoded(offset):
-                _, unit, within = scan.space.locate(offset)  # a slice of a unit in the file
-                assert within + size <= unit.size and unit.end <= len(blob)
-            else:
-                assert offset + size <= len(blob)
+            assert path and size >= 0
+            assert is_decoded(offset) or (offset >= 0 and offset + size <= len(blob))
 
 
 def check_views(data: bytes, root: Path) -> None:
@@ -201,16 +221,18 @@ def seed_corpus(folder: Path) -> None:
 
 
 def seed_zips(folder: Path) -> None:
-    """Stored zips, zip64 records included, for the zip scanner."""
-    for zip64 in (False, True):
+    """Stored and deflated zips, zip64 records included, for the zip scanner."""
+    for zip64, method in itertools.product(
+        (False, True), (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+    ):
         buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w") as archive:
+        with zipfile.ZipFile(buf, "w", compression=method) as archive:
             archive.writestr("c/k0.jpg", b"jpeg" * 50)
             archive.writestr("c/k0.cls", b"2")
             archive.mkdir("d")
             with archive.open("c/k1.jpg", "w", force_zip64=zip64) as handle:
                 handle.write(b"x" * 300)
-        (folder / f"py-zip64-{zip64}.zip").write_bytes(buf.getvalue())
+        (folder / f"py-zip64-{zip64}-{method}.zip").write_bytes(buf.getvalue())
 
 
 def main() -> None:

@@ -7,20 +7,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cramjam
 import pytest
+from fuzz_target import check_decoded
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.columnar import CLASSES, Item, make_manifest, write
+from support.decoded import read_row
 
 from shardfs.errors import CorruptShardError
+from shardfs.formats import codecs
 from shardfs.formats.classes import class_folders
-from shardfs.formats.mds import scan_mds
+from shardfs.formats.mds import scan_mds, scan_mds_zstd
 from shardfs.formats.members import MemberRow
 from shardfs.formats.parquet import scan_parquet, split_of
 from shardfs.formats.registry import scanner_for
 from shardfs.formats.source import BytesShard
 from shardfs.formats.tar import MemberKind
-from shardfs.formats.units import DecodedScan, is_decoded
+from shardfs.formats.units import MAX_EXPANSION, DecodedScan, is_decoded
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +115,98 @@ def test_mds_rows_are_the_images_and_labels(written: tuple[Path, list[Item]], fo
     assert len(list((root / "mds" / "train").glob("*.mds"))) > 1
 
 
-def test_zstd_mds_is_refused_in_one_line(written: tuple[Path, list[Item]]) -> None:
+def test_zstd_mds_rows_decode_to_the_images_and_labels(written: tuple[Path, list[Item]]) -> None:
+    """MDSWriter(compression='zstd'): one zstd frame of a plain shard per file, one decode
+    unit whose size is the frame's declared content size; the rows are the images."""
+    root, items = written
+    for split in ("train", "validation"):
+        expected = [i for i in items if i.split == split]
+        paths = sorted((root / "mdsz" / split).glob("*.mds.zstd"))
+        assert paths
+        found: list[bytes] = []
+        labels: list[int | None] = []
+        for path in paths:
+            data = path.read_bytes()
+            shard = BytesShard(path.relative_to(root / "mdsz").as_posix(), data)
+            scan = scanner_for(shard.name)(shard)  # type: ignore[misc]
+            assert isinstance(scan, DecodedScan)
+            (unit,) = scan.space.units
+            plain = codecs.decode(unit, data)
+            assert (unit.codec, unit.offset, unit.length) == ("zstd", 0, len(data))
+            offsets = [r[1] - scan.space.starts[0] for r in scan.rows]
+            assert offsets == [r[1] for r in scan_mds(BytesShard("plain.mds", plain))]
+            files = _files(scan.rows)
+            found += [read_row(data, scan, r[1], r[2]) for r in files]
+            labels += [r[7] for r in files]
+            stem = path.name.removesuffix(".mds.zstd")
+            assert all(r[0].startswith(f"{stem}-") and r[0].endswith(".jpg") for r in files)
+        assert found == [i.data() for i in expected]
+        assert labels == [None if i.label < 0 else i.label for i in expected]
+
+
+def _plain_mds(written: tuple[Path, list[Item]]) -> bytes:
     root, _ = written
-    path = next((root / "mdsz" / "train").glob("*.mds.zstd"))
-    with pytest.raises(CorruptShardError, match=r"compression=None"):
-        _scan(path, root / "mdsz")
+    return (root / "mds_bytes" / "validation" / "shard.00000.mds").read_bytes()
+
+
+def test_zstd_mds_without_content_sizes_or_in_several_frames(
+    written: tuple[Path, list[Item]],
+) -> None:
+    """Frames that do not declare their size (a streaming compressor's) are decoded under
+    the cap and measured; concatenated frames are one unit; rows equal the plain shard's."""
+    plain = _plain_mds(written)
+    stream = cramjam.zstd.Compressor()
+    stream.compress(plain)
+    no_size = bytes(stream.finish())
+    assert no_size[4] >> 6 == 0 and not no_size[4] & 0x20  # no Frame_Content_Size
+    half = len(plain) // 2
+    two = bytes(cramjam.zstd.compress(plain[:half])) + bytes(cramjam.zstd.compress(plain[half:]))
+    images = [plain[r[1] : r[1] + r[2]] for r in scan_mds(BytesShard("s.mds", plain))]
+    for data in (no_size, two):
+        scan = scan_mds_zstd(BytesShard("val/shard.00000.mds.zstd", data))
+        assert scan.space.units[0].size == len(plain)
+        assert [read_row(data, scan, r[1], r[2]) for r in scan.rows] == images
+
+
+def _declaring(written: tuple[Path, list[Item]], content_size: int) -> bytes:
+    """A real frame (of a plain shard and padding, so that its Frame_Content_Size field is
+    4 bytes, right after the descriptor) that declares ``content_size``."""
+    frame = bytearray(cramjam.zstd.compress(_plain_mds(written) + bytes(70_000)))
+    assert frame[4] >> 6 == 2 and frame[4] & 0x20
+    frame[5:9] = content_size.to_bytes(4, "little")
+    return bytes(frame)
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        ("not zstd", "not zstd"),
+        ("truncated frame", "truncated zstd frame"),
+        ("content size bomb", "decompression bomb"),
+        ("wrong content size", "does not decode"),
+        ("decodes to no MDS shard", "of the decoded shard"),
+        ("empty", "too short for a zstd frame"),
+    ],
+)
+def test_a_bad_zstd_mds_shard_is_refused_naming_it(
+    written: tuple[Path, list[Item]], case: str, needle: str
+) -> None:
+    real = bytes(cramjam.zstd.compress(_plain_mds(written)))
+    size = len(_plain_mds(written)) + 70_000
+    data = {
+        "not zstd": _plain_mds(written),
+        "truncated frame": real[: len(real) // 2],
+        "content size bomb": _declaring(written, MAX_EXPANSION * len(_declaring(written, 0)) + 1),
+        "wrong content size": _declaring(written, size - 7),
+        "decodes to no MDS shard": bytes(cramjam.zstd.compress(b"\xff" * 5000)),
+        "empty": b"",
+    }[case]
+    name = "ds/train/shard.00000.mds.zstd"
+    with pytest.raises(CorruptShardError) as caught:
+        scan_mds_zstd(BytesShard(name, data))
+    message = str(caught.value)
+    assert message.startswith(f"{name}: ") and needle in message, message
+    assert "\n" not in message and 0 <= caught.value.offset <= len(data)
 
 
 def test_split_names_and_class_folders() -> None:
@@ -130,17 +221,10 @@ def test_split_names_and_class_folders() -> None:
     )
 
 
-def _bounded(scan: list[MemberRow] | DecodedScan, size: int) -> None:
-    """Rows lie within the file, or within their decode unit, and units within the file."""
-    rows = scan.rows if isinstance(scan, DecodedScan) else scan
+def _bounded(rows: list[MemberRow], size: int) -> None:
     for path, offset, length, *_ in rows:
+        assert offset >= 0 and length >= 0 and offset + length <= size, (path, offset, length)
         assert path and not path.startswith("/") and ".." not in path.split("/")
-        assert offset >= 0 and length >= 0, (path, offset, length)
-        if isinstance(scan, DecodedScan) and is_decoded(offset):
-            _, unit, within = scan.space.locate(offset)
-            assert within + length <= unit.size and unit.end <= size, (path, offset, length)
-        else:
-            assert offset + length <= size, (path, offset, length)
 
 
 def _mutations() -> st.SearchStrategy[list[tuple[int, int]]]:
@@ -155,21 +239,27 @@ def test_mutated_files_give_bounded_rows_or_the_projects_error(
     written: tuple[Path, list[Item]], mutations: list[tuple[int, int]], cut: int, use_cut: bool
 ) -> None:
     root, _ = written
-    for path, scanner in (
-        (root / "hf" / "data" / "validation-00000-of-00002.parquet", scan_parquet),
-        (root / "pa" / "data" / "validation-00000-of-00001.parquet", scan_parquet),
-        (root / "mds" / "validation" / "shard.00000.mds", scan_mds),
+    plain = root / "mds" / "validation" / "shard.00000.mds"
+    for path, scanner, zstd_after in (
+        (root / "hf" / "data" / "validation-00000-of-00002.parquet", scan_parquet, False),
+        (root / "pa" / "data" / "validation-00000-of-00001.parquet", scan_parquet, False),
+        (plain, scan_mds, False),
+        (root / "mdsz" / "validation" / "shard.00000.mds.zstd", scan_mds_zstd, False),
+        (plain, scan_mds_zstd, True),  # a mutated plain shard in a valid frame
     ):
         data = bytearray(path.read_bytes())
         for position, value in mutations:
             data[position % len(data)] = value
         if use_cut:
             data = data[: cut % (len(data) + 1)]
+        if zstd_after:
+            data = bytearray(cramjam.zstd.compress(bytes(data)))
         try:
-            rows = scanner(BytesShard(path.name, bytes(data)))
+            scan = scanner(BytesShard(path.name, bytes(data)))
         except CorruptShardError:
             continue
-        _bounded(rows, len(data))
+        rows = check_decoded(bytes(data), scan)
+        _bounded([r for r in rows if not is_decoded(r[1])], len(data))
 
 
 @settings(max_examples=200, deadline=None)

@@ -52,13 +52,13 @@ def test_rows_of_a_scanned_shard_go_under_its_folder(monkeypatch) -> None:  # ty
 
 
 def test_a_format_given_reads_any_name_as_that_format() -> None:
-    from shardfs.formats.mds import refuse_zstd, scan_mds
+    from shardfs.formats.mds import scan_mds, scan_mds_zstd
     from shardfs.formats.registry import reads_whole_blocks
     from shardfs.formats.zip import scan_zip
 
     assert scanner_for("x.bin", "zip") is scan_zip and reads_whole_blocks("x.bin", "zip")
     assert scanner_for("x.zip", "tar") is None  # read as a tar, whatever its name
-    assert scanner_for("x.mds.zstd", "mds") is refuse_zstd
+    assert scanner_for("x.mds.zstd", "mds") is scan_mds_zstd
     assert scanner_for("x.data", "mds") is scan_mds and not reads_whole_blocks("x.data", "mds")
     assert is_shard_name("a.zip", "zip") and not is_shard_name("a.tar", "zip")
 

@@ -13,9 +13,13 @@ import pytest
 from fuzz_target import check_zip
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.decoded import read_row
 
 from shardfs.errors import CorruptShardError, UnsafeMemberError, UnsupportedMemberError
+from shardfs.formats import codecs
+from shardfs.formats import zip as zipformat
 from shardfs.formats.source import BytesShard
+from shardfs.formats.units import DECODED_BASE, DecodedScan
 from shardfs.formats.zip import scan_zip
 
 SHARD = "data/hostile.zip"
@@ -45,6 +49,28 @@ def patched(data: bytes, at: int, fmt: str, value: int) -> bytes:
     return bytes(out)
 
 
+def deflated_zip() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("cat/a.jpg", b"A" * 3000)
+        archive.writestr("cat/a.cls", b"1")
+        archive.writestr("dog/b.jpg", bytes(range(256)) * 8)
+    return buf.getvalue()
+
+
+def data_extent(data: bytes, name: str) -> tuple[int, int]:
+    """(offset, compressed size) of a member's data."""
+    info = zipfile.ZipFile(io.BytesIO(data)).getinfo(name)
+    name_len, extra_len = struct.unpack_from("<2H", data, info.header_offset + 26)
+    return info.header_offset + 30 + name_len + extra_len, info.compress_size
+
+
+def garbled(data: bytes, name: str) -> bytes:
+    """The archive with a member's compressed data overwritten by an invalid deflate block."""
+    at, length = data_extent(data, name)
+    return data[:at] + b"\xff" * length + data[at + length :]
+
+
 def named(name: str) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as archive:
@@ -59,6 +85,8 @@ def eocd(data: bytes) -> int:
 
 GOOD = valid_zip()
 FIRST, SECOND, THIRD = central_entries(GOOD)
+DEFLATED = deflated_zip()
+D_FIRST, D_SECOND, D_THIRD = central_entries(DEFLATED)
 CASES = {
     "not a zip": b"\x89PNG\r\n\x1a\n" + bytes(100),
     "empty file": b"",
@@ -84,6 +112,12 @@ CASES = {
     "name climbing out of a folder": named("cat/../../x.jpg"),
     "absolute name": named("/etc/passwd"),
     "NUL in a name": named("aXb.jpg").replace(b"aXb.jpg", b"a\0b.jpg"),
+    # Deflated members: the declared sizes are checked while indexing.
+    "deflate bomb": patched(DEFLATED, D_FIRST + 24, "<L", 2**31),
+    "deflated data overlapping the next member": patched(DEFLATED, D_FIRST + 20, "<L", 200),
+    "deflated data into the directory": patched(DEFLATED, D_THIRD + 20, "<L", D_FIRST - 60),
+    "deflated data beyond the shard": patched(DEFLATED, D_THIRD + 20, "<L", 10**7),
+    "deflated label that does not decode": garbled(DEFLATED, "cat/a.cls"),
 }
 
 
@@ -111,13 +145,63 @@ def test_the_valid_zip_the_cases_mutate_is_accepted() -> None:
     }
 
 
+def test_the_deflated_zip_the_cases_mutate_is_accepted() -> None:
+    scan = scan_zip(BytesShard(SHARD, DEFLATED))
+    assert isinstance(scan, DecodedScan) and len(scan.space.units) == 3
+    files = {row[0]: read_row(DEFLATED, scan, row[1], row[2]) for row in scan.rows}
+    assert files == {
+        "cat/a.jpg": b"A" * 3000,
+        "cat/a.cls": b"1",
+        "dog/b.jpg": bytes(range(256)) * 8,
+    }
+    assert {row[0]: row[7] for row in scan.rows}["cat/a.cls"] == 1
+
+
+def test_truncated_or_corrupt_deflate_data_fails_when_the_member_is_read() -> None:
+    """A deflated image's stream is decoded when it is read, not while indexing (that would
+    decode every image at mount time): its declared sizes pass, its read fails with
+    ``DecodeError``, which the read path reports as an I/O error of that file."""
+    at, length = data_extent(DEFLATED, "cat/a.jpg")
+    cut = patched(DEFLATED, D_FIRST + 20, "<L", length - 3)  # the stream ends early
+    for case in (cut, garbled(DEFLATED, "cat/a.jpg")):
+        scan = scan_zip(BytesShard(SHARD, case))
+        assert isinstance(scan, DecodedScan)
+        row = next(row for row in scan.rows if row[0] == "cat/a.jpg")
+        with pytest.raises(codecs.DecodeError):
+            read_row(case, scan, row[1], row[2])
+    assert read_row(DEFLATED, scan_zip(BytesShard(SHARD, DEFLATED)), DECODED_BASE, 3) == b"AAA"
+    assert at > 0
+
+
+def test_a_zip_declaring_too_many_decoded_bytes_in_all_is_a_bomb(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(zipformat, "MAX_DECODED_TOTAL", 5000)
+    with pytest.raises(CorruptShardError, match=f"declare {3000 + 1 + 2048} bytes in all"):
+        scan_zip(BytesShard(SHARD, DEFLATED))
+
+
+def test_a_tiny_deflated_member_may_decode_to_the_floor_but_not_past_it() -> None:
+    """An empty file deflates to 2 bytes: under the 64 KiB floor any ratio is no bomb."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("empty.jpg", b"")
+    (entry,) = central_entries(buf.getvalue())
+    at_floor = patched(buf.getvalue(), entry + 24, "<L", zipformat.BOMB_FLOOR)
+    scan = scan_zip(BytesShard(SHARD, at_floor))  # declared sizes pass (the read would fail)
+    assert isinstance(scan, DecodedScan) and scan.space.units[0].length == 2
+    past = patched(buf.getvalue(), entry + 24, "<L", zipformat.BOMB_FLOOR + 1)
+    with pytest.raises(CorruptShardError, match="decompression bomb"):
+        scan_zip(BytesShard(SHARD, past))
+
+
 def seeds() -> list[bytes]:
     zip64 = io.BytesIO()
     with zipfile.ZipFile(zip64, "w") as archive:
         with archive.open("big.jpg", "w", force_zip64=True) as handle:
             handle.write(b"Z" * 100)
         archive.mkdir("folder")
-    return [GOOD, zip64.getvalue()]
+    return [GOOD, zip64.getvalue(), DEFLATED]
 
 
 @st.composite

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import shutil
 import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+from PIL import Image
+from support.datagen import noise_jpeg
+from support.decoded import read_row
 
 from shardfs.errors import CorruptShardError, UnsupportedMemberError
 from shardfs.formats import zip as zipformat
 from shardfs.formats.registry import scanner_for
 from shardfs.formats.source import BytesShard
 from shardfs.formats.tar import MemberKind
+from shardfs.formats.units import DecodedScan, is_decoded
 from shardfs.formats.zip import scan_zip
 from shardfs.store.urls import is_shard_name
 
@@ -124,19 +129,82 @@ def test_zip_tool_stored_archive_with_longer_local_extra_and_a_symlink(tmp_path:
         assert local_extra != len(info.extra)
 
 
+def gradient_png(side: int) -> bytes:
+    """A real PNG: a smooth gradient, which deflate shrinks."""
+    image = Image.new("RGB", (side, side))
+    image.putdata([(x % 256, y % 256, (x + y) % 256) for y in range(side) for x in range(side)])
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def deflated_and_stored_tree(root: Path) -> dict[str, bytes]:
+    """Real JPEGs and PNGs of several sizes and a highly compressible text file, some to be
+    added stored (``stored/``) and the rest deflated; returns their bytes by path."""
+    rng = random.Random(5)
+    files = {
+        "cat/small.jpg": noise_jpeg(rng, image_bytes=900),
+        "cat/large.jpg": noise_jpeg(rng, image_bytes=120_000),
+        "dog/mid.png": gradient_png(90),
+        "dog/big.png": gradient_png(400),
+        "dog/notes.txt": b"the same line, over and over\n" * 20_000,
+        "dog/empty.jpg": b"",
+        "dog/d.cls": b"7\n" + b" " * 400,  # deflated too: the label is decoded while indexing
+        "stored/s.jpg": noise_jpeg(rng, image_bytes=30_000),
+        "stored/s.png": gradient_png(60),
+    }
+    for name, body in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(body)
+    return files
+
+
 @needs_zip_tool
-def test_zip_tool_default_deflate_is_refused_with_the_member_and_the_fix(tmp_path: Path) -> None:
+def test_zip_tool_deflated_members_mixed_with_stored_ones_decode_to_the_files(
+    tmp_path: Path,
+) -> None:
     src = tmp_path / "src"
-    (src / "cat").mkdir(parents=True)
-    (src / "cat" / "a.jpg").write_bytes(b"compressible " * 500)
-    out = tmp_path / "deflated.zip"
-    subprocess.run(["zip", "-q", "-r", str(out), "cat"], cwd=src, check=True)
+    files = deflated_and_stored_tree(src)
+    out = tmp_path / "mixed.zip"
+    subprocess.run(["zip", "-q", "-r", "-0", str(out), "stored"], cwd=src, check=True)
+    subprocess.run(["zip", "-q", "-r", str(out), "cat", "dog"], cwd=src, check=True)
+    data = out.read_bytes()
+    with zipfile.ZipFile(out) as archive:
+        methods = {info.filename: info.compress_type for info in archive.infolist()}
+    assert methods["dog/notes.txt"] == methods["dog/d.cls"] == zipfile.ZIP_DEFLATED
+    assert methods["stored/s.jpg"] == methods["stored/s.png"] == zipfile.ZIP_STORED
+    scan = scan_zip(BytesShard("data/mixed.zip", data))
+    assert isinstance(scan, DecodedScan)
+    got = {
+        row[0]: read_row(data, scan, row[1], row[2])
+        for row in scan.rows
+        if row[5] == MemberKind.FILE
+    }
+    assert got == files
+    by_path = {row[0]: row for row in scan.rows}
+    assert by_path["dog/d.cls"][7] == 7
+    # A deflated member is a unit of its own, at its compressed extent; a stored one stays a
+    # direct range of the shard.
+    deflated = {name for name, method in methods.items() if method == zipfile.ZIP_DEFLATED}
+    units = {
+        name: scan.space.locate(row[1])[1] for name, row in by_path.items() if is_decoded(row[1])
+    }
+    assert set(units) == deflated - {"dog/empty.jpg"}  # an empty file needs no decoding
+    assert all(unit.codec == "deflate" and unit.size == len(files[n]) for n, unit in units.items())
+    assert [u.offset for u in scan.space.units] == sorted(u.offset for u in scan.space.units)
+    assert units["dog/notes.txt"].length * 100 < len(files["dog/notes.txt"])
+    assert not is_decoded(by_path["stored/s.jpg"][1])
+
+
+def test_other_compression_methods_are_refused_with_the_member_and_the_fix() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_LZMA) as archive:
+        archive.writestr("cat/a.jpg", b"compressible " * 500)
     with pytest.raises(UnsupportedMemberError) as caught:
-        scan_zip(BytesShard("data/deflated.zip", out.read_bytes()))
+        scan_zip(BytesShard("data/lzma.zip", buf.getvalue()))
     text = str(caught.value)
-    assert text.startswith("data/deflated.zip: member 'cat/a.jpg' is compressed (deflate")
-    offset = zipfile.ZipFile(out).getinfo("cat/a.jpg").header_offset
-    assert "zip -0 -r" in text and text.endswith(f"at offset {offset}")
+    assert text.startswith("data/lzma.zip: member 'cat/a.jpg' is compressed (lzma, method 14)")
+    assert "zip -0 -r" in text and text.endswith("at offset 0")
     assert caught.value.exit_code == 4
 
 

@@ -157,11 +157,11 @@ def snappy_decompress(data: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
-def hybrid(data: bytes, pos: int, end: int, bit_width: int, count: int) -> list[int]:
+def hybrid(data: bytes | bytearray, pos: int, end: int, bit_width: int, count: int) -> list[int]:
     """``count`` values of the RLE/bit-packed hybrid encoding in ``data[pos:end]``."""
     if not 0 <= bit_width <= 32:
         raise PageError(f"bit width {bit_width}")
-    reader = CompactReader(data[:end], pos)
+    reader = CompactReader(bytes(data[:end]), pos)
     values: list[int] = []
     byte_width = (bit_width + 7) // 8
     mask = (1 << bit_width) - 1
@@ -214,7 +214,7 @@ def plain_values(physical: int, data: bytes, pos: int, count: int) -> list[int |
     raise PageError(f"physical type {physical} is not read by shardfs")
 
 
-def levels_of(page: bytes, pos: int, end: int, leaf: Leaf, count: int) -> list[int]:
+def levels_of(page: bytes | bytearray, pos: int, end: int, leaf: Leaf, count: int) -> list[int]:
     if leaf.max_def == 0:
         return [0] * count
     return hybrid(page, pos, end, leaf.max_def.bit_length(), count)
@@ -292,7 +292,7 @@ def check_count(count: int, room: int) -> None:
 DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY (parquet 1.0 writers), RLE_DICTIONARY
 
 
-def dictionary_indices(page: bytes, pos: int, count: int, entries: int) -> list[int]:
+def dictionary_indices(page: bytes | bytearray, pos: int, count: int, entries: int) -> list[int]:
     """``count`` dictionary indices at ``pos`` (a bit width byte, then the hybrid), each
     checked against the dictionary's ``entries``."""
     if not count:
@@ -305,7 +305,7 @@ def dictionary_indices(page: bytes, pos: int, count: int, entries: int) -> list[
     return indices
 
 
-def plain_extents(page: bytes, pos: int, count: int) -> list[tuple[int, int]]:
+def plain_extents(page: bytes | bytearray, pos: int, count: int) -> list[tuple[int, int]]:
     """Where ``count`` PLAIN byte arrays from ``pos`` lie in ``page``: (offset, length)."""
     out = []
     for _ in range(count):

@@ -116,7 +116,7 @@ def _clear(codec: int, raw: bytes, size: int) -> bytes:
         if len(raw) != size:
             raise PageError(f"an uncompressed page of {len(raw)} bytes declares {size}")
         return raw
-    return codecs.decode(_unit(codec, 0, len(raw), size), raw)
+    return bytes(codecs.decode(_unit(codec, 0, len(raw), size), raw))  # small: values as bytes
 
 
 def _unit(codec: int, offset: int, length: int, size: int) -> Unit:
@@ -155,21 +155,21 @@ class _Part:
 
     def __init__(self, reader: CheckedReads, start: int, end: int, head: tuple[int, bytes]):
         self.reader, self.start, self.end, self.head = reader, start, end, head
-        self.data: bytes | None = None
+        self.data: bytes | bytearray | None = None
         self.unit = -1
 
     def at(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` of the part (fewer at its end)."""
         size = max(min(size, self.end - self.start - offset), 0)
         if self.data is not None:
-            return self.data[offset : offset + size]
+            return bytes(self.data[offset : offset + size])  # a level section or a length
         real = self.start + offset
         pos, buf = self.head
         if pos <= real and real + size <= pos + len(buf):
             return buf[real - pos : real - pos + size]
         return self.reader.read(real, size, "an image page")
 
-    def whole(self) -> bytes:
+    def whole(self) -> bytes | bytearray:
         if self.data is None:
             self.data = self.reader.read(self.start, self.end - self.start, "an image page")
         return self.data
@@ -179,7 +179,8 @@ class _Part:
         if self.data is not None:
             found = plain_extents(self.data, pos, count)
             place = 0 if self.unit >= 0 else self.start
-            return [(self.unit, place + o, n, self.data[o : o + min(n, SNIFF)]) for o, n in found]
+            data = self.data
+            return [(self.unit, place + o, n, bytes(data[o : o + min(n, SNIFF)])) for o, n in found]
         out: list[ImageValue] = []
         for _ in range(count):  # the image bytes are never read: a length and a sniff each
             head = self.at(pos, 4 + SNIFF)

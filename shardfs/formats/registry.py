@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..store.urls import is_shard_name
-from .mds import refuse_zstd, scan_mds
+from .mds import scan_mds, scan_mds_zstd
 from .members import MemberRow
 from .parquet import scan_parquet
 from .source import ShardBytes
@@ -27,7 +27,7 @@ SCANNERS: dict[str, Scanner] = {
     ".zip": scan_zip,
     ".parquet": scan_parquet,
     ".mds": scan_mds,
-    ".mds.zstd": refuse_zstd,
+    ".mds.zstd": scan_mds_zstd,
 }
 
 

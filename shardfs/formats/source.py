@@ -32,7 +32,7 @@ class ShardBytes(Protocol):
 class BytesShard:
     """A shard held in memory: for tests, and for parsers that read a nested member."""
 
-    def __init__(self, name: str, data: bytes) -> None:
+    def __init__(self, name: str, data: bytes | bytearray) -> None:
         self._name = name
         self._data = data
         self.reads = 0  # how many ranges were asked for
@@ -47,7 +47,7 @@ class BytesShard:
 
     def read_at(self, offset: int, length: int) -> bytes:
         self.reads += 1
-        return self._data[offset : offset + length]
+        return bytes(memoryview(self._data)[offset : offset + length])
 
     def read_cached(self, offset: int, length: int) -> bytes:
         return self.read_at(offset, length)

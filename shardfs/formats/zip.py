@@ -3,10 +3,16 @@ the central directory, then each member's local header, since only the local hea
 extra length says where the data starts (the ``zip`` tool writes a longer extra field
 there than in the central directory).
 
-Stored members become direct extents; directories become folder rows; unix symlinks
-(mode ``S_IFLNK`` in the external attributes) become symlink rows whose target is the
-member's data, as tar's are. Compressed or encrypted members cannot be served verbatim:
-a shard holding one is refused with ``UnsupportedMemberError``.
+Stored members become direct extents; deflated members (method 8, the ``zip`` tool's
+default) become decode units (``units.Unit``), one per member, whose rows are their whole
+decoded bytes: a zip holding one is scanned to a ``DecodedScan``. Directories become
+folder rows; unix symlinks (mode ``S_IFLNK`` in the external attributes) become symlink
+rows whose target is the member's data, as tar's are. Other methods (bzip2, lzma, zstd,
+...) and encrypted members are refused with ``UnsupportedMemberError``. A deflated
+member's declared sizes are checked here (its compressed extent lies in the shard and
+before the next member, its decoded size at most ``MAX_EXPANSION`` times that, past a small
+floor); its data is decoded when it is read, which is where a corrupt stream surfaces
+(``codecs.DecodeError``), except for labels and symlinks, decoded here.
 
 Local headers are read in few requests: neighbouring headers (less than ``MAX_GAP`` apart)
 share one ``read_at`` of at most ``MAX_WINDOW`` bytes. Shards are untrusted input, so
@@ -24,6 +30,7 @@ import zlib
 from dataclasses import dataclass
 
 from ..errors import CorruptShardError, UnsupportedMemberError
+from .codecs import DecodeError, decode
 from .members import (
     MAX_LABEL_BYTES,
     MAX_PATH_BYTES,
@@ -35,6 +42,7 @@ from .members import (
 )
 from .source import ShardBytes
 from .tar import MemberKind
+from .units import MAX_EXPANSION, DecodedScan, DecodedSpace, Unit
 
 __all__ = ["ZIP_MAGIC", "scan_zip"]
 
@@ -55,6 +63,11 @@ _FLAG_ENCRYPTED = 0x0001
 _FLAG_UTF8 = 0x0800
 _UNIX = 3  # "version made by" system: the external attributes hold a unix mode
 _STORED = 0
+_DEFLATED = 8
+# A deflated member may decode to MAX_EXPANSION times its compressed bytes, or to this much
+# whatever its compressed size: a tiny member (an empty file deflates to 2 bytes) is no bomb.
+BOMB_FLOOR = 64 << 10
+MAX_DECODED_TOTAL = 64 << 30  # the decoded bytes of all of a shard's members, at most
 _METHODS = {8: "deflate", 9: "deflate64", 12: "bzip2", 14: "lzma", 93: "zstd", 95: "xz"}
 _MAX_COMMENT = 0xFFFF
 # Reads: the central directory in windows of this size; local headers less than MAX_GAP
@@ -65,7 +78,7 @@ MAX_GAP = 1 << 20
 # A local header's extra field may be longer than the central directory's (the zip tool
 # adds 4 bytes); read this much more per header so that one read nearly always suffices.
 _EXTRA_SLACK = 64
-_FIX = "repack the files stored (`zip -0 -r`, or shardfs pack)"
+_FIX = "repack the files stored or deflated (`zip -0 -r`, `zip -r`, or shardfs pack)"
 
 
 @dataclass(slots=True)
@@ -81,6 +94,8 @@ class _Entry:
     mode: int
     mtime: int
     wants_data: bool  # a label or a symlink: its bytes are read while indexing
+    stored_size: int  # its bytes in the shard: ``size``, or the compressed size if deflated
+    deflated: bool
     data_offset: int = 0
 
 
@@ -216,19 +231,27 @@ class _Zip:
             raise UnsupportedMemberError(
                 self.shard, local_offset, f"member {shown} is encrypted; {_FIX}"
             )
-        if method != _STORED and kind is not MemberKind.DIRECTORY:
+        deflated = method == _DEFLATED and kind is not MemberKind.DIRECTORY
+        if method not in (_STORED, _DEFLATED) and kind is not MemberKind.DIRECTORY:
             what = _METHODS.get(method, "an unknown method")
             raise UnsupportedMemberError(
                 self.shard,
                 local_offset,
                 f"member {shown} is compressed ({what}, method {method}) and shardfs serves "
-                f"only stored zip members so far; {_FIX}",
+                f"only stored and deflated zip members; {_FIX}",
             )
         if kind is MemberKind.DIRECTORY:
-            size = 0  # a folder presents no data, whatever its entry says
+            size = compressed = 0  # a folder presents no data, whatever its entry says
+        elif deflated:
+            if size > max(MAX_EXPANSION * compressed, BOMB_FLOOR):
+                raise self.fail(
+                    offset,
+                    f"deflated member {shown} declares {size} bytes from {compressed}: more "
+                    f"than {MAX_EXPANSION} times its data (a decompression bomb)",
+                )
         elif compressed != size:
             raise self.fail(offset, f"stored member {shown} has two different sizes")
-        if size > self.size:
+        if compressed > self.size:
             raise self.fail(offset, f"member {shown} is larger than the archive")
         if kind is MemberKind.SYMLINK and size > MAX_PATH_BYTES:
             raise self.fail(offset, f"symlink {shown} has a target over {MAX_PATH_BYTES} bytes")
@@ -237,7 +260,19 @@ class _Zip:
             and size <= MAX_LABEL_BYTES
             and label_extension(path) is not None
         )
-        return _Entry(path, offset, local_offset, size, extra_len, kind, mode, mtime, wants)
+        return _Entry(
+            path,
+            offset,
+            local_offset,
+            size,
+            extra_len,
+            kind,
+            mode,
+            mtime,
+            wants,
+            compressed,
+            deflated,
+        )
 
     # -- the local headers ------------------------------------------------------------------
 
@@ -273,10 +308,10 @@ class _Zip:
                     wanted[entry.central_offset] = data
             start = stop
         for entry, after in itertools.pairwise(ordered):
-            if entry.data_offset + entry.size > after.local_offset:
+            if entry.data_offset + entry.stored_size > after.local_offset:
                 raise self.fail(entry.local_offset, f"member {entry.name!r} overlaps the next")
         for entry in ordered:
-            if entry.data_offset + entry.size > cd_offset:
+            if entry.data_offset + entry.stored_size > cd_offset:
                 raise self.fail(entry.local_offset, f"member {entry.name!r} overlaps the directory")
         return wanted
 
@@ -293,16 +328,28 @@ class _Zip:
         if not entry.wants_data:
             return None
         data_at = entry.data_offset - window_at
-        data = window[data_at : data_at + entry.size]
-        if len(data) < entry.size:
-            data = self.read(entry.data_offset, entry.size)
+        data = window[data_at : data_at + entry.stored_size]
+        if len(data) < entry.stored_size:
+            data = self.read(entry.data_offset, entry.stored_size)
+        if entry.deflated:
+            try:
+                data = bytes(decode(self.unit(entry), data))  # a label or a link: small
+            except DecodeError as exc:
+                raise self.fail(
+                    entry.data_offset, f"deflated member {entry.name!r}: {exc}"
+                ) from None
         return data
+
+    @staticmethod
+    def unit(entry: _Entry) -> Unit:
+        """The decode unit of a deflated member."""
+        return Unit("deflate", entry.data_offset, entry.stored_size, entry.size)
 
 
 def _header_end(entry: _Entry, cd_offset: int) -> int:
     """Where a read covering the entry's local header (and wanted data) should end."""
     end = entry.local_offset + _LOCAL.size + len(entry.name.encode("utf-8", "surrogateescape"))
-    end += entry.central_extra + _EXTRA_SLACK + (entry.size if entry.wants_data else 0)
+    end += entry.central_extra + _EXTRA_SLACK + (entry.stored_size if entry.wants_data else 0)
     return min(end, cd_offset)
 
 
@@ -347,12 +394,23 @@ def _dos_time(date: int, time: int) -> int:
         return 0
 
 
-def scan_zip(source: ShardBytes) -> list[MemberRow]:
-    """The index rows of a zip shard, in central directory order."""
+def scan_zip(source: ShardBytes) -> list[MemberRow] | DecodedScan:
+    """The index rows of a zip shard, in central directory order: a list where every
+    member is stored, else a ``DecodedScan`` with a unit per deflated member."""
     archive = _Zip(source)
     cd_offset, cd_size, count = archive.directory_extent()
     entries = archive.entries(cd_offset, cd_size, count)
     data = archive.locate(entries, cd_offset)
+    space = DecodedSpace()
+    starts: dict[int, int] = {}  # a deflated file's decoded offset, by its central offset
+    for entry in sorted(entries, key=lambda e: e.local_offset):  # units in raw order
+        if entry.deflated and entry.kind is MemberKind.FILE and entry.size and entry.name:
+            starts[entry.central_offset] = space.add(archive.unit(entry))
+    decoded = sum(unit.size for unit in space.units)
+    if decoded > MAX_DECODED_TOTAL:
+        raise archive.fail(
+            0, f"the deflated members declare {decoded} bytes in all (a decompression bomb)"
+        )
     rows: list[MemberRow] = []
     for entry in entries:
         if not entry.name:
@@ -367,7 +425,8 @@ def scan_zip(source: ShardBytes) -> list[MemberRow]:
             label = parse_label(ext, content) if ext is not None else None
         size = entry.size if entry.kind is MemberKind.FILE else 0
         offset = entry.data_offset if entry.kind is MemberKind.FILE else 0
+        offset = starts.get(entry.central_offset, offset)
         rows.append(
             (entry.name, offset, size, entry.mode, entry.mtime, int(entry.kind), link, label)
         )
-    return rows
+    return DecodedScan(rows, space) if space.units else rows

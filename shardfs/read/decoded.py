@@ -31,6 +31,11 @@ OPEN_SEEKABLE = 8  # opened seekable decoders kept
 _Key = tuple[int, int]  # (shard id, decoded start of the unit)
 
 
+def _slice(data: codecs.Decoded, start: int, length: int) -> bytes:
+    """A file's bytes out of its decoded unit, copied once."""
+    return bytes(memoryview(data)[start : start + length])
+
+
 class UnitTable(Protocol):
     def unit_at(self, shard: int, offset: int, *, state: bool = False) -> tuple[int, Unit]: ...
 
@@ -76,7 +81,7 @@ class DecodedReads:
         self._reader = reader
         self._budget = budget
         self._lock = threading.Lock()
-        self._decoded: OrderedDict[_Key, bytes] = OrderedDict()
+        self._decoded: OrderedDict[_Key, codecs.Decoded] = OrderedDict()
         self._held = 0
         self._decoding: dict[_Key, threading.Lock] = {}
         self._open: OrderedDict[_Key, tuple[codecs.SeekableReader, threading.Lock]]
@@ -91,7 +96,7 @@ class DecodedReads:
         try:
             if unit.codec in codecs.SEEKABLE:
                 return self._read_seekable(key, shard, within, length)
-            return self._whole(key, shard, unit)[within : within + length]
+            return _slice(self._whole(key, shard, unit), within, length)
         except codecs.DecodeError as exc:
             raise CorruptShardError(shard.name, unit.offset, f"{unit.codec} data: {exc}") from None
 
@@ -103,10 +108,9 @@ class DecodedReads:
             if data is None:
                 return None
             self._decoded.move_to_end((shard_id, unit_start))
-        within = start - unit_start
-        return data[within : within + min(end, unit_start + unit.size) - start]
+        return _slice(data, start - unit_start, min(end, unit_start + unit.size) - start)
 
-    def _whole(self, key: _Key, shard: ShardInfo, unit: Unit) -> bytes:
+    def _whole(self, key: _Key, shard: ShardInfo, unit: Unit) -> codecs.Decoded:
         with self._lock:
             data = self._decoded.get(key)
             if data is not None:
@@ -126,7 +130,7 @@ class DecodedReads:
                 self._keep(key, data)
             return data
 
-    def _keep(self, key: _Key, data: bytes) -> None:
+    def _keep(self, key: _Key, data: codecs.Decoded) -> None:
         """Keep a decoded unit, dropping the least recently used ones past the budget (a
         unit larger than the whole budget is not kept)."""
         if len(data) > self._budget:
