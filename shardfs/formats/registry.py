@@ -16,9 +16,11 @@ from .mds import refuse_zstd, scan_mds
 from .members import MemberRow
 from .parquet import scan_parquet
 from .source import ShardBytes
+from .tar_gz import scan_tar_gz
+from .units import DecodedScan
 from .zip import scan_zip
 
-Scanner = Callable[[ShardBytes], list[MemberRow]]
+Scanner = Callable[[ShardBytes], "list[MemberRow] | DecodedScan"]
 
 # Name suffix -> scanner. Every suffix here is also in ``shardfs.store.urls.SHARD_SUFFIXES``
 # (tests/test_formats_registry.py checks it), so that listings pick the shards up.
@@ -27,6 +29,8 @@ SCANNERS: dict[str, Scanner] = {
     ".parquet": scan_parquet,
     ".mds": scan_mds,
     ".mds.zstd": refuse_zstd,
+    ".tar.gz": scan_tar_gz,
+    ".tgz": scan_tar_gz,
 }
 
 

@@ -10,29 +10,18 @@ import posixpath
 import sqlite3
 from collections.abc import Callable
 
-from ..formats.members import (
-    MAX_LABEL_BYTES,
-    MemberRow,
-    check_symlink_target,
-    label_extension,
-    normalize_member_path,
-    parse_label,
-)
+from ..formats.members import MemberRow, tar_rows
 from ..formats.registry import Scanner, reads_whole_blocks, scanner_for
-from ..formats.tar import MemberKind, TarMember, iter_members
+from ..formats.tar import MemberKind
+from ..formats.units import DecodedScan
 from ..store.remote import Store
 from ..store.sets import name_in_source
 from ..store.shards import Readable, ShardInfo
 
+ShardScan = list[MemberRow] | DecodedScan
+"""One shard's index rows, with its decode units when it has any."""
+
 log = logging.getLogger(__name__)
-
-
-def _wants_content(member: TarMember) -> bool:
-    return (
-        member.kind == MemberKind.FILE
-        and member.size <= MAX_LABEL_BYTES
-        and label_extension(member.path) is not None
-    )
 
 
 BlockSink = Callable[[ShardInfo, int, bytes], None]
@@ -171,21 +160,24 @@ def _scan_by_range(
     sink: BlockSink | None,
     block_size: int,
     whole_blocks: bool,
-) -> list[MemberRow]:
+) -> ShardScan:
     """A random-access format's rows, their paths placed under the shard's folder."""
     shard_dir = posixpath.dirname(shard.name)
     source = _StoreBytes(store, shard, sink, block_size)
     source.whole_blocks = whole_blocks
-    rows = scanner(source)
-    if not shard_dir:
-        return rows
-    placed: list[MemberRow] = []
-    for path, offset, size, mode, mtime, kind, link, label in rows:
-        if kind == MemberKind.HARDLINK:
-            link = posixpath.join(shard_dir, link)
-        path = posixpath.join(shard_dir, path)
-        placed.append((path, offset, size, mode, mtime, kind, link, label))
-    return placed
+    scanned = scanner(source)
+    rows = scanned.rows if isinstance(scanned, DecodedScan) else scanned
+    if shard_dir:
+        placed: list[MemberRow] = []
+        for path, offset, size, mode, mtime, kind, link, label in rows:
+            if kind == MemberKind.HARDLINK:
+                link = posixpath.join(shard_dir, link)
+            path = posixpath.join(shard_dir, path)
+            placed.append((path, offset, size, mode, mtime, kind, link, label))
+        rows = placed
+    if isinstance(scanned, DecodedScan) and scanned.space.units:
+        return DecodedScan(rows, scanned.space)
+    return rows
 
 
 def scan_shard(
@@ -193,7 +185,7 @@ def scan_shard(
     shard: ShardInfo,
     block_sink: BlockSink | None = None,
     block_size: int = 0,
-) -> list[MemberRow]:
+) -> ShardScan:
     """Index one shard: a row per member worth serving. A tar shard is streamed front to
     back, and with ``block_sink`` every block of it is handed to the sink too; a shard of
     another format is read by range by its registered scanner, by whole blocks handed to
@@ -203,47 +195,10 @@ def scan_shard(
     if scanner is not None:
         whole = reads_whole_blocks(name, shard_format)
         return _scan_by_range(store, shard, scanner, block_sink, block_size, whole)
-    rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)
     with store.open_stream(shard) as raw:
         tee = _BlockTee(raw, shard, block_size, block_sink) if block_sink and block_size else None
-        stream: Readable = tee if tee is not None else raw
-        for member, content in iter_members(stream, shard.name, capture=_wants_content):
-            if member.kind == MemberKind.OTHER:
-                continue
-            path = normalize_member_path(member.path, shard.name, member.header_offset)
-            link = member.linkname
-            if member.kind == MemberKind.HARDLINK:
-                link = normalize_member_path(link, shard.name, member.header_offset)
-            elif member.kind == MemberKind.SYMLINK:
-                link = check_symlink_target(link, shard.name, member.header_offset)
-            if member.folder:  # a member of an inner tar, presented in its folder
-                folder = normalize_member_path(member.folder, shard.name, member.header_offset)
-                path = posixpath.join(folder, path) if path else folder
-                if member.kind == MemberKind.HARDLINK:
-                    link = posixpath.join(folder, link)
-            if shard_dir:
-                path = posixpath.join(shard_dir, path) if path else shard_dir
-                if member.kind == MemberKind.HARDLINK:
-                    link = posixpath.join(shard_dir, link)
-            if not path:
-                continue  # the archive's own "./" entry
-            label = None
-            ext = label_extension(path) if content is not None else None
-            if content is not None and ext is not None:
-                label = parse_label(ext, content)
-            rows.append(
-                (
-                    path,
-                    member.data_offset,
-                    member.size,
-                    member.mode,
-                    member.mtime,
-                    int(member.kind),
-                    link,
-                    label,
-                )
-            )
+        rows = tar_rows(tee if tee is not None else raw, shard.name, shard_dir)
         if tee is not None:
             tee.finish()
     return rows
