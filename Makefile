@@ -92,7 +92,7 @@ bench-small: bench-deps
 bench-files: bench-deps
 	$(BIN)/python bench/per_file.py $(FILES_ARGS)
 
-bench-scale: bench-deps
+bench-scale: bench-deps writers
 	$(BIN)/python bench/scale.py --out results/scale.json
 
 .PHONY: bench-stream

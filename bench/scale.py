@@ -1,4 +1,4 @@
-"""Scale check: a 1.28M-entry index (ImageNet-sized, tiny files).
+"""Scale check: a 1.28M-entry index (ImageNet-sized, tiny files), in tar and in parquet.
 
 Measures, in one run: the first mount (full index scan + view build), a remount from the
 persisted index, the daemon's RSS, ``ImageFolder(mount)`` construction against the same
@@ -6,7 +6,10 @@ tree on local disk, and the sampler's side: the placement table's first and late
 ``ShardSampler`` built over every file, and one epoch's order. The entry count is measured:
 the rows of the mount's placement table, which must equal the members in the tar headers,
 ``ImageFolder``'s samples on the mount and on local disk, and one epoch of the sampler
-(``samples_equal``). Prints a JSON line and a markdown table.
+(``samples_equal``). Then the same 1.28M entries as Hugging Face parquet (``datasets``'
+``to_parquet``, in the writers venv: ``make writers``): its first mount against the tar's
+(issue 22: within 1.5x), and its entries counted in the placement table and by
+``ImageFolder`` (``parquet_samples_equal``). Prints a JSON line and a markdown table.
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ def main() -> int:
     parser.add_argument("--shards", type=int, default=128)
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=Path("results/scale.json"))
+    parser.add_argument("--no-parquet", action="store_true", help="measure the tar shards only")
     args = parser.parse_args()
 
     if args.work is not None:
@@ -199,13 +203,52 @@ def measure(args: argparse.Namespace, work: Path) -> int:
     counts = {n_mount, n_local, result["table_rows"], result["shard_members"]}
     counts.add(result["sampler_samples"])
     result["samples_equal"] = int(len(counts) == 1)
+    if not args.no_parquet:
+        result.update(measure_parquet(args, work, result["first_mount_s"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     print("| metric | value |\n|---|---|")
     for key, value in result.items():
         print(f"| {key} | {value:.2f} |" if isinstance(value, float) else f"| {key} | {value} |")
-    return 0 if result["samples_equal"] else 1
+    ok = result["samples_equal"] and result.get("parquet_samples_equal", 1)
+    return 0 if ok else 1
+
+
+PARQUET_GOAL = 1.5  # issue 22: the parquet first mount within 1.5x of the tar's
+
+
+def measure_parquet(args: argparse.Namespace, work: Path, tar_mount_s: float) -> dict[str, float]:
+    """The same entries as parquet: the first mount's time over the tar's, and its counts."""
+    root, cache, mnt = work / "parquet", work / "cache-parquet", work / "mnt"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    result: dict[str, float] = {}
+    started = time.perf_counter()
+    if not root.exists():
+        writer = Path(__file__).resolve().parents[1] / "tests/support/writers/hf_parquet_tiny.py"
+        python = Path(os.environ.get("SHARDFS_WRITERS_VENV", ".venv-writers")) / "bin/python"
+        subprocess.run(
+            [python, writer, root, *map(str, (args.classes, args.per_class, args.shards))],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    result["parquet_generate_s"] = time.perf_counter() - started
+    result["parquet_first_mount_s"] = shardfs(
+        "mount", str(root / "data"), str(mnt), "--cache-dir", str(cache)
+    )
+    try:
+        result["parquet_table_rows"] = sampler_seconds(mnt)["table_rows"]
+        result["parquet_imagefolder_s"], samples = imagefolder_seconds(mnt / "train")
+    finally:
+        shardfs("umount", str(mnt))
+    result["parquet_imagefolder_samples"] = samples
+    expected = args.classes * args.per_class
+    result["parquet_samples_equal"] = int(samples == result["parquet_table_rows"] == expected)
+    result["parquet_mount_ratio"] = result["parquet_first_mount_s"] / tar_mount_s
+    result["parquet_mount_goal"] = PARQUET_GOAL
+    result["parquet_mount_met"] = int(result["parquet_mount_ratio"] <= PARQUET_GOAL)
+    return result
 
 
 if __name__ == "__main__":

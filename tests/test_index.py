@@ -24,7 +24,13 @@ from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.errors import CorruptShardError, IndexFileError, UnsafeMemberError
 from shardfs.formats.members import label_extension, normalize_member_path, parse_label, split_key
 from shardfs.formats.tar import MemberKind
-from shardfs.index.db import SIDECAR_NAME, IndexBuilder, fingerprint, write_sidecar
+from shardfs.index.db import (
+    SCHEMA_VERSION,
+    SIDECAR_NAME,
+    IndexBuilder,
+    fingerprint,
+    write_sidecar,
+)
 from shardfs.index.scan import scan_shard
 from shardfs.store.remote import Store
 from shardfs.views.view import build_view
@@ -513,7 +519,7 @@ def test_a_schema_1_index_rescans_only_the_shards_with_labels_it_did_not_read(
     again, path = build(store, tmp_path / "local")
     assert again.scanned_shards == 1  # b.tar alone
     assert stored_row(path, "s3.v2.cls")[1] == 2
-    assert schema_of(path) == "3"
+    assert schema_of(path) == str(SCHEMA_VERSION)
     assert build(store, tmp_path / "local")[0].scanned_shards == 0
 
     fresh, fresh_path = build(Store(store.config), tmp_path / "fresh")  # from the sidecar
@@ -530,7 +536,7 @@ def test_a_schema_1_index_without_such_labels_is_carried_over_without_a_scan(
     as_schema_1(path)
     again, path = build(store, tmp_path)
     assert again.scanned_shards == 0
-    assert schema_of(path) == "3"
+    assert schema_of(path) == str(SCHEMA_VERSION)
     assert stored_row(path, "k.cls")[1] == 0
 
 
@@ -560,7 +566,7 @@ def test_a_schema_2_index_rescans_only_the_shards_holding_a_tar(tmp_path: Path) 
         conn.close()
     again, path = build(store, tmp_path)
     assert again.scanned_shards == 1  # b.tar alone
-    assert schema_of(path) == "3"
+    assert schema_of(path) == str(SCHEMA_VERSION)
     assert stored_row(path, "n01/x.jpg") is not None
 
 

@@ -19,7 +19,7 @@ import pytest
 from support.datagen import make_imagefolder, relative_files
 from support.decoded import read_row
 
-from shardfs.errors import CorruptShardError, UnsafeMemberError
+from shardfs.errors import CorruptShardError, UnsafeMemberError, UsageError
 from shardfs.formats import codecs
 from shardfs.formats.registry import scanner_for
 from shardfs.formats.source import BytesShard
@@ -259,3 +259,26 @@ def test_a_failing_raw_read_is_raised_as_itself() -> None:
     data = small_tar_gz(("big.jpg", os.urandom(3 << 20)))
     with pytest.raises(StoreDown):
         scan_tar_gz(Failing("x.tar.gz", data))
+
+
+def test_a_files_raw_span_starts_at_its_seek_point(src: Path, tmp_path: Path) -> None:
+    """Where the placement table and the order hint place a file: from the seek point at
+    or before it to the one after it, inside the shard."""
+    data = tar_czf(src, tmp_path / "s.tar.gz")
+    scan = scan_tar_gz(BytesShard("s.tar.gz", data))
+    (unit,) = scan.space.units
+    points, _ = codecs.gzip_points(unit.state)
+    assert [p[0] for p in points] == sorted(p[0] for p in points)
+    for path, offset, size, *_ in scan.rows:
+        within = offset - scan.space.starts[0]
+        lo, hi = codecs.raw_span(unit, within, within + size)
+        before = max(raw for raw, decoded in points if decoded <= within)
+        assert lo == before and 0 <= lo < hi <= len(data), path
+    assert codecs.raw_span(unit, 0, unit.size) == (points[0][0], len(data))
+
+
+def test_without_rapidgzip_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codecs, "_rapidgzip", None)
+    with pytest.raises(UsageError) as caught:
+        scan_tar_gz(BytesShard("x.tar.gz", SMALL))
+    assert "shardfs[formats]" in str(caught.value) and "\n" not in str(caught.value)

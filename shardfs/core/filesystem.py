@@ -16,7 +16,10 @@ from typing import NamedTuple
 from .. import placement
 from ..config import ReadConfig
 from ..errors import IsADirError, NoSuchAttributeError, NotADirError, NotFoundError
+from ..formats.codecs import raw_span
 from ..formats.tar import MemberKind
+from ..formats.units import is_decoded
+from ..read.decoded import DecodedReads
 from ..read.reader import CachedReader, RangeReader
 from ..stats import Stats
 from ..store.shards import ShardInfo
@@ -89,6 +92,7 @@ class ShardFileSystem:
         self.table_ino = view.max_ino + 1
         self.hint_ino = view.max_ino + 2
         self.hints = OrderHints(view, reader, self.stats)
+        self.decoded = DecodedReads(view, reader)
         # One bit per inode: files already served or pushed (for egress amplification).
         self._delivered = bytearray(view.max_ino // 8 + 1)
 
@@ -182,6 +186,13 @@ class ShardFileSystem:
             return None
         return self.view.shards[node.shard], node.offset + offset, node.offset + end
 
+    def _fetch(self, node: Node, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a file's shard, or of the shard's decoded space."""
+        shard = self.view.shards[node.shard]
+        if is_decoded(start):
+            return self.decoded.read(node.shard, shard, start, end)
+        return self.reader.read(shard, start, end, node.offset + node.size)
+
     def read_node(self, node: Node, offset: int, size: int) -> bytes:
         """Bytes of a file by node; may wait on the store."""
         if node.shard < 0:
@@ -190,7 +201,7 @@ class ShardFileSystem:
         if span is None:
             return b""
         self.hints.note_read(node)
-        data = self.reader.read(*span, node.offset + node.size)
+        data = self._fetch(node, span[1], span[2])
         self._served(node, len(data))
         if offset + len(data) >= node.size:
             self.hints.note_done(node)
@@ -203,7 +214,10 @@ class ShardFileSystem:
         span = self._span(node, offset, size)
         if span is None:
             return b""
-        data = self.reader.read_local(*span)
+        if is_decoded(span[1]):
+            data = self.decoded.read_local(node.shard, span[1], span[2])
+        else:
+            data = self.reader.read_local(*span)
         if data is not None:
             self.hints.note_read(node)
             self._served(node, len(data))
@@ -251,11 +265,17 @@ class ShardFileSystem:
         return self.view.files_within(self.view.shard_ids[shard], start, end)
 
     def file_bytes_local(self, node: Node) -> bytes | None:
-        """A whole file if its bytes are in the block cache (no network, no statistics)."""
-        if not isinstance(self.reader, CachedReader) or node.shard < 0:
+        """A whole file if its bytes are in the block cache, or decoded in memory (no
+        network, no statistics)."""
+        if node.shard < 0:
             return None
-        shard = self.view.shards[node.shard]
-        data = self.reader.read_local(shard, node.offset, node.offset + node.size, quiet=True)
+        if is_decoded(node.offset):
+            data = self.decoded.read_local(node.shard, node.offset, node.offset + node.size)
+        elif not isinstance(self.reader, CachedReader):
+            return None
+        else:
+            shard = self.view.shards[node.shard]
+            data = self.reader.read_local(shard, node.offset, node.offset + node.size, quiet=True)
         if data is not None:
             self._deliver(node)
         return data
@@ -303,10 +323,7 @@ class ShardFileSystem:
         else:
             window_start = offset
             window_end = min(node.size, offset + max(size, self.config.window))
-        shard = self.view.shards[node.shard]
-        data = self.reader.read(
-            shard, node.offset + window_start, node.offset + window_end, node.offset + node.size
-        )
+        data = self._fetch(node, node.offset + window_start, node.offset + window_end)
         opened.window_start, opened.window = window_start, data
         return data[offset - window_start : end - window_start]
 
@@ -318,8 +335,12 @@ class ShardFileSystem:
         if node.kind == MemberKind.FILE and node.shard >= 0:
             if name == XATTR_SHARD:
                 return self.view.shards[node.shard].name.encode()
-            if name == XATTR_OFFSET:
-                return str(node.offset).encode()
+            if name == XATTR_OFFSET:  # a decoded file: where its unit's bytes start
+                offset = node.offset
+                if is_decoded(offset):
+                    start, unit = self.view.unit_at(node.shard, offset, state=True)
+                    offset = raw_span(unit, offset - start, offset - start + node.size)[0]
+                return str(offset).encode()
         raise NoSuchAttributeError(f"{where or node.ino}: no attribute {name}")
 
     def statfs(self) -> dict[str, int]:

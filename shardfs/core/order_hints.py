@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from .. import placement
 from ..config import format_bytes
 from ..errors import UsageError
+from ..formats.codecs import raw_placement
+from ..formats.units import DecodedSpace, is_decoded
 from ..read.readahead import HINT_WINDOW, HintedOrder
 from ..read.reader import CachedReader, RangeReader
 from ..stats import Stats
@@ -133,9 +135,17 @@ class OrderHints:
         row_of_ino = array("i", [-1]) * (view.max_ino + 1)
         inos = array("i")
         rows = []
+        spaces: dict[int, DecodedSpace] = {}
         for path, node in view.files():
             inos.append(node.ino)
-            rows.append((path, dense[node.shard], node.offset, node.size))
+            offset, size = node.offset, node.size
+            if is_decoded(offset):  # placed where its unit's bytes are stored
+                if node.shard not in spaces:
+                    spaces.clear()  # files come in shard order: one shard's units at a time
+                    spaces[node.shard] = view.units_of(node.shard)
+                offset, end = raw_placement(spaces[node.shard], node.offset, node.size)
+                size = end - offset
+            rows.append((path, dense[node.shard], offset, size))
         for row, ino in enumerate(inos):
             row_of_ino[ino] = row
         names = [view.shards[sid].name for sid in shard_ids]

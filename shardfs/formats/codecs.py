@@ -22,14 +22,16 @@ import struct
 import threading
 import weakref
 import zlib
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, BinaryIO, Protocol
+from functools import lru_cache
+from typing import Any, Protocol
 
 from ..errors import ShardfsError, UsageError
 from .pages import PageError, snappy_decompress
-from .units import Unit
+from .units import DecodedSpace, Unit
 
 _cram: Any
 try:  # the ``formats`` extra: compiled snappy and zstd
@@ -106,8 +108,21 @@ class SeekableReader(Protocol):
     def close(self) -> None: ...
 
 
-SEEKABLE: dict[str, Callable[[Unit, BinaryIO], SeekableReader]] = {}
+RawStream = io.RawIOBase | io.BufferedIOBase
+"""A file object of a shard's raw bytes (read, seek, tell)."""
+
+SEEKABLE: dict[str, Callable[[Unit, RawStream], SeekableReader]] = {}
 """Codec -> opener of a seekable unit over a file object of the shard's raw bytes."""
+
+SPANS: dict[str, Callable[[Unit, int, int], tuple[int, int]]] = {}
+"""Codec -> the raw bytes ``[lo, hi)`` of the shard that decoding ``[start, end)`` of a unit
+reads (a seekable codec's nearest seek point on); absent: the whole unit."""
+
+
+def raw_span(unit: Unit, start: int, end: int) -> tuple[int, int]:
+    """Where in the shard the decoded bytes ``[start, end)`` of ``unit`` come from."""
+    span = SPANS.get(unit.codec)
+    return span(unit, start, end) if span is not None else (unit.offset, unit.end)
 
 
 def decode(unit: Unit, raw: bytes) -> bytes:
@@ -119,6 +134,18 @@ def decode(unit: Unit, raw: bytes) -> bytes:
     if len(out) != unit.size:
         raise DecodeError(f"decodes to {len(out)} bytes, not the {unit.size} declared")
     return out
+
+
+def raw_placement(space: DecodedSpace, offset: int, size: int) -> tuple[int, int]:
+    """The raw bytes ``[lo, hi)`` of the shard that a decoded file at ``offset`` is read
+    from: where the placement table and the order hint place it. A file no unit holds (an
+    index that disagrees with itself) is placed at the end of the last unit."""
+    try:
+        _, unit, within = space.locate(offset)
+    except KeyError:
+        last = space.units[-1] if space.units else Unit("", 0, 0, 0)
+        return last.end, last.end
+    return raw_span(unit, within, within + size)
 
 
 # -- gzip streams with seek points (rapidgzip) -----------------------------------------------
@@ -197,7 +224,7 @@ class RawFile(io.RawIOBase):
         return b"".join(parts)
 
 
-def _file_reads(fileobj: BinaryIO, base: int) -> Callable[[int, int], bytes]:
+def _file_reads(fileobj: RawStream, base: int) -> Callable[[int, int], bytes]:
     def read(offset: int, length: int) -> bytes:
         fileobj.seek(base + offset)
         return fileobj.read(length)
@@ -266,9 +293,7 @@ def gzip_state(points: list[tuple[int, int]], exported: bytes) -> bytes:
     return _COUNT.pack(len(points)) + table + exported
 
 
-def gzip_points(state: bytes) -> tuple[list[tuple[int, int]], bytes]:
-    """The seek points and the exported index of a unit's state; ``DecodeError`` when it
-    is not one."""
+def _point_table(state: bytes) -> tuple[list[tuple[int, int]], int]:
     try:
         (count,) = _COUNT.unpack_from(state)
         end = _COUNT.size + count * _POINT.size
@@ -277,7 +302,37 @@ def gzip_points(state: bytes) -> tuple[list[tuple[int, int]], bytes]:
         points = [_POINT.unpack_from(state, _COUNT.size + i * _POINT.size) for i in range(count)]
     except struct.error:
         raise DecodeError("no seek points") from None
+    return points, end
+
+
+def gzip_points(state: bytes) -> tuple[list[tuple[int, int]], bytes]:
+    """The seek points and the exported index of a unit's state; ``DecodeError`` when it
+    is not one."""
+    points, end = _point_table(state)
     return points, state[end:]
+
+
+@lru_cache(maxsize=16)
+def _offsets(state: bytes) -> tuple[list[int], list[int]]:
+    """A state's seek points as raw and decoded offsets, sorted: the shards being placed
+    ask for the same few states over and over (a bytes object hashes once)."""
+    points, _ = _point_table(state)
+    return [raw for raw, _ in points], [decoded for _, decoded in points]
+
+
+def _gzip_span(unit: Unit, start: int, end: int) -> tuple[int, int]:
+    """The raw bytes decoding ``[start, end)`` of a gzip-seek unit reads: from the seek
+    point at or before ``start`` to the first one at or after ``end`` (a point may start
+    inside a byte: one more)."""
+    try:
+        raws, decoded = _offsets(unit.state)
+    except DecodeError:
+        return unit.offset, unit.end
+    first = bisect_right(decoded, start) - 1
+    last = bisect_left(decoded, end)
+    lo = raws[first] if first >= 0 else 0
+    hi = raws[last] + 1 if last < len(raws) else unit.length
+    return unit.offset + lo, unit.offset + min(hi, unit.length)
 
 
 def export_gzip(opened: Any) -> bytes:
@@ -294,7 +349,7 @@ class GzipReader:
     decodes from the seek point before it (rapidgzip keeps the chunks it decoded, so files
     read near each other decode once); one read at a time (its own lock)."""
 
-    def __init__(self, unit: Unit, fileobj: BinaryIO) -> None:
+    def __init__(self, unit: Unit, fileobj: RawStream) -> None:
         self._unit = unit
         self._raw = RawFile(_file_reads(fileobj, unit.offset), unit.length)
         self._file = open_gzip(self._raw, gzip_points(unit.state)[1])
@@ -315,3 +370,4 @@ class GzipReader:
 
 
 SEEKABLE[GZIP_SEEK] = GzipReader
+SPANS[GZIP_SEEK] = _gzip_span

@@ -62,16 +62,6 @@ class DecodedSpace:
             raise KeyError(offset)
         return index, self.units[index], offset - self.starts[index]
 
-    def raw_offset(self, offset: int) -> int:
-        """Where in the shard a decoded offset's bytes are stored: its unit's raw start (a
-        real offset is its own). The placement of a decoded file in its shard."""
-        if offset < DECODED_BASE:
-            return offset
-        try:
-            return self.locate(offset)[1].offset
-        except KeyError:
-            return self.units[-1].offset if self.units else 0
-
 
 @dataclass
 class DecodedScan:

@@ -34,18 +34,22 @@ from ..formats.members import (
     split_key,
 )
 from ..formats.tar import MemberKind
+from ..formats.units import DecodedScan, DecodedSpace
 from ..store.remote import Store
 from ..store.shards import ShardInfo
-from .scan import BlockSink, scan_shard
+from .scan import BlockSink, ShardScan, scan_shard
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Schema 1 read labels only from KEY.cls / KEY.json, not from KEY.v2.cls; schemas 1 and 2
-# kept a tar inside a tar as one file, where schema 3 presents it as a folder. An older
-# index's rows are reused for every shard without such a member, the others scanned again.
+# kept a tar inside a tar as one file, where schema 3 presents it as a folder; schema 4
+# decodes members that schema 3 refused (deflated zip members, compressed parquet pages,
+# zstd MDS shards). An older index's rows are reused for every shard they still describe,
+# the others scanned again.
 _OLD_LABEL_SCHEMA = 1
 _OLD_NESTING_SCHEMA = 2
+_OLD_UNDECODED_SCHEMA = 3
 SIDECAR_NAME = ".shardfs-index.sqlite"
 
 _SCHEMA = """
@@ -70,7 +74,19 @@ CREATE TABLE IF NOT EXISTS members (
     label INTEGER
 );
 CREATE INDEX IF NOT EXISTS members_by_shard ON members (shard);
+CREATE TABLE IF NOT EXISTS units (
+    shard INTEGER NOT NULL,
+    start INTEGER NOT NULL,
+    codec TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    length INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (shard, start)
+);
 """
+UNIT_COLUMNS = "start, codec, offset, length, size, state"
+"""The columns of a ``units`` row after its shard: a decode unit placed in decoded space."""
 
 Progress = Callable[[int, int, int, int], None]
 """Called with (shards done, shards total, bytes done, bytes total)."""
@@ -116,6 +132,16 @@ def insert_members(conn: sqlite3.Connection, shard_id: int, rows: list[MemberRow
     )
 
 
+def insert_units(conn: sqlite3.Connection, shard_id: int, space: DecodedSpace) -> None:
+    conn.executemany(
+        "INSERT INTO units VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            (shard_id, start, u.codec, u.offset, u.length, u.size, u.state)
+            for start, u in zip(space.starts, space.units, strict=True)
+        ),
+    )
+
+
 ShardTable = dict[tuple[str, int, str], int]
 """Identity (name, size, ETag) -> shard id in an index file."""
 
@@ -130,12 +156,15 @@ def _read_shard_table(path: Path) -> tuple[ShardTable, bool] | None:
         try:
             version = conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             schema = int(version[0]) if version is not None else None
-            if schema not in (SCHEMA_VERSION, _OLD_NESTING_SCHEMA, _OLD_LABEL_SCHEMA):
+            known = (SCHEMA_VERSION, _OLD_UNDECODED_SCHEMA, _OLD_NESTING_SCHEMA, _OLD_LABEL_SCHEMA)
+            if schema not in known:
                 return None
             rows = conn.execute("SELECT id, name, size, etag FROM shards").fetchall()
             stale = _unread_label_shards(conn) if schema == _OLD_LABEL_SCHEMA else set()
-            if schema != SCHEMA_VERSION:
+            if schema is not None and schema < _OLD_UNDECODED_SCHEMA:
                 stale |= _inner_tar_shards(conn)
+            if schema != SCHEMA_VERSION:  # a shard refused then may decode now
+                stale |= {sid for (sid,) in conn.execute("SELECT id FROM shards WHERE error")}
         finally:
             conn.close()
     except (sqlite3.Error, ValueError):
@@ -310,6 +339,14 @@ class IndexBuilder:
                 "FROM old.members WHERE shard = ? ORDER BY rowid",
                 (new_id, prefix, int(MemberKind.HARDLINK), prefix, source.shard_id),
             )
+            has_units = conn.execute(
+                "SELECT 1 FROM old.sqlite_master WHERE type = 'table' AND name = 'units'"
+            ).fetchone()
+            if has_units:
+                conn.execute(
+                    f"INSERT INTO units SELECT ?, {UNIT_COLUMNS} FROM old.units WHERE shard = ?",
+                    (new_id, source.shard_id),
+                )
             conn.execute(
                 "UPDATE shards SET (error_offset, error) = "
                 "(SELECT error_offset, error FROM old.shards WHERE id = ?) WHERE id = ?",
@@ -326,7 +363,7 @@ class IndexBuilder:
         done = done_bytes = 0
         stop = threading.Event()
 
-        def job(shard: ShardInfo) -> list[MemberRow] | CorruptShardError:
+        def job(shard: ShardInfo) -> ShardScan | CorruptShardError:
             if stop.is_set():
                 return []
             try:
@@ -336,7 +373,7 @@ class IndexBuilder:
 
         workers = max(1, min(self.config.scan_workers, len(to_scan)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scan") as pool:
-            pending: dict[Future[list[MemberRow] | CorruptShardError], tuple[int, ShardInfo]]
+            pending: dict[Future[ShardScan | CorruptShardError], tuple[int, ShardInfo]]
             pending = {pool.submit(job, shard): (sid, shard) for sid, shard in to_scan}
             if self.progress:
                 self.progress(0, len(to_scan), 0, total_bytes)
@@ -362,7 +399,7 @@ class IndexBuilder:
         conn: sqlite3.Connection,
         sid: int,
         shard: ShardInfo,
-        result: list[MemberRow] | CorruptShardError,
+        result: ShardScan | CorruptShardError,
     ) -> None:
         self.scanned_shards += 1
         if isinstance(result, CorruptShardError):
@@ -370,6 +407,9 @@ class IndexBuilder:
                 "UPDATE shards SET error_offset = ?, error = ? WHERE id = ?",
                 (result.offset, result.reason, sid),
             )
+        elif isinstance(result, DecodedScan):
+            insert_members(conn, sid, result.rows)
+            insert_units(conn, sid, result.space)
         else:
             insert_members(conn, sid, result)
         conn.commit()
@@ -422,6 +462,7 @@ __all__ = [
     "LABEL_EXTENSIONS",
     "MAX_LABEL_BYTES",
     "SIDECAR_NAME",
+    "UNIT_COLUMNS",
     "BadShard",
     "BlockSink",
     "IndexBuilder",
@@ -431,6 +472,7 @@ __all__ = [
     "create_index",
     "fingerprint",
     "insert_members",
+    "insert_units",
     "iter_member_rows",
     "label_extension",
     "parse_label",

@@ -30,7 +30,8 @@ from ..atomic import replacing
 from ..config import ViewConfig
 from ..errors import NotADirError, NotFoundError, UsageError
 from ..formats.tar import MemberKind
-from ..index.db import SCHEMA_VERSION, connect, iter_member_rows
+from ..formats.units import DecodedSpace, Unit
+from ..index.db import SCHEMA_VERSION, UNIT_COLUMNS, connect, iter_member_rows
 from ..store.shards import ShardInfo
 from .imagefolder import IMAGE_EXTENSIONS, build_imagefolder, is_image_name
 from .nodes import NODE_COLUMNS, ROOT_INO, Node, node_of
@@ -51,7 +52,7 @@ __all__ = [
     "view_key",
 ]
 
-VIEW_VERSION = 5  # 5: rows that carry their own label (parquet, MDS)
+VIEW_VERSION = 6  # 5: rows that carry their own label (parquet, MDS); 6: decode units
 CLASSES_FILE = "classes.txt"
 
 _VIEW_SCHEMA = """
@@ -69,6 +70,16 @@ CREATE TABLE nodes (
     mode INTEGER NOT NULL,
     mtime INTEGER NOT NULL,
     link TEXT NOT NULL
+);
+CREATE TABLE units (
+    shard INTEGER NOT NULL,
+    start INTEGER NOT NULL,
+    codec TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    length INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (shard, start)
 );
 """
 
@@ -166,6 +177,10 @@ def _write_view(
     out.executescript(_VIEW_SCHEMA)
     shards = index.execute("SELECT id, name, size, etag FROM shards ORDER BY id").fetchall()
     out.executemany("INSERT INTO shards VALUES (?, ?, ?, ?)", shards)
+    out.executemany(
+        f"INSERT INTO units VALUES (?, {', '.join('?' * 6)})",
+        index.execute(f"SELECT shard, {UNIT_COLUMNS} FROM units ORDER BY shard, start"),
+    )
     tree = TreeWriter(out, report, int(time.time()))
     layout = config.layout
     if layout in ("auto", "imagefolder"):
@@ -246,6 +261,33 @@ class View:
             (shard, start, end, int(MemberKind.FILE), end),
         )
         return [node_of(row) for row in rows]
+
+    def unit_at(self, shard: int, offset: int, *, state: bool = False) -> tuple[int, Unit]:
+        """(decoded start, unit) of the decode unit holding a decoded ``offset`` of a shard
+        (``formats.units``); its ``state`` is loaded only when asked for (it can be large).
+        NotFoundError when no unit holds it."""
+        rows = self._query(
+            f"SELECT start, codec, offset, length, size, {'state' if state else 'NULL'} "
+            "FROM units WHERE shard = ? AND start <= ? ORDER BY start DESC LIMIT 1",
+            (shard, offset),
+        )
+        if not rows or offset >= rows[0][0] + max(rows[0][4], 1):
+            raise NotFoundError(f"decoded offset {offset} of shard {shard}")
+        start, codec, raw, length, size, blob = rows[0]
+        return start, Unit(codec, raw, length, size, blob or b"")
+
+    def units_of(self, shard: int) -> DecodedSpace:
+        """Every decode unit of a shard with its state, in decoded order (empty for most)."""
+        space = DecodedSpace()
+        rows = self._query(
+            "SELECT start, codec, offset, length, size, state FROM units WHERE shard = ? "
+            "ORDER BY start",
+            (shard,),
+        )
+        for start, codec, raw, length, size, state in rows:
+            space.units.append(Unit(codec, raw, length, size, state))
+            space.starts.append(start)
+        return space
 
     def child(self, parent: int, name: str) -> Node | None:
         """The entry ``name`` of the folder with inode ``parent``, or None."""

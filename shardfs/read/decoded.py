@@ -1,0 +1,168 @@
+"""Reads of decoded files: bytes at a shard's decoded offsets (``formats.units``).
+
+A read at a decoded offset finds its unit in the view, reads the unit's raw bytes through
+the same ``RangeReader`` as every other read (so the block cache, readahead and egress
+accounting see them as any bytes of the shard), decodes them and slices. Decoded units are
+kept in a cache bounded in bytes, least recently used out first: the files of one unit (the
+values of a parquet page, the samples of a zstd MDS shard) are then decoded once while they
+are read near each other, as shard order and the order hint read them. One unit is decoded
+by one thread at a time; the others wait for its bytes.
+
+A seekable unit (a gzip stream: ``codecs.SEEKABLE``) is never decoded whole: a few opened
+decoders are kept, each used under its own lock, and read from their nearest seek point.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections import OrderedDict
+from typing import Protocol
+
+from ..errors import CorruptShardError
+from ..formats import codecs
+from ..formats.units import Unit
+from ..store.shards import ShardInfo
+from .reader import RangeReader
+
+DEFAULT_BUDGET = 256 << 20  # decoded bytes kept
+OPEN_SEEKABLE = 8  # opened seekable decoders kept
+
+_Key = tuple[int, int]  # (shard id, decoded start of the unit)
+
+
+class UnitTable(Protocol):
+    def unit_at(self, shard: int, offset: int, *, state: bool = False) -> tuple[int, Unit]: ...
+
+
+class _RawFile(io.RawIOBase):
+    """A shard's raw bytes as a seekable file object, read through a ``RangeReader``: what a
+    seekable codec reads its stream from."""
+
+    def __init__(self, reader: RangeReader, shard: ShardInfo) -> None:
+        self._reader = reader
+        self._shard = shard
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        end = min(self._pos + len(buffer), self._shard.size)
+        if end <= self._pos:
+            return 0
+        data = self._reader.read(self._shard, self._pos, end)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._shard.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+class DecodedReads:
+    """Bytes of decoded files, from their units' raw bytes, with decoded units cached."""
+
+    def __init__(self, units: UnitTable, reader: RangeReader, budget: int = DEFAULT_BUDGET):
+        self._units = units
+        self._reader = reader
+        self._budget = budget
+        self._lock = threading.Lock()
+        self._decoded: OrderedDict[_Key, bytes] = OrderedDict()
+        self._held = 0
+        self._decoding: dict[_Key, threading.Lock] = {}
+        self._open: OrderedDict[_Key, tuple[codecs.SeekableReader, threading.Lock]]
+        self._open = OrderedDict()
+        self.units_decoded = 0  # whole units decoded (a unit decoded twice counts twice)
+
+    def read(self, shard_id: int, shard: ShardInfo, start: int, end: int) -> bytes:
+        """Decoded bytes ``[start, end)`` of a shard's decoded space (one unit holds them)."""
+        unit_start, unit = self._units.unit_at(shard_id, start)
+        within, length = start - unit_start, min(end, unit_start + unit.size) - start
+        key = (shard_id, unit_start)
+        try:
+            if unit.codec in codecs.SEEKABLE:
+                return self._read_seekable(key, shard, within, length)
+            return self._whole(key, shard, unit)[within : within + length]
+        except codecs.DecodeError as exc:
+            raise CorruptShardError(shard.name, unit.offset, f"{unit.codec} data: {exc}") from None
+
+    def read_local(self, shard_id: int, start: int, end: int) -> bytes | None:
+        """The same bytes if their unit is decoded and kept, else None (never waits)."""
+        unit_start, unit = self._units.unit_at(shard_id, start)
+        with self._lock:
+            data = self._decoded.get((shard_id, unit_start))
+            if data is None:
+                return None
+            self._decoded.move_to_end((shard_id, unit_start))
+        within = start - unit_start
+        return data[within : within + min(end, unit_start + unit.size) - start]
+
+    def _whole(self, key: _Key, shard: ShardInfo, unit: Unit) -> bytes:
+        with self._lock:
+            data = self._decoded.get(key)
+            if data is not None:
+                self._decoded.move_to_end(key)
+                return data
+            flight = self._decoding.setdefault(key, threading.Lock())
+        with flight:
+            with self._lock:
+                data = self._decoded.get(key)
+            if data is not None:
+                return data
+            raw = self._reader.read(shard, unit.offset, unit.end, unit.end)
+            data = codecs.decode(unit, raw)
+            with self._lock:
+                self.units_decoded += 1
+                self._decoding.pop(key, None)
+                self._keep(key, data)
+            return data
+
+    def _keep(self, key: _Key, data: bytes) -> None:
+        """Keep a decoded unit, dropping the least recently used ones past the budget (a
+        unit larger than the whole budget is not kept)."""
+        if len(data) > self._budget:
+            return
+        self._decoded[key] = data
+        self._held += len(data)
+        while self._held > self._budget:
+            _, dropped = self._decoded.popitem(last=False)
+            self._held -= len(dropped)
+
+    def _read_seekable(self, key: _Key, shard: ShardInfo, within: int, length: int) -> bytes:
+        with self._lock:
+            opened = self._open.get(key)
+            if opened is not None:
+                self._open.move_to_end(key)
+        if opened is None:
+            opened = self._open_seekable(key, shard)
+        decoder, lock = opened
+        with lock:
+            return decoder.read_at(within, length)
+
+    def _open_seekable(
+        self, key: _Key, shard: ShardInfo
+    ) -> tuple[codecs.SeekableReader, threading.Lock]:
+        _, unit = self._units.unit_at(key[0], key[1], state=True)
+        decoder = codecs.SEEKABLE[unit.codec](unit, _RawFile(self._reader, shard))
+        closing = []
+        with self._lock:
+            opened = self._open.get(key)
+            if opened is not None:  # another thread opened it meanwhile
+                closing.append((decoder, threading.Lock()))
+            else:
+                opened = self._open[key] = (decoder, threading.Lock())
+            while len(self._open) > OPEN_SEEKABLE:
+                closing.append(self._open.popitem(last=False)[1])
+        for old, old_lock in closing:
+            with old_lock:  # not while another thread reads through it
+                old.close()
+        return opened
