@@ -16,6 +16,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.datagen import make_imagefolder, relative_files
 from support.decoded import read_row
 
@@ -198,6 +200,7 @@ def _bomb() -> bytes:
         ("bad-crc", lambda: _bad_crc(SMALL), "not a valid gzip stream"),
         ("not-gzip", lambda: b"plain bytes, no gzip header" * 40, "not a valid gzip stream"),
         ("empty", lambda: b"", "not a valid gzip stream"),
+        ("trailing-bytes", lambda: SMALL + b"junk" * 10, "not a valid gzip stream"),
         ("bomb", _bomb, "decompression bomb"),
     ],
 )
@@ -282,3 +285,29 @@ def test_without_rapidgzip_the_error_names_the_extra(monkeypatch: pytest.MonkeyP
     with pytest.raises(UsageError) as caught:
         scan_tar_gz(BytesShard("x.tar.gz", SMALL))
     assert "shardfs[formats]" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_decoded_size_cap_refuses_a_shard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MAX_DECODED`` (64 GiB) as a smaller cap: refused as it is passed."""
+    from shardfs.formats import tar_gz
+
+    monkeypatch.setattr(tar_gz, "MAX_DECODED", 100_000)
+    with pytest.raises(CorruptShardError, match="decompression bomb"):
+        scan_tar_gz(BytesShard("big.tar.gz", SMALL))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, len(SMALL) - 1), st.integers(0, 255)), max_size=6))
+def test_a_damaged_tar_gz_scans_or_is_a_corrupt_shard(edits: list[tuple[int, int]]) -> None:
+    """Any bytes changed anywhere: the scan succeeds or raises CorruptShardError, never
+    a library error; the rows of a scan that succeeds read back whole."""
+    damaged = bytearray(SMALL)
+    for at, value in edits:
+        damaged[at] = value
+    data = bytes(damaged)
+    try:
+        scan = scan_tar_gz(BytesShard("f.tar.gz", data))
+    except CorruptShardError:
+        return
+    for _path, offset, size, *_ in scan.rows:
+        assert len(read_row(data, scan, offset, size)) == size
