@@ -19,7 +19,8 @@ def test_every_registered_suffix_is_listed_as_a_shard() -> None:
 def test_a_tar_shard_has_no_scanner_and_other_names_are_not_shards() -> None:
     assert scanner_for("a/b/shard-000001.tar") is None
     assert not is_shard_name("a/readme.txt")
-    assert not is_shard_name("a/shard.tar.gz")
+    assert not is_shard_name("a/shard.tar.zst")
+    assert is_shard_name("a/shard.tar.gz") and is_shard_name("a/shard.tgz")
 
 
 def test_bytes_shard_reads_ranges_and_stops_at_the_end() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import random
 import shutil
 import struct
 import subprocess
@@ -101,11 +102,29 @@ def test_archive_mounts_as_the_imagefolder_it_was_made_from(
     archive = tmp_path / "shards" / ARCHIVES[how]
     archive.parent.mkdir()
     write_archive(how, src, archive)
-    bucket = new_bucket(s3_server, how)
+    mount_twice_and_check(archive, src, s3_server, env, mountpoint, tmp_path)
+
+
+def mount_twice_and_check(
+    archive: Path,
+    src: Path,
+    s3_server: S3Server,
+    env: dict[str, str],
+    mountpoint: Path,
+    tmp_path: Path,
+    *,
+    shuffled: bool = False,
+) -> None:
+    """Mount the archive from the S3 server: the tree and ImageFolder's view equal the
+    source's, the mount and one full read download at most ``EGRESS_LIMIT`` times the files'
+    bytes (and the shard's, when it is smaller: a compressed one), a remount downloads none
+    (and, ``shuffled``, serves every file read in a random order)."""
+    bucket = new_bucket(s3_server, archive.name.replace(".", "-"))
     s3_server.filesystem().put_file(str(archive), f"{bucket}/data/{archive.name}")
     source, key = f"s3://{bucket}/data/", f"{bucket}/data/{archive.name}"
     cache = tmp_path / "cache"
     files_bytes = sum((src / rel).stat().st_size for rel in relative_files(src))
+    limit = EGRESS_LIMIT * min(files_bytes, archive.stat().st_size)
 
     s3_server.reset_counts()
     mount(source, mountpoint, cache, env=env)
@@ -113,14 +132,50 @@ def test_archive_mounts_as_the_imagefolder_it_was_made_from(
     assert imagefolder_view(mountpoint) == imagefolder_view(src)
     counts = settled_counts(s3_server)
     egress = counts["get_object_bytes_by_key"].get(key, 0)
-    assert 0 < egress <= EGRESS_LIMIT * files_bytes, (egress, files_bytes)
+    assert 0 < egress <= limit, (egress, files_bytes, archive.stat().st_size)
     umount(mountpoint)
 
     s3_server.reset_counts()
     mount(source, mountpoint, cache, env=env)
-    assert settled_counts(s3_server)["get_object_bytes_by_key"].get(key, 0) == 0
     assert sorted(relative_files(mountpoint)) == relative_files(src)
+    if shuffled:
+        order = relative_files(src)
+        random.Random(5).shuffle(order)
+        for rel in order:
+            assert (mountpoint / rel).read_bytes() == (src / rel).read_bytes(), rel
+    assert settled_counts(s3_server)["get_object_bytes_by_key"].get(key, 0) == 0
     umount(mountpoint)
+
+
+@pytest.fixture(scope="module")
+def big_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 10 MB of JPEGs: a gzip stream of several 4 MiB seek points."""
+    root = tmp_path_factory.mktemp("archives-big") / "src"
+    make_imagefolder(root, {"cat": 40, "dog": 35, "nested/owl": 25}, image_bytes=IMAGE_BYTES)
+    return root
+
+
+@pytest.mark.parametrize(("how", "name"), [("czf", "train.tar.gz"), ("gzip-1", "train.tgz")])
+def test_a_gzip_compressed_tar_mounts_and_reads_in_any_order(
+    how: str,
+    name: str,
+    big_src: Path,
+    s3_server: S3Server,
+    env: dict[str, str],
+    mountpoint: Path,
+    tmp_path: Path,
+) -> None:
+    """``tar -czf`` and ``tar -cf - . | gzip -1``: the files of a tar.gz are decoded from
+    the nearest seek point, so every file read in a shuffled order is the source's too."""
+    archive = tmp_path / "shards" / name
+    archive.parent.mkdir()
+    if how == "czf":
+        subprocess.run(["tar", "-czf", str(archive), "-C", str(big_src), "."], check=True)
+    else:
+        tar = subprocess.run(["tar", "-cf", "-", "."], cwd=big_src, check=True, capture_output=True)
+        gz = subprocess.run(["gzip", "-1"], input=tar.stdout, check=True, capture_output=True)
+        archive.write_bytes(gz.stdout)
+    mount_twice_and_check(archive, big_src, s3_server, env, mountpoint, tmp_path, shuffled=True)
 
 
 def test_a_zip_of_labelled_samples_mounts_with_the_imagefolder_layout(

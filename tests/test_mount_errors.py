@@ -81,7 +81,7 @@ def test_prefix_without_shards(
     bucket = new_bucket(s3_server, "noshards")
     fs = s3_server.filesystem()
     fs.pipe_file(f"{bucket}/p/readme.txt", b"hello")
-    fs.pipe_file(f"{bucket}/p/data.tar.gz", b"not a plain tar")
+    fs.pipe_file(f"{bucket}/p/data.tar.xz", b"not a plain tar")
     code, line = mount_fails(f"s3://{bucket}/p/", mountpoint, tmp_path, env)
     assert code == 3
     assert ".tar" in line

@@ -79,7 +79,7 @@ def test_list_shards_recursive_sorted_only_tar() -> None:
         ("sub/deeper/c.tar", 20),
         ("sub/a.tar", 5),
         ("notes.txt", 3),
-        ("x.tar.gz", 4),
+        ("x.tar.xz", 4),
         ("tar", 1),
         (".shardfs-index.sqlite", 7),
     ]:

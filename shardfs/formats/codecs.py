@@ -8,16 +8,28 @@ unit declares are refused as they come (a bomb never fills memory).
   use);
 - seekable codecs (``SEEKABLE``): a unit too large to decode whole for one file (a gzip
   stream of a whole shard), opened over a file object of its raw bytes and read at decoded
-  offsets from the nearest seek point that ``Unit.state`` records.
+  offsets from the nearest seek point that ``Unit.state`` records. ``gzip-seek`` is
+  rapidgzip's (the ``formats`` extra; docs/formats.md says why this library): its
+  exported index is the state, its errors are translated here alone (``gzip_errors``).
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import io
+import struct
+import threading
+import weakref
 import zlib
-from collections.abc import Callable
+from bisect import bisect_left, bisect_right
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any, Protocol
 
+from ..errors import ShardfsError, UsageError
 from .pages import PageError, snappy_decompress
 from .units import DecodedSpace, Unit
 
@@ -26,6 +38,12 @@ try:  # the ``formats`` extra: compiled snappy and zstd
     import cramjam as _cram
 except ImportError:  # pragma: no cover - the extra is part of every test install
     _cram = None
+
+_rapidgzip: Any
+try:  # the ``formats`` extra: gzip seek points (untyped: imported by name)
+    _rapidgzip = importlib.import_module("rapidgzip")
+except ImportError:  # pragma: no cover - the extra is part of every test install
+    _rapidgzip = None
 
 
 class DecodeError(ValueError):
@@ -133,3 +151,228 @@ def raw_placement(space: DecodedSpace, offset: int, size: int) -> tuple[int, int
         last = space.units[-1] if space.units else Unit("", 0, 0, 0)
         return last.end, last.end
     return raw_span(unit, within, within + size)
+
+
+# -- gzip streams with seek points (rapidgzip) -----------------------------------------------
+
+GZIP_SEEK = "gzip-seek"
+# rapidgzip's chunk: a seek point about every 4 MiB of raw bytes, and what a read at a
+# random offset decodes (docs/formats.md, tar.gz, has the measurements behind it).
+GZIP_SPACING = 4 << 20
+_PIECE = 1 << 20  # a scan's raw reads: whole MiB pieces (``RawFile``)
+SCAN_PIECES = 12  # the pieces a scan keeps: rapidgzip's look-ahead of a chunk and back
+
+
+class RawFile(io.RawIOBase):
+    """A file object for the gzip library over ``read(offset, length)``; an exception of
+    the reads (a store error) is kept, so that it is raised as itself.
+
+    With ``keep``, reads are made of aligned ``_PIECE``s and the latest ``keep`` of them
+    are kept: rapidgzip looks a chunk ahead and seeks back (4.3 MB on a JPEG shard), and a
+    scan must ask for each raw byte once (at mount time a second ask is a second download).
+    """
+
+    mode = "rb"
+
+    def __init__(self, read: Callable[[int, int], bytes], size: int, keep: int = 0) -> None:
+        self._read = read
+        self.size = size
+        self.pos = 0
+        self.failure: BaseException | None = None
+        self._keep = keep
+        self._pieces: OrderedDict[int, bytes] = OrderedDict()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = max(0, {0: 0, 1: self.pos, 2: self.size}[whence] + offset)
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        length = min(len(buffer), max(self.size - self.pos, 0))
+        try:
+            data = (
+                self._piece_read(self.pos, length) if self._keep else self._read(self.pos, length)
+            )
+        except BaseException as exc:
+            self.failure = exc
+            raise
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+    def _piece_read(self, offset: int, length: int) -> bytes:
+        parts = []
+        end = offset + length
+        while offset < end:
+            start = offset - offset % _PIECE
+            piece = self._pieces.get(start)
+            if piece is None:
+                piece = self._read(start, min(_PIECE, self.size - start))
+                self._pieces[start] = piece
+                while len(self._pieces) > self._keep:
+                    self._pieces.popitem(last=False)
+            else:
+                self._pieces.move_to_end(start)
+            part = piece[offset - start : end - start]
+            if not part:
+                break  # the source ended early: a short read
+            parts.append(part)
+            offset += len(part)
+        return b"".join(parts)
+
+
+def _file_reads(fileobj: RawStream, base: int) -> Callable[[int, int], bytes]:
+    def read(offset: int, length: int) -> bytes:
+        fileobj.seek(base + offset)
+        return fileobj.read(length)
+
+    return read
+
+
+@contextmanager
+def gzip_errors(raw: RawFile) -> Iterator[None]:
+    """The one place the gzip library's errors become ``DecodeError``; a failed read of
+    the raw bytes (a store error) is raised as itself."""
+    try:
+        yield
+    except ShardfsError:
+        raise
+    except Exception as exc:
+        if raw.failure is not None:
+            raise raw.failure from None
+        if isinstance(exc, (OSError, ValueError, RuntimeError, EOFError)):
+            raise DecodeError(f"not a valid gzip stream near byte {raw.pos}: {exc}") from None
+        raise
+
+
+# rapidgzip's files must be closed before the interpreter finalizes (an open one aborts
+# the process from its thread): every open one is closed at exit.
+_OPEN: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for opened in list(_OPEN):
+        opened.close()
+
+
+def open_gzip(raw: RawFile, index: bytes | None = None) -> Any:
+    """A rapidgzip file over ``raw``, one thread: building its seek points as it is read
+    (no ``index``), or with the exported ``index`` imported. Closed by ``close_gzip``."""
+    if _rapidgzip is None:
+        raise UsageError("gzip-compressed tars need rapidgzip: pip install 'shardfs[formats]'")
+    with gzip_errors(raw):
+        opened = _rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING)
+        _OPEN.add(opened)
+        if index is not None:
+            try:
+                opened.import_index(io.BytesIO(index))
+            except BaseException:
+                close_gzip(opened)
+                raise
+    return opened
+
+
+def close_gzip(opened: Any) -> None:
+    _OPEN.discard(opened)
+    opened.close()
+
+
+# A gzip-seek unit's state: its seek points as (raw offset, decoded offset) pairs, which
+# say where a file's raw bytes lie without the library, then rapidgzip's exported index.
+_COUNT = struct.Struct("<I")
+_POINT = struct.Struct("<QQ")
+
+
+def gzip_state(points: list[tuple[int, int]], exported: bytes) -> bytes:
+    """A unit's state from its seek points (raw, decoded) and the library's index."""
+    table = b"".join(_POINT.pack(raw, decoded) for raw, decoded in points)
+    return _COUNT.pack(len(points)) + table + exported
+
+
+def _point_table(state: bytes) -> tuple[list[tuple[int, int]], int]:
+    try:
+        (count,) = _COUNT.unpack_from(state)
+        end = _COUNT.size + count * _POINT.size
+        if end > len(state):
+            raise DecodeError("the seek points are cut short")
+        points = [_POINT.unpack_from(state, _COUNT.size + i * _POINT.size) for i in range(count)]
+    except struct.error:
+        raise DecodeError("no seek points") from None
+    return points, end
+
+
+def gzip_points(state: bytes) -> tuple[list[tuple[int, int]], bytes]:
+    """The seek points and the exported index of a unit's state; ``DecodeError`` when it
+    is not one."""
+    points, end = _point_table(state)
+    return points, state[end:]
+
+
+@lru_cache(maxsize=16)
+def _offsets(state: bytes) -> tuple[list[int], list[int]]:
+    """A state's seek points as raw and decoded offsets, sorted: the shards being placed
+    ask for the same few states over and over (a bytes object hashes once)."""
+    points, _ = _point_table(state)
+    return [raw for raw, _ in points], [decoded for _, decoded in points]
+
+
+def _gzip_span(unit: Unit, start: int, end: int) -> tuple[int, int]:
+    """The raw bytes decoding ``[start, end)`` of a gzip-seek unit reads: from the seek
+    point at or before ``start`` to the first one at or after ``end`` (a point may start
+    inside a byte: one more)."""
+    try:
+        raws, decoded = _offsets(unit.state)
+    except DecodeError:
+        return unit.offset, unit.end
+    first = bisect_right(decoded, start) - 1
+    last = bisect_left(decoded, end)
+    lo = raws[first] if first >= 0 else 0
+    hi = raws[last] + 1 if last < len(raws) else unit.length
+    return unit.offset + lo, unit.offset + min(hi, unit.length)
+
+
+def export_gzip(opened: Any) -> bytes:
+    """A fully read rapidgzip file's state: its seek points (block offsets are in bits)
+    and its exported index."""
+    points = sorted((bits // 8, decoded) for bits, decoded in opened.block_offsets().items())
+    exported = io.BytesIO()
+    opened.export_index(exported)
+    return gzip_state(points, exported.getvalue())
+
+
+class GzipReader:
+    """A ``gzip-seek`` unit opened over a file object of its shard's raw bytes: each read
+    decodes from the seek point before it (rapidgzip keeps the chunks it decoded, so files
+    read near each other decode once); one read at a time (its own lock)."""
+
+    def __init__(self, unit: Unit, fileobj: RawStream) -> None:
+        self._unit = unit
+        self._raw = RawFile(_file_reads(fileobj, unit.offset), unit.length)
+        self._file = open_gzip(self._raw, gzip_points(unit.state)[1])
+        self._lock = threading.Lock()
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        length = max(0, min(length, self._unit.size - offset))
+        with self._lock, gzip_errors(self._raw):
+            self._file.seek(offset)
+            data: bytes = self._file.read(length)
+        if len(data) != length:
+            raise DecodeError(f"gzip stream ends before decoded byte {offset + length}")
+        return data
+
+    def close(self) -> None:
+        with self._lock:
+            close_gzip(self._file)
+
+
+SEEKABLE[GZIP_SEEK] = GzipReader
+SPANS[GZIP_SEEK] = _gzip_span

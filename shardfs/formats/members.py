@@ -1,6 +1,7 @@
 """What an index row may hold: member paths made relative and safe to present, symlink
 targets, webdataset sample keys, and the integer labels of ``.cls`` / ``.json`` members.
-Shards are untrusted input: a path the mount cannot present makes the shard bad."""
+Shards are untrusted input: a path the mount cannot present makes the shard bad. And a
+tar stream's rows (``tar_rows``), for every format that holds a tar (plain or decoded)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import posixpath
 
 from ..errors import UnsafeMemberError
+from ..store.shards import Readable
+from .tar import MemberKind, TarMember, iter_members
 
 LABEL_EXTENSIONS = frozenset({"cls", "json"})
 IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"})
@@ -157,3 +160,45 @@ def parse_label(ext: str, content: bytes) -> int | None:
                 return label
         return None
     return _label_value(value)
+
+
+def _wants_content(member: TarMember) -> bool:
+    return (
+        member.kind == MemberKind.FILE
+        and member.size <= MAX_LABEL_BYTES
+        and label_extension(member.path) is not None
+    )
+
+
+def tar_rows(stream: Readable, shard: str, shard_dir: str = "", base: int = 0) -> list[MemberRow]:
+    """The index rows of the tar ``stream`` (parsed front to back by ``tar.iter_members``):
+    paths made safe and placed under ``shard_dir``, small label members read on the way,
+    data offsets shifted by ``base`` (a decoded tar's start in its shard's decoded space)."""
+    rows: list[MemberRow] = []
+    for member, content in iter_members(stream, shard, capture=_wants_content):
+        if member.kind == MemberKind.OTHER:
+            continue
+        path = normalize_member_path(member.path, shard, member.header_offset)
+        link = member.linkname
+        if member.kind == MemberKind.HARDLINK:
+            link = normalize_member_path(link, shard, member.header_offset)
+        elif member.kind == MemberKind.SYMLINK:
+            link = check_symlink_target(link, shard, member.header_offset)
+        if member.folder:  # a member of an inner tar, presented in its folder
+            folder = normalize_member_path(member.folder, shard, member.header_offset)
+            path = posixpath.join(folder, path) if path else folder
+            if member.kind == MemberKind.HARDLINK:
+                link = posixpath.join(folder, link)
+        if shard_dir:
+            path = posixpath.join(shard_dir, path) if path else shard_dir
+            if member.kind == MemberKind.HARDLINK:
+                link = posixpath.join(shard_dir, link)
+        if not path:
+            continue  # the archive's own "./" entry
+        ext = label_extension(path) if content is not None else None
+        label = parse_label(ext, content) if content is not None and ext is not None else None
+        offset = base + member.data_offset
+        rows.append(
+            (path, offset, member.size, member.mode, member.mtime, int(member.kind), link, label)
+        )
+    return rows

@@ -16,6 +16,7 @@ from .mds import scan_mds, scan_mds_zstd
 from .members import MemberRow
 from .parquet import scan_parquet
 from .source import ShardBytes
+from .tar_gz import scan_tar_gz
 from .units import DecodedScan
 from .zip import scan_zip
 
@@ -28,6 +29,8 @@ SCANNERS: dict[str, Scanner] = {
     ".parquet": scan_parquet,
     ".mds": scan_mds,
     ".mds.zstd": scan_mds_zstd,
+    ".tar.gz": scan_tar_gz,
+    ".tgz": scan_tar_gz,
 }
 
 

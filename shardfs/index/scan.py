@@ -10,16 +10,9 @@ import posixpath
 import sqlite3
 from collections.abc import Callable
 
-from ..formats.members import (
-    MAX_LABEL_BYTES,
-    MemberRow,
-    check_symlink_target,
-    label_extension,
-    normalize_member_path,
-    parse_label,
-)
+from ..formats.members import MemberRow, tar_rows
 from ..formats.registry import Scanner, reads_whole_blocks, scanner_for
-from ..formats.tar import MemberKind, TarMember, iter_members
+from ..formats.tar import MemberKind
 from ..formats.units import DecodedScan
 from ..store.remote import Store
 from ..store.sets import name_in_source
@@ -29,14 +22,6 @@ ShardScan = list[MemberRow] | DecodedScan
 """One shard's index rows, with its decode units when it has any."""
 
 log = logging.getLogger(__name__)
-
-
-def _wants_content(member: TarMember) -> bool:
-    return (
-        member.kind == MemberKind.FILE
-        and member.size <= MAX_LABEL_BYTES
-        and label_extension(member.path) is not None
-    )
 
 
 BlockSink = Callable[[ShardInfo, int, bytes], None]
@@ -210,47 +195,10 @@ def scan_shard(
     if scanner is not None:
         whole = reads_whole_blocks(name, shard_format)
         return _scan_by_range(store, shard, scanner, block_sink, block_size, whole)
-    rows: list[MemberRow] = []
     shard_dir = posixpath.dirname(shard.name)
     with store.open_stream(shard) as raw:
         tee = _BlockTee(raw, shard, block_size, block_sink) if block_sink and block_size else None
-        stream: Readable = tee if tee is not None else raw
-        for member, content in iter_members(stream, shard.name, capture=_wants_content):
-            if member.kind == MemberKind.OTHER:
-                continue
-            path = normalize_member_path(member.path, shard.name, member.header_offset)
-            link = member.linkname
-            if member.kind == MemberKind.HARDLINK:
-                link = normalize_member_path(link, shard.name, member.header_offset)
-            elif member.kind == MemberKind.SYMLINK:
-                link = check_symlink_target(link, shard.name, member.header_offset)
-            if member.folder:  # a member of an inner tar, presented in its folder
-                folder = normalize_member_path(member.folder, shard.name, member.header_offset)
-                path = posixpath.join(folder, path) if path else folder
-                if member.kind == MemberKind.HARDLINK:
-                    link = posixpath.join(folder, link)
-            if shard_dir:
-                path = posixpath.join(shard_dir, path) if path else shard_dir
-                if member.kind == MemberKind.HARDLINK:
-                    link = posixpath.join(shard_dir, link)
-            if not path:
-                continue  # the archive's own "./" entry
-            label = None
-            ext = label_extension(path) if content is not None else None
-            if content is not None and ext is not None:
-                label = parse_label(ext, content)
-            rows.append(
-                (
-                    path,
-                    member.data_offset,
-                    member.size,
-                    member.mode,
-                    member.mtime,
-                    int(member.kind),
-                    link,
-                    label,
-                )
-            )
+        rows = tar_rows(tee if tee is not None else raw, shard.name, shard_dir)
         if tee is not None:
             tee.finish()
     return rows

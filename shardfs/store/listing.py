@@ -185,7 +185,7 @@ class ShardListing:
             return {}
 
     def _compressed_summary(self) -> str:
-        """``2 compressed tars (first: a.tar.gz): compressed tars are not supported...``"""
+        """``2 compressed tars (first: a.tar.zst): compressed tars are not supported...``"""
         count, first = len(self._compressed), self._compressed[0]
         which = (
             f"1 compressed tar ({first})"

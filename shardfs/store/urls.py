@@ -18,7 +18,7 @@ SHARD_SUFFIX = ".tar"
 # Every name suffix a listing takes for a shard; which parser reads each is the formats
 # package's business (``shardfs.formats.registry``).
 FORMAT_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "tar": (SHARD_SUFFIX,),
+    "tar": (SHARD_SUFFIX, ".tar.gz", ".tgz"),
     "zip": (".zip",),
     "parquet": (".parquet",),
     "mds": (".mds", ".mds.zstd"),
@@ -30,10 +30,10 @@ SHARD_FORMATS: tuple[str, ...] = ("auto", *FORMAT_SUFFIXES)
 # A brace pattern naming more shards than this is a typo, not a dataset.
 MAX_PATTERN_SHARDS = 1_000_000
 HTTP_PROTOCOLS = ("http", "https")
-# Compressed tars cannot be shards yet (a member is no byte range of the file), and the
-# command that turns each into a plain .tar next to it.
+# Compressed tars that cannot be shards yet (no seek points: gzip's are, ``formats.tar_gz``),
+# and the command that turns each into a plain .tar next to it.
 COMPRESSED_SUFFIXES = {
-    ".tar.gz": "gunzip", ".tgz": "gunzip", ".tar.zst": "zstd -d", ".tzst": "zstd -d",
+    ".tar.zst": "zstd -d", ".tzst": "zstd -d",
     ".tar.bz2": "bunzip2", ".tbz2": "bunzip2", ".tar.xz": "unxz", ".txz": "unxz",
 }  # fmt: skip
 # Characters that make a source URL a glob; ``{`` starts a brace pattern.
@@ -114,7 +114,7 @@ class Selection:
 
 
 def compressed_suffix(name: str) -> str | None:
-    """The compressed-tar suffix ``name`` ends with (``.tar.gz``, ``.tgz``, ...), or None."""
+    """The compressed-tar suffix ``name`` ends with (``.tar.zst``, ``.txz``, ...), or None."""
     lowered = name.lower()
     return next((s for s in COMPRESSED_SUFFIXES if lowered.endswith(s)), None)
 
@@ -123,7 +123,7 @@ def compressed_advice(name: str, count: int = 1) -> str:
     """Why a compressed tar is not mounted and how to make it mountable, for ``count`` of
     them of which ``name`` is one."""
     base = name.rstrip("/").rsplit("/", 1)[-1]
-    tool = COMPRESSED_SUFFIXES[compressed_suffix(base) or ".tar.gz"]
+    tool = COMPRESSED_SUFFIXES[compressed_suffix(base) or ".tar.zst"]
     how = f"it ({tool} {base})" if count == 1 else f"them ({tool} ...)"
     return (
         f"compressed tars are not supported yet; decompress {how} or repack the files "
@@ -133,7 +133,7 @@ def compressed_advice(name: str, count: int = 1) -> str:
 
 def _refuse_compressed(url: str, names: tuple[str, ...]) -> None:
     """A source that names a compressed tar (one URL, a brace pattern, a glob ending in
-    ``.tar.gz``, ...) fails before the store is asked."""
+    ``.tar.zst``, ...) fails before the store is asked."""
     compressed = [n for n in names if compressed_suffix(n)]
     if compressed:
         first = compressed[0]
