@@ -5,8 +5,11 @@ One ImageFolder of ~100 KB JPEGs (bench/data.py; 2,000 in 10 classes by default)
 by each format's own tool: (a) about 12 GNU tar shards of ``CLASS/FILE``, (b)
 parquet by ``datasets``' ``to_parquet`` (images PLAIN, the ClassLabel names are the class
 folders), (c) ``MDSWriter(compression=None)`` with a ``classes.txt`` beside it, (d) one
-stored zip (``zip -0 -r``). The parquet and MDS writers run in the writers venv (``make
-writers``, tests/support/columnar.py). All four go onto moto's S3 server, pinned to the last
+stored zip (``zip -0 -r``); and the decoded kinds: (e) the same tar shards gzipped
+(``.tar.gz``), (f) parquet by pyarrow with its defaults (snappy, dictionary pages) and the
+``huggingface`` footer, (g) ``MDSWriter(compression='zstd')``, (h) one zip by the ``zip``
+tool's default (deflate). The parquet and MDS writers run in the writers venv (``make
+writers``, tests/support/columnar.py). All of them go onto moto's S3 server, pinned to the last
 core; this process, the epoch runner (bench/epoch.py: decode = RandomResizedCrop + ToTensor,
 2 workers, batch 32, ``shuffle=True``) and the daemons run on the others (bench/pinning.py).
 
@@ -16,9 +19,10 @@ epoch with ``ImageFolder`` over the class folders (the split folder for parquet 
 page cache dropped first. Per epoch: images/s, mount time, index egress (what the mount
 fetched before the epoch) and epoch egress over the format's bytes, daemon CPU; after it, the
 class folders and their file counts and bytes are checked against the source tree, so the
-targets match for every format. Per round: parquet / tar, mds / tar and zip / tar images/s.
-Targets: parquet and MDS within 0.05 of tar (median of >= 5 rounds), first mount + epoch
-egress <= 1.05x the images' bytes, index egress <= 2% for parquet and MDS. Writes
+targets match for every format. Per round: each format's images/s over tar's, and for the
+decoded kinds the decode CPU per image (the daemon's CPU over tar's in the same round, per
+image). Targets: parquet and MDS within 0.05 of tar (median of >= 5 rounds), first mount +
+epoch egress <= 1.05x the images' bytes, index egress <= 2% for parquet and MDS. Writes
 formats.json and formats.md to ``--out``.
 """
 
@@ -63,7 +67,8 @@ from report import (  # noqa: E402
 from support.s3 import S3Server, settled_counts  # noqa: E402
 
 BUCKET = "formats"
-FORMATS = ("tar", "parquet", "mds", "zip")
+FORMATS = ("tar", "parquet", "mds", "zip", "tar.gz", "parquet-snappy", "mds-zstd", "zip-deflate")
+DECODED = FORMATS[4:]  # whose images are decoded: their decode CPU per image is reported
 SPEED_TOLERANCE = 0.05  # issue 22: parquet and MDS within 0.05 of tar
 EGRESS_GOAL = 1.05  # first mount + one epoch over the images' bytes
 INDEX_GOAL = 0.02  # the index's egress over the shards' bytes, parquet and MDS
@@ -88,6 +93,10 @@ LAYOUTS = {
     "parquet": Layout("parquet", "parquet/data/", "train"),
     "mds": Layout("mds", "mds/", "train"),
     "zip": Layout("zip", "zip/", ""),
+    "tar.gz": Layout("tar.gz/train", "tar.gz/train/", ""),
+    "parquet-snappy": Layout("parquet-snappy", "parquet-snappy/data/", "train"),
+    "mds-zstd": Layout("mds-zstd", "mds-zstd/", "train"),
+    "zip-deflate": Layout("zip-deflate", "zip-deflate/", ""),
 }
 
 
@@ -113,17 +122,19 @@ def write_columnar(tree: Tree, out: Path, parquet_shards: int, mds_shard_bytes: 
     ]
     (out / "manifest.json").write_text(json.dumps({"classes": classes, "splits": {"train": items}}))
     write("hf_parquet.py", out, out / "parquet", "--shards", str(parquet_shards))
-    write("mds.py", out, out / "mds", "--size-limit", str(mds_shard_bytes))
-    # MDS keeps only the int label: the class names for the folders come from classes.txt.
-    (out / "mds" / "classes.txt").write_text("\n".join(classes) + "\n")
+    write("pyarrow_parquet.py", out, out / "parquet-snappy", "--hf", "--row-group-size", "100")
+    for name, extra in (("mds", []), ("mds-zstd", ["--compression", "zstd"])):
+        write("mds.py", out, out / name, "--size-limit", str(mds_shard_bytes), *extra)
+        # MDS keeps only the int label: the class names for the folders come from classes.txt.
+        (out / name / "classes.txt").write_text("\n".join(classes) + "\n")
 
 
-def write_zip(tree: Tree, out: Path) -> None:
-    """One stored zip of the tree's class folders (``zip -0 -r``)."""
-    (out / "zip").mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        ["zip", "-0", "-r", "-q", str(out / "zip" / "train.zip"), "."], cwd=tree.root, check=True
-    )
+def write_zips(tree: Tree, out: Path) -> None:
+    """One zip of the tree's class folders stored (``zip -0 -r``), one deflated (``zip -r``)."""
+    for name, level in (("zip", ["-0"]), ("zip-deflate", [])):
+        (out / name).mkdir(parents=True, exist_ok=True)
+        archive = str(out / name / "train.zip")
+        subprocess.run(["zip", *level, "-r", "-q", archive, "."], cwd=tree.root, check=True)
 
 
 def write_tars(tree: Tree, out: Path, shards: int) -> None:
@@ -138,11 +149,16 @@ def write_tars(tree: Tree, out: Path, shards: int) -> None:
             ["tar", "-cf", str(out / "tar" / f"train-{index:05d}.tar"), "-T", "-"],
             cwd=tree.root, input=names.encode(), check=True,
         )  # fmt: skip
+    # The same shards gzipped, as `tar -czf` writes them.
+    (out / "tar.gz").mkdir(parents=True, exist_ok=True)
+    for shard in sorted((out / "tar").glob("*.tar")):
+        with open(out / "tar.gz" / f"{shard.name}.gz", "wb") as gz:
+            subprocess.run(["gzip", "-c", str(shard)], stdout=gz, check=True)
 
 
 def ensure_shards(work: Path, tree: Tree, args: argparse.Namespace) -> Path:
     """The tar, parquet, MDS and zip copies of ``tree``, written once per tree and settings."""
-    key = f"{tree.root.parent.name}-p{args.parquet_shards}-m{args.shards}"
+    key = f"{tree.root.parent.name}-p{args.parquet_shards}-m{args.shards}-decoded"
     out = work / f"formats-{key}"
     if (out / ".complete").exists():
         return out
@@ -150,10 +166,10 @@ def ensure_shards(work: Path, tree: Tree, args: argparse.Namespace) -> Path:
     out.mkdir(parents=True)
     started = time.perf_counter()
     write_columnar(tree, out, args.parquet_shards, max(1 << 20, tree.image_bytes // args.shards))
-    write_zip(tree, out)
+    write_zips(tree, out)
     write_tars(tree, out, args.shards)
     (out / ".complete").write_text("")
-    log(f"wrote tar, parquet, MDS and zip shards in {time.perf_counter() - started:.0f} s: {out}")
+    log(f"wrote every format's shards in {time.perf_counter() - started:.0f} s: {out}")
     return out
 
 
@@ -355,6 +371,20 @@ def round_ratios(result: dict[str, Any]) -> dict[str, dict[int, float]]:
     return ratios
 
 
+def decode_cpu(result: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """Per round, each decoded kind's daemon CPU over tar's in that round, per image (µs):
+    what decoding costs the daemon beyond serving the same images verbatim."""
+    cpu = {(r["format"], r["round"]): r["daemon_cpu_s"] for r in result["epochs"]}
+    extra: dict[str, dict[int, float]] = {}
+    images = result["dataset"]["images"]
+    for fmt in DECODED:
+        for round_ in range(result["rounds"]):
+            top, bottom = cpu.get((fmt, round_)), cpu.get(("tar", round_))
+            if top is not None and bottom is not None:
+                extra.setdefault(fmt, {})[round_] = (top - bottom) / images * 1e6
+    return extra
+
+
 def targets(result: dict[str, Any], ratios: dict[str, dict[int, float]]) -> list[dict[str, Any]]:
     """Issue 22's speed and egress targets that this section measures, with verdicts."""
     checks = []
@@ -477,6 +507,21 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {name} | {s['median']:.3f} | {s['min']:.3f}-{s['max']:.3f} | {each} "
             f"| {s['n']:.0f} |"
         )
+    extra = decode_cpu(result)
+    if extra:
+        lines += [
+            "",
+            "Decode CPU per image: the daemon's CPU over tar's in the same round, per image "
+            "(µs; what decoding adds to serving the same images verbatim).",
+            "",
+            "| format | median µs | min-max | n |",
+            "|---|---|---|---|",
+        ]
+        for fmt, by_round in extra.items():
+            s = spread_of(list(by_round.values()))
+            assert s is not None
+            spread = f"{s['min']:.0f}-{s['max']:.0f}"
+            lines.append(f"| {fmt} | {s['median']:.0f} | {spread} | {s['n']:.0f} |")
     lines += ["", *target_table(result["targets"], 3)]
     lines += ["", f"Command: `{result['command']}` ({result['total_s'] / 60:.1f} min)."]
     return "\n".join(lines) + "\n"
@@ -484,6 +529,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def write_reports(result: dict[str, Any], out: Path) -> dict[str, Any]:
     """formats.json and formats.md in ``out``; the result with its ratios and targets."""
+    result = {**result, "decode_cpu_us": decode_cpu(result)}
     return write_section(result, out, "formats", round_ratios, targets, markdown)
 
 

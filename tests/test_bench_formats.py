@@ -67,3 +67,21 @@ def test_ratios_pair_each_format_with_the_tar_epoch_of_its_round() -> None:
                           "formats": {"tar": {"shards": 2, "bytes": 10**7}}}}  # fmt: skip
     text = markdown(report)
     assert "| parquet / tar | 1.020 | 0.990-1.050 | 0.990, 1.050 | 2 |" in text
+
+
+def test_decode_cpu_is_the_daemon_cpu_over_tars_of_the_same_round_per_image() -> None:
+    from formats import decode_cpu
+
+    epochs = [
+        _epoch("tar", 0, 100, daemon_cpu_s=2.0),
+        _epoch("tar.gz", 0, 90, daemon_cpu_s=2.05),
+        _epoch("tar", 1, 100, daemon_cpu_s=3.0),
+        _epoch("tar.gz", 1, 90, daemon_cpu_s=3.2),
+        _epoch("zip-deflate", 1, 90, daemon_cpu_s=3.1),
+        _epoch("parquet", 1, 90, daemon_cpu_s=9.0),  # verbatim: not a decoded kind
+    ]
+    result = {"rounds": 2, "epochs": epochs, "dataset": {"images": 100}}
+    extra = decode_cpu(result)
+    assert extra["tar.gz"] == pytest.approx({0: 500.0, 1: 2000.0})  # µs per image
+    assert extra["zip-deflate"] == pytest.approx({1: 1000.0})
+    assert "parquet" not in extra
