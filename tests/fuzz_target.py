@@ -12,6 +12,7 @@ an invariant, is written to ``tests/fuzz_regressions/`` as JSON text (hex), and
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import io
 import itertools
@@ -89,6 +90,13 @@ def check_decoded(data: bytes, scan: list[MemberRow] | DecodedScan) -> list[Memb
         if is_decoded(offset):
             _, unit, within = scan.space.locate(offset)
             assert within + size <= unit.size
+            if unit.codec in codecs.SEEKABLE:  # read where the file is, from a seek point
+                opened = codecs.SEEKABLE[unit.codec](unit, io.BytesIO(data))
+                try:
+                    with contextlib.suppress(codecs.DecodeError):
+                        assert len(opened.read_at(within, size)) == size
+                finally:
+                    opened.close()
     return scan.rows
 
 
@@ -111,16 +119,20 @@ def check_zip(data: bytes) -> bool:
 
 
 def check_columnar(data: bytes) -> None:
-    """The parquet and MDS scanners over the same bytes (as a file, and with parquet's
-    magic at its end): rows lie within the file, or the shard is refused."""
+    """The parquet, MDS and tar.gz scanners over the same bytes (as a file, with parquet's
+    magic at its end, and gzipped for tar.gz): rows lie within the file or their decode
+    units, or the shard is refused."""
     from shardfs.formats.mds import scan_mds, scan_mds_zstd
     from shardfs.formats.parquet import scan_parquet
     from shardfs.formats.source import BytesShard
+    from shardfs.formats.tar_gz import scan_tar_gz
 
     for name, scanner, blob in (
         ("fuzz.parquet", scan_parquet, data + b"PAR1"),
         ("fuzz.mds", scan_mds, data),
         ("fuzz.mds.zstd", scan_mds_zstd, data),
+        ("fuzz.tar.gz", scan_tar_gz, gzip.compress(data, 1)),
+        ("fuzz.tgz", scan_tar_gz, data),
     ):
         try:
             rows = check_decoded(blob, scanner(BytesShard(name, blob)))
