@@ -64,29 +64,30 @@ def _inflate(wbits: int) -> Callable[[bytes, int], bytes]:
     return decode
 
 
-def _zstd_into(raw: bytes, size: int) -> bytearray:
-    out = bytearray(size + 1)
+def _cram_into(codec: str, what: str, raw: bytes, size: int) -> bytearray:
+    """``raw`` decoded by cramjam's ``codec`` into one bytearray, trimmed in place (no copy:
+    a shard-sized unit is not copied twice, about 3x faster than slicing it out)."""
+    if _cram is None:
+        raise DecodeError(f"{what} needs the 'cramjam' package (pip install 'shardfs[formats]')")
+    out = bytearray(size + 1)  # one byte over: a unit decoding past its size is caught
+    into = _cram.zstd.decompress_into if codec == "zstd" else _cram.snappy.decompress_raw_into
     try:
-        written = _cram.zstd.decompress_into(raw, out)
+        written = into(raw, out)
     except _cram.DecompressionError as exc:
-        raise DecodeError(f"not a valid zstd frame: {exc}") from None
+        raise DecodeError(f"not a valid {what}: {exc}") from None
     if written > size:
         raise DecodeError(f"decodes to more than the {size} bytes declared")
-    del out[written:]  # no copy: a shard-sized unit is not copied twice (about 3x faster)
+    del out[written:]
     return out
+
+
+def _zstd_into(raw: bytes, size: int) -> bytearray:
+    return _cram_into("zstd", "zstd frame", raw, size)
 
 
 def _snappy(raw: bytes, size: int) -> bytes | bytearray:
     if _cram is not None:
-        out = bytearray(size + 1)
-        try:
-            written = _cram.snappy.decompress_raw_into(raw, out)
-        except _cram.DecompressionError as exc:
-            raise DecodeError(f"not a valid snappy block: {exc}") from None
-        if written > size:
-            raise DecodeError(f"decodes to more than the {size} bytes declared")
-        del out[written:]
-        return out
+        return _cram_into("snappy", "snappy block", raw, size)
     try:
         return snappy_decompress(raw, size)
     except PageError as exc:

@@ -52,7 +52,22 @@ _OLD_NESTING_SCHEMA = 2
 _OLD_UNDECODED_SCHEMA = 3
 SIDECAR_NAME = ".shardfs-index.sqlite"
 
-_SCHEMA = """
+UNITS_TABLE = """
+CREATE TABLE IF NOT EXISTS units (
+    shard INTEGER NOT NULL,
+    start INTEGER NOT NULL,
+    codec TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    length INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    state BLOB NOT NULL,
+    PRIMARY KEY (shard, start)
+);
+"""
+"""The decode units of each shard (``formats.units``); the view keeps a copy."""
+
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS shards (
     id INTEGER PRIMARY KEY,
@@ -74,17 +89,9 @@ CREATE TABLE IF NOT EXISTS members (
     label INTEGER
 );
 CREATE INDEX IF NOT EXISTS members_by_shard ON members (shard);
-CREATE TABLE IF NOT EXISTS units (
-    shard INTEGER NOT NULL,
-    start INTEGER NOT NULL,
-    codec TEXT NOT NULL,
-    offset INTEGER NOT NULL,
-    length INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    state BLOB NOT NULL,
-    PRIMARY KEY (shard, start)
-);
 """
+    + UNITS_TABLE
+)
 UNIT_COLUMNS = "start, codec, offset, length, size, state"
 """The columns of a ``units`` row after its shard: a decode unit placed in decoded space."""
 
@@ -462,6 +469,7 @@ __all__ = [
     "LABEL_EXTENSIONS",
     "MAX_LABEL_BYTES",
     "SIDECAR_NAME",
+    "UNITS_TABLE",
     "UNIT_COLUMNS",
     "BadShard",
     "BlockSink",

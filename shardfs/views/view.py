@@ -31,7 +31,7 @@ from ..config import ViewConfig
 from ..errors import NotADirError, NotFoundError, UsageError
 from ..formats.tar import MemberKind
 from ..formats.units import DecodedSpace, Unit
-from ..index.db import SCHEMA_VERSION, UNIT_COLUMNS, connect, iter_member_rows
+from ..index.db import SCHEMA_VERSION, UNIT_COLUMNS, UNITS_TABLE, connect, iter_member_rows
 from ..store.shards import ShardInfo
 from .imagefolder import IMAGE_EXTENSIONS, build_imagefolder, is_image_name
 from .nodes import NODE_COLUMNS, ROOT_INO, Node, node_of
@@ -55,7 +55,8 @@ __all__ = [
 VIEW_VERSION = 6  # 5: rows that carry their own label (parquet, MDS); 6: decode units
 CLASSES_FILE = "classes.txt"
 
-_VIEW_SCHEMA = """
+_VIEW_SCHEMA = (
+    """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE shards (id INTEGER PRIMARY KEY, name TEXT NOT NULL, size INTEGER NOT NULL,
                      etag TEXT NOT NULL);
@@ -71,17 +72,9 @@ CREATE TABLE nodes (
     mtime INTEGER NOT NULL,
     link TEXT NOT NULL
 );
-CREATE TABLE units (
-    shard INTEGER NOT NULL,
-    start INTEGER NOT NULL,
-    codec TEXT NOT NULL,
-    offset INTEGER NOT NULL,
-    length INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    state BLOB NOT NULL,
-    PRIMARY KEY (shard, start)
-);
 """
+    + UNITS_TABLE
+)
 
 ClassesLookup = Callable[[str], "list[str] | None"]
 """Class names for a shard folder (from a classes.txt next to its shards), or None."""
