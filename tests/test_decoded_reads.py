@@ -177,6 +177,7 @@ def test_a_seekable_unit_is_opened_once_and_read_where_asked(
 
     monkeypatch.setattr("shardfs.index.scan.scanner_for", lambda *_: scanner)
     monkeypatch.setitem(codecs.SEEKABLE, "fake-seek", _Seekable)
+    monkeypatch.setitem(codecs.POINTS, "fake-seek", lambda unit: [4000])
     store = store_with({"s.zip": data})
     index = IndexBuilder(store, IndexConfig(cache_dir=tmp_path)).build(store.list_shards())
     build_view(index, tmp_path / "v.sqlite", ViewConfig(layout="raw"), lambda _folder: None)
@@ -184,5 +185,34 @@ def test_a_seekable_unit_is_opened_once_and_read_where_asked(
     fs = ShardFileSystem(View(tmp_path / "v.sqlite"), reader, ReadConfig(), Stats())
     assert read_file(fs, "x") == data[100:150]
     assert read_file(fs, "y") == data[9000:10000]
+    assert read_file(fs, "x") == data[100:150]  # its chunk is kept: nothing read again
     assert _Seekable.opened == 1
-    assert reader.calls == [(100, 150), (9000, 10000)]
+    # Decoded a chunk at a time, from seek point to seek point (0 and 4000 here).
+    assert reader.calls == [(0, 4000), (4000, 10000)]
+    across = fs.decoded.read(1, fs.view.shards[1], DECODED_BASE + 3990, DECODED_BASE + 4010)
+    assert across == data[3990:4010] and len(reader.calls) == 2  # two kept chunks
+
+
+def test_a_chunk_too_large_to_keep_is_read_where_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = bytes(range(256)) * 64
+
+    def scanner(source: ShardBytes) -> DecodedScan:
+        space = DecodedSpace()
+        start = space.add(Unit("fake-seek", 0, len(data), len(data), b"seek points"))
+        return DecodedScan([row("x", start + 100, 50)], space)
+
+    monkeypatch.setattr("shardfs.index.scan.scanner_for", lambda *_: scanner)
+    monkeypatch.setitem(codecs.SEEKABLE, "fake-seek", _Seekable)
+    store = store_with({"s.zip": data})
+    index = IndexBuilder(store, IndexConfig(cache_dir=tmp_path)).build(store.list_shards())
+    build_view(index, tmp_path / "v.sqlite", ViewConfig(layout="raw"), lambda _folder: None)
+    reader = CountingReader({"s.zip": data})
+    view = View(tmp_path / "v.sqlite")
+    reads = DecodedReads(view, reader, budget=8 * 1000)  # chunks over 1000 bytes: not kept
+    node = view.lookup("x")
+    shard = view.shards[node.shard]
+    for _ in range(2):
+        assert reads.read(node.shard, shard, node.offset, node.offset + 50) == data[100:150]
+    assert reader.calls == [(100, 150), (100, 150)]

@@ -125,6 +125,16 @@ SPANS: dict[str, Callable[[Unit, int, int], tuple[int, int]]] = {}
 reads (a seekable codec's nearest seek point on); absent: the whole unit."""
 
 
+POINTS: dict[str, Callable[[Unit], list[int]]] = {}
+"""Codec -> the decoded offsets of a seekable unit's seek points (read from its state)."""
+
+
+def seek_points(unit: Unit) -> list[int]:
+    """Where a seekable unit can be decoded from: its chunks start there (none: one chunk)."""
+    points = POINTS.get(unit.codec)
+    return points(unit) if points is not None else []
+
+
 def raw_span(unit: Unit, start: int, end: int) -> tuple[int, int]:
     """Where in the shard the decoded bytes ``[start, end)`` of ``unit`` come from."""
     span = SPANS.get(unit.codec)
@@ -375,5 +385,10 @@ class GzipReader:
             close_gzip(self._file)
 
 
+def _gzip_points(unit: Unit) -> list[int]:
+    return list(_offsets(unit.state)[1])
+
+
 SEEKABLE[GZIP_SEEK] = GzipReader
 SPANS[GZIP_SEEK] = _gzip_span
+POINTS[GZIP_SEEK] = _gzip_points

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import io
 import threading
+from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from ..errors import CorruptShardError
@@ -28,7 +30,8 @@ from .reader import RangeReader
 DEFAULT_BUDGET = 256 << 20  # decoded bytes kept
 OPEN_SEEKABLE = 8  # opened seekable decoders kept
 
-_Key = tuple[int, int]  # (shard id, decoded start of the unit)
+_Key = tuple[int, int]  # (shard id, decoded start of the unit, or of a seekable's chunk)
+_Opened = tuple[codecs.SeekableReader, threading.Lock, list[int]]  # and its chunk bounds
 
 
 def _slice(data: codecs.Decoded, start: int, length: int) -> bytes:
@@ -84,9 +87,8 @@ class DecodedReads:
         self._decoded: OrderedDict[_Key, codecs.Decoded] = OrderedDict()
         self._held = 0
         self._decoding: dict[_Key, threading.Lock] = {}
-        self._open: OrderedDict[_Key, tuple[codecs.SeekableReader, threading.Lock]]
-        self._open = OrderedDict()
-        self.units_decoded = 0  # whole units decoded (a unit decoded twice counts twice)
+        self._open: OrderedDict[_Key, _Opened] = OrderedDict()
+        self.units_decoded = 0  # units and chunks decoded (one decoded twice counts twice)
 
     def read(self, shard_id: int, shard: ShardInfo, start: int, end: int) -> bytes:
         """Decoded bytes ``[start, end)`` of a shard's decoded space (one unit holds them)."""
@@ -111,6 +113,14 @@ class DecodedReads:
         return _slice(data, start - unit_start, min(end, unit_start + unit.size) - start)
 
     def _whole(self, key: _Key, shard: ShardInfo, unit: Unit) -> codecs.Decoded:
+        def produce() -> codecs.Decoded:
+            return codecs.decode(unit, self._reader.read(shard, unit.offset, unit.end, unit.end))
+
+        return self._cached(key, produce)
+
+    def _cached(self, key: _Key, produce: Callable[[], codecs.Decoded]) -> codecs.Decoded:
+        """The decoded bytes kept under ``key``, else ``produce``d by one thread while the
+        others asking for the same key wait, then kept."""
         with self._lock:
             data = self._decoded.get(key)
             if data is not None:
@@ -122,11 +132,13 @@ class DecodedReads:
                 data = self._decoded.get(key)
             if data is not None:
                 return data
-            raw = self._reader.read(shard, unit.offset, unit.end, unit.end)
-            data = codecs.decode(unit, raw)
+            try:
+                data = produce()
+            finally:
+                with self._lock:
+                    self._decoding.pop(key, None)
             with self._lock:
                 self.units_decoded += 1
-                self._decoding.pop(key, None)
                 self._keep(key, data)
             return data
 
@@ -142,31 +154,53 @@ class DecodedReads:
             self._held -= len(dropped)
 
     def _read_seekable(self, key: _Key, shard: ShardInfo, within: int, length: int) -> bytes:
+        """Bytes of a seekable unit, decoded a chunk at a time (from one seek point to the
+        next) and the chunks kept as whole units are: a shuffled read of a gzip shard then
+        decodes each chunk once while the chunks fit in the budget, not once per file."""
         with self._lock:
             opened = self._open.get(key)
             if opened is not None:
                 self._open.move_to_end(key)
         if opened is None:
             opened = self._open_seekable(key, shard)
-        decoder, lock = opened
-        with lock:
-            return decoder.read_at(within, length)
+        decoder, lock, bounds = opened
+        parts = []
+        end = within + length
+        chunk = bisect_right(bounds, within) - 1
+        while within < end:
+            lo, hi = bounds[chunk], bounds[chunk + 1]
+            if hi - lo > self._budget // 8:  # a chunk too large to keep: read just the bytes
+                with lock:
+                    parts.append(decoder.read_at(within, min(end, hi) - within))
+                within = min(end, hi)
+                chunk += 1
+                continue
 
-    def _open_seekable(
-        self, key: _Key, shard: ShardInfo
-    ) -> tuple[codecs.SeekableReader, threading.Lock]:
+            def produce(lo: int = lo, hi: int = hi) -> codecs.Decoded:
+                with lock:
+                    return decoder.read_at(lo, hi - lo)
+
+            data = self._cached((key[0], key[1] + lo), produce)
+            parts.append(_slice(data, within - lo, min(end, hi) - within))
+            within = min(end, hi)
+            chunk += 1
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _open_seekable(self, key: _Key, shard: ShardInfo) -> _Opened:
         _, unit = self._units.unit_at(key[0], key[1], state=True)
         decoder = codecs.SEEKABLE[unit.codec](unit, _RawFile(self._reader, shard))
-        closing = []
+        points = sorted({0, *codecs.seek_points(unit)} - {unit.size})
+        bounds = [p for p in points if 0 <= p < unit.size] + [unit.size]
+        closing: list[_Opened] = []
         with self._lock:
             opened = self._open.get(key)
             if opened is not None:  # another thread opened it meanwhile
-                closing.append((decoder, threading.Lock()))
+                closing.append((decoder, threading.Lock(), bounds))
             else:
-                opened = self._open[key] = (decoder, threading.Lock())
+                opened = self._open[key] = (decoder, threading.Lock(), bounds)
             while len(self._open) > OPEN_SEEKABLE:
                 closing.append(self._open.popitem(last=False)[1])
-        for old, old_lock in closing:
+        for old, old_lock, _ in closing:
             with old_lock:  # not while another thread reads through it
                 old.close()
         return opened
