@@ -191,6 +191,11 @@ def test_a_seekable_unit_is_opened_once_and_read_where_asked(
     assert reader.calls == [(0, 4000), (4000, 10000)]
     across = fs.decoded.read(1, fs.view.shards[1], DECODED_BASE + 3990, DECODED_BASE + 4010)
     assert across == data[3990:4010] and len(reader.calls) == 2  # two kept chunks
+    # Without waiting: bytes of a kept chunk, never the first chunk's bytes for another's.
+    node_y = fs.view.lookup("y")
+    assert fs.read_node_local(node_y, 0, 1000) == data[9000:10000]
+    assert fs.file_bytes_local(fs.view.lookup("x")) == data[100:150]
+    assert fs.decoded.read_local(1, DECODED_BASE + 3990, DECODED_BASE + 4010) is None
 
 
 def test_a_chunk_too_large_to_keep_is_read_where_asked(

@@ -103,14 +103,26 @@ class DecodedReads:
             raise CorruptShardError(shard.name, unit.offset, f"{unit.codec} data: {exc}") from None
 
     def read_local(self, shard_id: int, start: int, end: int) -> bytes | None:
-        """The same bytes if their unit is decoded and kept, else None (never waits)."""
+        """The same bytes if their unit (a seekable unit's chunk) is decoded and kept, else
+        None (never waits)."""
         unit_start, unit = self._units.unit_at(shard_id, start)
+        end = min(end, unit_start + unit.size)
+        base = unit_start  # where the kept bytes start: the unit's, or its chunk's
         with self._lock:
-            data = self._decoded.get((shard_id, unit_start))
+            if unit.codec in codecs.SEEKABLE:
+                opened = self._open.get((shard_id, unit_start))
+                if opened is None:
+                    return None
+                bounds = opened[2]
+                chunk = bisect_right(bounds, start - unit_start) - 1
+                if end - unit_start > bounds[chunk + 1]:
+                    return None  # the bytes run into the next chunk
+                base += bounds[chunk]
+            data = self._decoded.get((shard_id, base))
             if data is None:
                 return None
-            self._decoded.move_to_end((shard_id, unit_start))
-        return _slice(data, start - unit_start, min(end, unit_start + unit.size) - start)
+            self._decoded.move_to_end((shard_id, base))
+        return _slice(data, start - base, end - start)
 
     def _whole(self, key: _Key, shard: ShardInfo, unit: Unit) -> codecs.Decoded:
         def produce() -> codecs.Decoded:
