@@ -61,6 +61,11 @@ from .thrift import struct_field as _struct
 from .units import MAX_EXPANSION, DecodedScan, DecodedSpace, Unit
 
 SNIFF = 12  # bytes of an image read with its length, to name its type
+# After an image under SMALL_IMAGE bytes, its page is read by stretches of SMALL_WINDOW
+# bytes (tiny images are then most of what is read, and go to the block cache); larger
+# ones by their length and first bytes alone (16 bytes: under 2 % of a 1 KiB image).
+SMALL_IMAGE = 1 << 10
+SMALL_WINDOW = 256 << 10
 PAGE_THREADS = 8  # stored image pages whose small reads are in flight at once
 BOMB_FLOOR = 64 << 10  # a page may decode to this much, whatever its stored size
 MAX_DECODED = 64 << 30  # a shard's pages may decode to this much in all (bombs)
@@ -182,7 +187,13 @@ class _Part:
             data = self.data
             return [(self.unit, place + o, n, bytes(data[o : o + min(n, SNIFF)])) for o, n in found]
         out: list[ImageValue] = []
+        small = False
         for _ in range(count):  # the image bytes are never read: a length and a sniff each
+            if small and not self._held(pos, 4 + SNIFF):
+                # Small images (thumbnails, MNIST-sized): one read of the next stretch of
+                # the page, through the block cache, instead of one per image.
+                real, length = self.start + pos, min(SMALL_WINDOW, self.end - self.start - pos)
+                self.head = (real, checked_read(self.reader, real, length, "an image page", True))
             head = self.at(pos, 4 + SNIFF)
             if len(head) < 4:
                 raise PageError("an image's length runs past the page")
@@ -191,7 +202,15 @@ class _Part:
                 raise PageError(f"an image of {size} bytes runs past the page")
             out.append((-1, self.start + pos + 4, size, head[4 : 4 + min(size, SNIFF)]))
             pos += 4 + size
+            small = size < SMALL_IMAGE
         return out
+
+    def _held(self, offset: int, size: int) -> bool:
+        """Whether bytes ``[offset, offset + size)`` of the part (cut at its end) are in
+        the bytes last read."""
+        real, size = self.start + offset, max(min(size, self.end - self.start - offset), 0)
+        pos, buf = self.head
+        return pos <= real and real + size <= pos + len(buf)
 
     def decode(self, chunk: _Chunk, size: int, serves: bool) -> None:
         """Decode the part (``size`` bytes in the clear). A part whose values are images

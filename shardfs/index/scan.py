@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import posixpath
 import sqlite3
+import threading
 from collections.abc import Callable
 
 from ..formats.members import MemberRow, tar_rows
@@ -90,6 +91,7 @@ class _StoreBytes:
         self._sink = sink if block_size > 0 else None
         self._block_size = block_size
         self.whole_blocks = False  # every read by whole blocks (``reads_whole_blocks``)
+        self._lock = threading.Lock()
         self._kept: dict[int, bytes] = {}
         self._first: set[int] | None = None
         self._given: set[int] = set()
@@ -120,6 +122,10 @@ class _StoreBytes:
         return self._read_blocks(offset, end)
 
     def _read_blocks(self, offset: int, end: int) -> bytes:
+        with self._lock:  # a scanner may read from several threads (parquet's pages)
+            return self._read_blocks_locked(offset, end)
+
+    def _read_blocks_locked(self, offset: int, end: int) -> bytes:
         size = self._block_size
         first, last = offset // size, (end - 1) // size
         wanted = range(first, last + 1)

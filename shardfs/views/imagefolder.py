@@ -75,6 +75,15 @@ def build_imagefolder(
     return True
 
 
+def _may_be_label(member: str) -> bool:
+    """``label_extension(member) is not None``, quick for the million image rows of a
+    columnar shard: a label member's last extension is ``cls`` or ``json``."""
+    return (
+        member.rpartition(".")[2].lower() in LABEL_EXTENSIONS
+        and label_extension(member) is not None
+    )
+
+
 def _samples_by_shard(
     conn: sqlite3.Connection, placer: _Placer
 ) -> Iterator[tuple[int, dict[str, _Sample]]]:
@@ -96,7 +105,7 @@ def _samples_by_shard(
         if label is not None and kind == MemberKind.DIRECTORY:
             placer.declare(shard, member, label)
             continue
-        if label is not None and kind == MemberKind.FILE and label_extension(member) is None:
+        if label is not None and kind == MemberKind.FILE and not _may_be_label(member):
             placer.own(shard, member, (offset, size, mode, mtime), label)
             continue
         if kind == MemberKind.DIRECTORY:
@@ -168,6 +177,8 @@ class _Placer:
         self.splits: dict[str, str] = {}  # split folder -> its shards' folder
         self.max_own: dict[str, int] = {}  # shards' folder -> its largest own label
         self.own_shards: set[int] = set()
+        # (shard, folder in it) -> (shard's folder, split, split + "/") of self-labelled rows
+        self._own_places: dict[tuple[int, str], tuple[str, str, str]] = {}
 
     def class_name(self, shard: int, label: int) -> str:
         folder = posixpath.dirname(self.shard_names[shard])
@@ -216,19 +227,24 @@ class _Placer:
         """An image row that carries its own label: ``SPLIT/FILE`` goes to
         ``SPLIT/CLASS/FILE``, CLASS the shard's own name for it, else from the classes
         list (``formats.classes.class_folders``), else the label's padded digits."""
-        folder = posixpath.dirname(self.shard_names[shard])
-        split = posixpath.join(folder, posixpath.dirname(member))
+        within, _, base = member.rpartition("/")
+        place = self._own_places.get((shard, within))
+        if place is None:  # once per shard and folder: a million rows share a few
+            folder = posixpath.dirname(self.shard_names[shard])
+            split = posixpath.join(folder, within)
+            place = self._own_places[(shard, within)] = (folder, split, posixpath.join(split, ""))
+            self.splits.setdefault(split, folder)
+            if shard not in self.own_shards:
+                self.own_shards.add(shard)
+                self.report.labeled_shards += 1
+        folder, split, prefix = place
         self.report.images += 1
         self.report.labeled += 1
-        if shard not in self.own_shards:
-            self.own_shards.add(shard)
-            self.report.labeled_shards += 1
-        self.splits.setdefault(split, folder)
-        self.max_own[folder] = max(self.max_own.get(folder, -1), label)
+        if label > self.max_own.get(folder, -1):
+            self.max_own[folder] = label
         name = self.declared.get(split, {}).get(label) or self._own_class(shard, label)
         if not (self.leaving_out and self.strict):
-            path = posixpath.join(split, name, posixpath.basename(member))
-            self.placed.append((shard, path, *data))
+            self.placed.append((shard, f"{prefix}{name}/{base}", *data))
 
     def _own_class(self, shard: int, label: int) -> str:
         names = self.classes_for(posixpath.dirname(self.shard_names[shard]))
