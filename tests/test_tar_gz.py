@@ -237,10 +237,18 @@ def test_a_reader_over_a_damaged_shard_raises_decode_error(src: Path, tmp_path: 
     data = tar_czf(src, tmp_path / "s.tar.gz")
     scan = scan_tar_gz(BytesShard("s.tar.gz", data))
     (unit,) = scan.space.units
-    reader = codecs.SEEKABLE[unit.codec](unit, io.BytesIO(_corrupt(data)))
+    # Damage the deflate block header at a seek point past the first: its bits become
+    # BTYPE 11, a reserved block type, so decoding from that point must fail. (Damage
+    # inside a block's data can decode to other bytes unnoticed: a read from a seek point
+    # reaches no CRC; the block cache's own checksums catch a broken block.)
+    points, _ = codecs.gzip_points(unit.state)
+    raw, decoded = [p for p in points if p[1] > 0][len(points) // 2 - 1]
+    damaged = bytearray(data)
+    damaged[raw : raw + 2] = b"\xff\xff"
+    reader = codecs.SEEKABLE[unit.codec](unit, io.BytesIO(bytes(damaged)))
     try:
         with pytest.raises(codecs.DecodeError):
-            reader.read_at(unit.size // 2, unit.size // 2)
+            reader.read_at(decoded, 4096)
     finally:
         reader.close()
     with pytest.raises(codecs.DecodeError):
