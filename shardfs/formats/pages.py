@@ -326,7 +326,7 @@ def page_header(
     block cache with ``cached``: a header between pages that are read so anyway)."""
     want = HEADER_READ
     while True:
-        buf = checked_read(reader, pos, min(want, end - pos), what, cached)
+        buf = reader.read(pos, min(want, end - pos), what, cached)
         try:
             header, length = read_struct(buf)
             return header, length, buf
@@ -334,19 +334,6 @@ def page_header(
             if len(buf) >= end - pos or want >= MAX_HEADER:
                 reader.fail(pos + exc.offset, f"{what}: page header: {exc.reason}")
             want *= 4
-
-
-def checked_read(reader: CheckedReads, offset: int, length: int, what: str, cached: bool) -> bytes:
-    """``reader.read``, or with ``cached`` the same checks on ``read_cached``: bytes the
-    block cache keeps, for the files served from them (or from the blocks they share)."""
-    if not cached:
-        return reader.read(offset, length, what)
-    if offset < 0 or length < 0 or offset + length > reader.shard.size:
-        reader.fail(offset, f"{what} ({length} bytes) lies past the end of the shard")
-    data = reader.shard.read_cached(offset, length)
-    if len(data) != length:
-        reader.fail(offset, f"{what} is truncated")
-    return data
 
 
 def chunk_span(reader: CheckedReads, meta: Value, what: str) -> tuple[int, int, int]:

@@ -40,7 +40,6 @@ from .pages import (
     Leaf,
     PageError,
     check_count,
-    checked_read,
     chunk_span,
     dictionary_indices,
     levels_of,
@@ -193,7 +192,7 @@ class _Part:
                 # Small images (thumbnails, MNIST-sized): one read of the next stretch of
                 # the page, through the block cache, instead of one per image.
                 real, length = self.start + pos, min(SMALL_WINDOW, self.end - self.start - pos)
-                self.head = (real, checked_read(self.reader, real, length, "an image page", True))
+                self.head = (real, self.reader.read(real, length, "an image page", cached=True))
             head = self.at(pos, 4 + SNIFF)
             if len(head) < 4:
                 raise PageError("an image's length runs past the page")
@@ -218,7 +217,7 @@ class _Part:
         cache (its units are served from it, its other pages share their blocks)."""
         length = self.end - self.start
         unit = _unit(chunk.codec, self.start, length, size)
-        raw = checked_read(chunk.reader, self.start, length, "an image page", cached=True)
+        raw = chunk.reader.read(self.start, length, "an image page", cached=True)
         try:
             self.data = codecs.decode(unit, raw)
         except codecs.DecodeError as exc:

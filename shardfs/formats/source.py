@@ -63,10 +63,13 @@ class CheckedReads:
     def fail(self, offset: int, reason: str) -> NoReturn:
         raise CorruptShardError(self.shard.name, offset, reason)
 
-    def read(self, offset: int, length: int, what: str) -> bytes:
+    def read(self, offset: int, length: int, what: str, cached: bool = False) -> bytes:
+        """``length`` bytes at ``offset``; with ``cached`` through ``read_cached`` (bytes the
+        files are served from later, or that share their cache blocks)."""
         if offset < 0 or length < 0 or offset + length > self.shard.size:
             self.fail(offset, f"{what} ({length} bytes) lies past the end of the shard")
-        data = self.shard.read_at(offset, length)
+        read = self.shard.read_cached if cached else self.shard.read_at
+        data = read(offset, length)
         if len(data) != length:
             self.fail(offset, f"{what} is truncated")
         return data

@@ -14,7 +14,6 @@ decoders are kept, each used under its own lock, and read from their nearest see
 
 from __future__ import annotations
 
-import io
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
@@ -41,39 +40,6 @@ def _slice(data: codecs.Decoded, start: int, length: int) -> bytes:
 
 class UnitTable(Protocol):
     def unit_at(self, shard: int, offset: int, *, state: bool = False) -> tuple[int, Unit]: ...
-
-
-class _RawFile(io.RawIOBase):
-    """A shard's raw bytes as a seekable file object, read through a ``RangeReader``: what a
-    seekable codec reads its stream from."""
-
-    def __init__(self, reader: RangeReader, shard: ShardInfo) -> None:
-        self._reader = reader
-        self._shard = shard
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
-        end = min(self._pos + len(buffer), self._shard.size)
-        if end <= self._pos:
-            return 0
-        data = self._reader.read(self._shard, self._pos, end)
-        buffer[: len(data)] = data
-        self._pos += len(data)
-        return len(data)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._shard.size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
 
 
 class DecodedReads:
@@ -200,7 +166,12 @@ class DecodedReads:
 
     def _open_seekable(self, key: _Key, shard: ShardInfo) -> _Opened:
         _, unit = self._units.unit_at(key[0], key[1], state=True)
-        decoder = codecs.SEEKABLE[unit.codec](unit, _RawFile(self._reader, shard))
+
+        def read(offset: int, length: int) -> bytes:
+            return self._reader.read(shard, offset, min(offset + length, shard.size))
+
+        # The shard's raw bytes as a file object, read through the reader (the cache).
+        decoder = codecs.SEEKABLE[unit.codec](unit, codecs.RawFile(read, shard.size))
         points = sorted({0, *codecs.seek_points(unit)} - {unit.size})
         bounds = [p for p in points if 0 <= p < unit.size] + [unit.size]
         closing: list[_Opened] = []
