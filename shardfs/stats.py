@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -41,6 +42,14 @@ class Stats:
     files_ahead_read: int = 0  # reads served by those
     delivered_bytes: int = 0  # bytes of distinct files served or pushed to the kernel
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
+    _sources: list[Callable[[], dict[str, int]]] = field(
+        default_factory=list, repr=False, compare=False
+    )
+
+    def add_source(self, source: Callable[[], dict[str, int]]) -> None:
+        """Have ``source()`` (counter name -> count so far) added into every snapshot."""
+        self._sources.append(source)
 
     def add(self, **deltas: int) -> None:
         with self._lock:
@@ -52,6 +61,9 @@ class Stats:
             values: dict[str, Any] = {
                 f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")
             }
+        for source in self._sources:
+            for name, count in source().items():
+                values[name] += count
         lookups = values["cache_hits"] + values["cache_misses"]
         values["hit_ratio"] = values["cache_hits"] / lookups if lookups else 0.0
         # Prefetched blocks no read has touched (yet): still waiting, or evicted unread.

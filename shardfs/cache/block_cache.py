@@ -19,6 +19,7 @@ import shutil
 import sqlite3
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
 
@@ -44,6 +45,16 @@ log = logging.getLogger(__name__)
 class NoRoom(Exception):
     """The block would fit only by evicting blocks that are not cold: whoever claimed it
     fetches nothing, and readers fetch the bytes they need without caching them."""
+
+
+@dataclass(frozen=True)
+class VerifiedBlock:
+    """A block file opened for a reader of its own, with the data it was verified to hold."""
+
+    fd: int
+    data_at: int  # where the data starts in the file
+    chunk: int  # bytes per checksummed chunk
+    data: bytes
 
 
 class BlockCache:
@@ -175,6 +186,26 @@ class BlockCache:
         if data is not None and count:
             self.stats.add(cache_hits=1)
         return data
+
+    def verified_copy(self, key: BlockKey, block_len: int) -> VerifiedBlock | None:
+        """A cached block's file and its data, every chunk verified just now, or None. The
+        descriptor is a duplicate the caller owns (and must close)."""
+        path = self._block_path(key)
+        if self._health.is_bad(path):
+            return None
+        with self._open.pinned(path):
+            try:
+                block = self._open.acquire(path, key, block_len)
+                if block is None:
+                    return None
+                header = block.header
+                data = read_data(block.fd, header, 0, header.data_len)
+                return VerifiedBlock(os.dup(block.fd), header.header_len, header.chunk, data)
+            except (CorruptBlockError, struct.error) as exc:
+                self._discard(path, exc)
+            except OSError as exc:
+                log.warning("cannot read cached block %s: %s", path, exc)
+        return None
 
     def in_flight(self, key: BlockKey) -> bool:
         """Whether a thread of this process is fetching the block now."""

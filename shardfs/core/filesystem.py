@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .. import placement
+from ..cache.block_cache import VerifiedBlock
 from ..config import ReadConfig
 from ..errors import IsADirError, NoSuchAttributeError, NotADirError, NotFoundError
 from ..formats.codecs import raw_span
@@ -93,8 +94,9 @@ class ShardFileSystem:
         self.hint_ino = view.max_ino + 2
         self.hints = OrderHints(view, reader, self.stats)
         self.decoded = DecodedReads(view, reader)
-        # One bit per inode: files already served or pushed (for egress amplification).
-        self._delivered = bytearray(view.max_ino // 8 + 1)
+        # One bit per inode: files already served or pushed (for egress amplification);
+        # shared with the compiled FUSE path, which counts the files it serves: never resized.
+        self.delivered = bytearray(view.max_ino // 8 + 1)
 
     # -- the placement table and the order hint -------------------------------------------
 
@@ -204,7 +206,7 @@ class ShardFileSystem:
         data = self._fetch(node, span[1], span[2])
         self._served(node, len(data))
         if offset + len(data) >= node.size:
-            self.hints.note_done(node)
+            self.hints.note_done(node.ino)
         return data
 
     def read_node_local(self, node: Node, offset: int, size: int) -> bytes | None:
@@ -222,14 +224,14 @@ class ShardFileSystem:
             self.hints.note_read(node)
             self._served(node, len(data))
             if offset + len(data) >= node.size:
-                self.hints.note_done(node)
+                self.hints.note_done(node.ino)
         return data
 
-    def opened_in_kernel(self, node: Node) -> None:
+    def opened_in_kernel(self, ino: int) -> None:
         """A reader opened a file whose whole bytes the kernel's page cache holds (pushed, or
         read before): no READ will come, so this is its read as far as the hint goes."""
-        if not self.is_virtual(node):
-            self.hints.note_done(node, opened=True)
+        if ino <= self.view.max_ino:
+            self.hints.note_done(ino, opened=True)
 
     def _served(self, node: Node, length: int) -> None:
         self.stats.add(bytes_served=length)
@@ -238,13 +240,18 @@ class ShardFileSystem:
     def _deliver(self, node: Node) -> None:
         """Count a file's bytes the first time it reaches a reader or the kernel's cache."""
         byte, bit = divmod(node.ino, 8)
-        if byte < len(self._delivered) and not self._delivered[byte] & (1 << bit):
-            self._delivered[byte] |= 1 << bit  # a race may count a file twice: harmless
+        if byte < len(self.delivered) and not self.delivered[byte] & (1 << bit):
+            self.delivered[byte] |= 1 << bit  # a race may count a file twice: harmless
             self.stats.add(delivered_bytes=node.size)
 
     @property
     def uses_block_cache(self) -> bool:
         return isinstance(self.reader, CachedReader)
+
+    @property
+    def block_size(self) -> int:
+        """The block cache's block size (1 MiB without the cache)."""
+        return self.reader.block_size if isinstance(self.reader, CachedReader) else 1 << 20
 
     def watch_local_blocks(
         self, callback: Callable[[ShardInfo, int, int, bytes | None], None] | None
@@ -263,6 +270,29 @@ class ShardFileSystem:
     def files_within(self, shard: ShardInfo, start: int, end: int) -> list[Node]:
         """Files lying wholly inside bytes ``[start, end)`` of ``shard``."""
         return self.view.files_within(self.view.shard_ids[shard], start, end)
+
+    def published_block(
+        self, node: Node
+    ) -> tuple[VerifiedBlock, list[tuple[int, int, int]]] | None:
+        """The cached block holding all of ``node``, for reads answered without this core:
+        the block, verified now, and (ino, position in its data, size) of every file lying
+        wholly in it; None when the file is not in one cached block. The caller owns the
+        block's descriptor. Reads answered that way skip the order hint, the block cache's
+        recency and the statistics; the caller counts them."""
+        reader = self.reader
+        if node.shard < 0 or is_decoded(node.offset) or not isinstance(reader, CachedReader):
+            return None
+        size = reader.block_size
+        index = node.offset // size
+        if node.size <= 0 or (node.offset + node.size - 1) // size != index:
+            return None
+        shard = self.view.shards[node.shard]
+        found = reader.verified_block(shard, index)
+        if found is None:
+            return None
+        start = index * size
+        files = self.view.files_within(node.shard, start, min(start + size, shard.size))
+        return found, [(f.ino, f.offset - start, f.size) for f in files]
 
     def file_bytes_local(self, node: Node) -> bytes | None:
         """A whole file if its bytes are in the block cache, or decoded in memory (no
@@ -309,7 +339,7 @@ class ShardFileSystem:
             data = self._read_window(opened, offset, end, size)
         self._served(node, len(data))
         if offset + len(data) >= node.size:
-            self.hints.note_done(node)
+            self.hints.note_done(node.ino)
         return data
 
     def _read_window(self, opened: _OpenFile, offset: int, end: int, size: int) -> bytes:

@@ -113,6 +113,10 @@ class OrderHints:
         self._hint: _ActiveHint | None = None
         self._hint_parts: dict[bytes, _HintParts] = {}
         self._hint_lock = threading.Lock()
+        # One byte per inode, 1 for the files of the hint followed: their reads must reach
+        # note_read and note_done (read without the core, by the compiled FUSE path, they
+        # would not). Never resized: the FUSE side shares it.
+        self.watched = bytearray(view.max_ino + 1)
 
     def table(self) -> _Table:
         """The placement table, built at its first use and kept for the mount's life."""
@@ -268,6 +272,7 @@ class OrderHints:
                 )
         plan = HintedOrder(blocks, first_use, window)
         active = _ActiveHint(hint.epoch, position_of_row, plan, hint.rows, retirement)
+        self._watch(table, position_of_row)
         self._hint = active
         log.info(
             "following an order hint: epoch %d, %d reads over %d blocks, %d ahead%s",
@@ -286,13 +291,22 @@ class OrderHints:
             ids = table.shard_ids
             self.reader.prefetch_blocks([(shards[ids[shard]], index) for shard, index in blocks])
 
-    def _hinted(self, node: Node) -> tuple[_ActiveHint, _Table, int, int] | None:
-        """(hint, table, row, position) of ``node`` in the hint followed, if it is in it."""
+    def _watch(self, table: _Table, position_of_row: array[int]) -> None:
+        """Mark the hint's files in ``watched`` (one copy of the whole table, so a reader
+        of it sees each byte old or new, never cleared in between)."""
+        watched = bytearray(len(self.watched))
+        for ino, row in enumerate(table.row_of_ino):
+            if row >= 0 and position_of_row[row] >= 0:
+                watched[ino] = 1
+        self.watched[:] = watched
+
+    def _hinted(self, ino: int) -> tuple[_ActiveHint, _Table, int, int] | None:
+        """(hint, table, row, position) of inode ``ino`` in the hint followed, if in it."""
         hint = self._hint
         table = self._table
-        if hint is None or table is None or node.ino >= len(table.row_of_ino):
+        if hint is None or table is None or ino >= len(table.row_of_ino):
             return None
-        row = table.row_of_ino[node.ino]
+        row = table.row_of_ino[ino]
         if row < 0:
             return None
         position = hint.position_of_row[row]
@@ -300,16 +314,16 @@ class OrderHints:
 
     def note_read(self, node: Node) -> None:
         """A read of ``node``: count it if hinted, and move the hint's window forward."""
-        found = self._hinted(node)
+        found = self._hinted(node.ino)
         if found is not None:
             self.stats.add(hinted_reads=1)
             self._advance(*found)
 
-    def note_done(self, node: Node, *, opened: bool = False) -> None:
-        """A reader is done with ``node``: a read reached its end, or (``opened``) it opened
-        a file whose whole bytes the kernel holds (no READ will come). With a cache smaller
-        than the data, a block whose hinted files are all done is retired."""
-        found = self._hinted(node)
+    def note_done(self, ino: int, *, opened: bool = False) -> None:
+        """A reader is done with inode ``ino``: a read reached its end, or (``opened``) it
+        opened a file whose whole bytes the kernel holds (no READ will come). With a cache
+        smaller than the data, a block whose hinted files are all done is retired."""
+        found = self._hinted(ino)
         if found is None:
             return
         hint, table, row, position = found

@@ -251,6 +251,7 @@ def _load() -> ctypes.CDLL:
         ),
         "fuse_reply_err": (ctypes.c_int, [c_req, ctypes.c_int]),
         "fuse_reply_none": (None, [c_req]),
+        "fuse_req_userdata": (ctypes.c_void_p, [c_req]),
         "fuse_reply_entry": (ctypes.c_int, [c_req, ctypes.POINTER(EntryParam)]),
         "fuse_reply_attr": (ctypes.c_int, [c_req, ctypes.POINTER(Stat), ctypes.c_double]),
         "fuse_reply_open": (ctypes.c_int, [c_req, _FI]),
@@ -304,8 +305,15 @@ class Session:
     """One mounted FUSE session: ``run`` serves until unmounted or signalled."""
 
     def __init__(
-        self, callbacks: dict[str, Callable[..., None]], mountpoint: str, options: Sequence[str]
+        self,
+        callbacks: dict[str, Callable[..., None]],
+        mountpoint: str,
+        options: Sequence[str],
+        *,
+        install: Callable[[LowLevelOps], int] | None = None,
     ) -> None:
+        """``install(ops)`` may replace some of the callbacks set in ``ops`` with compiled
+        handlers (``hot_path.HotPath``); it returns the session's userdata for them."""
         self._lib = lib()
         self._ops = LowLevelOps()
         self._keep: list[Any] = []  # C function pointers must outlive the session
@@ -313,11 +321,12 @@ class Session:
             c_func = CALLBACK_TYPES[name](func)
             self._keep.append(c_func)
             setattr(self._ops, name, ctypes.cast(c_func, ctypes.c_void_p).value)
+        userdata = install(self._ops) if install is not None else None
         argv = [b"shardfs", b"-o", ",".join(options).encode()]
         self._argv = (ctypes.c_char_p * len(argv))(*argv)
         self._args = Args(len(argv), self._argv, 0)
         self._se = self._lib.fuse_session_new(
-            ctypes.byref(self._args), ctypes.byref(self._ops), ctypes.sizeof(self._ops), None
+            ctypes.byref(self._args), ctypes.byref(self._ops), ctypes.sizeof(self._ops), userdata
         )
         if not self._se:
             raise RuntimeError("fuse_session_new failed (bad mount options?)")

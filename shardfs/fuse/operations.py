@@ -29,7 +29,7 @@ from ..errors import NotFoundError, ShardfsError
 from ..formats.tar import MemberKind
 from ..views.view import Node
 from . import binding as libfuse
-from . import dirents
+from . import dirents, hot_path
 from .pushes import KernelPusher
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,23 @@ class FuseOperations:
             if config.threads
             else None
         )
+        # The compiled handlers (reads of published files, ioctls, forgets), over libfuse
+        # itself only: a fake ``lib`` in tests gets every request here.
+        self.hot: hot_path.HotPath | None = None
+        if lib is None and not keep_handles and core.uses_block_cache:
+            self.hot = hot_path.create(
+                self.lib,
+                hint_ino=self._hint_ino,
+                hint_cmd=_HINT_IOCTL,
+                inodes=core.view.max_ino + 1,
+                in_kernel=pusher.in_kernel if pusher is not None else None,
+                watched=core.hints.watched,
+                delivered=core.delivered,
+                opened=self._opened,
+            )
+        if self.hot is not None:
+            core.stats.add_source(self.hot.stats)
+        self._publishing: set[tuple[int, int]] = set()
 
     def callbacks(self) -> dict[str, Callable[..., None]]:
         names = [
@@ -223,6 +240,36 @@ class FuseOperations:
             return
         self._reply_buf(req, data, len(data))
         self._delivered(node, offset, data)
+        if self.hot is not None and ino <= self.core.view.max_ino:
+            self._publish_soon(node)
+
+    def _publish_soon(self, node: Node) -> None:
+        """Have the compiled path answer the later READs of the files of ``node``'s block
+        (verified first, on a worker thread: a block's worth of disk read and hashing)."""
+        key = (node.shard, node.offset // self.core.block_size)
+        if key in self._publishing or self.workers is None or self.core.hints.watched[node.ino]:
+            return
+        self._publishing.add(key)
+        self.workers.submit(self._publish, node, key)
+
+    def _publish(self, node: Node, key: tuple[int, int]) -> None:
+        hot = self.hot
+        try:
+            if hot is not None and not hot.published(node.ino):
+                found = self.core.published_block(node)
+                if found is not None:
+                    hot.publish(*found)
+        except Exception:  # the Python path still answers
+            log.exception("publishing the block of inode %d failed", node.ino)
+        finally:
+            self._publishing.discard(key)
+
+    def _opened(self, ino: int) -> None:
+        """The compiled ioctl handler saw the open of a file the kernel holds whole."""
+        try:
+            self.core.opened_in_kernel(ino)
+        except Exception:  # already answered: a failure here only loses the sign
+            log.exception("noting the open of inode %d failed", ino)
 
     def _read_node(self, node: Node, offset: int, size: int) -> bytes:
         data = self.core.read_node(node, offset, size)
@@ -344,7 +391,7 @@ class FuseOperations:
             known = pusher is not None and ino < len(pusher.in_kernel) and pusher.in_kernel[ino]
             if cmd == _TCGETS and known:
                 try:  # already answered: a failure here only loses the sign
-                    self.core.opened_in_kernel(self.core.node(ino))
+                    self.core.opened_in_kernel(ino)
                 except Exception:
                     log.exception("noting the open of inode %d failed", ino)
             return
@@ -356,6 +403,9 @@ class FuseOperations:
         self.lib.fuse_reply_ioctl(req, 0, None, 0)
 
     def close(self) -> None:
-        """Wait for reads still being answered by worker threads."""
+        """Wait for reads still being answered by worker threads; free the compiled
+        handlers' state (the session loop has ended: no request can reach them)."""
         if self.workers is not None:
             self.workers.shutdown(wait=True)
+        if self.hot is not None:
+            self.hot.close()

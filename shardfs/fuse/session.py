@@ -126,8 +126,12 @@ class FuseSession:
         for number in _STOP_SIGNALS:
             self._previous[number] = signal.signal(number, self._on_signal)
         self._previous[_WAKE_SIGNAL] = signal.signal(_WAKE_SIGNAL, lambda _signum, _frame: None)
+        hot = self.operations.hot
         self._session = libfuse.Session(
-            self.operations.callbacks(), str(self.config.mountpoint), mount_options(self.config)
+            self.operations.callbacks(),
+            str(self.config.mountpoint),
+            mount_options(self.config),
+            install=hot.install if hot is not None else None,
         )
         if self.pusher is not None:
             self.pusher.start(self._session)

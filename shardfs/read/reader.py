@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, NoRoom, shard_key
+from ..cache.block_cache import VerifiedBlock
 from ..stats import Stats
 from ..store.remote import Store
 from ..store.shards import ShardInfo
@@ -396,6 +397,12 @@ class CachedReader:
             if ahead and skey not in self._scheduled:
                 self.read_ahead(shard, after=last)
         return data
+
+    def verified_block(self, shard: ShardInfo, index: int) -> VerifiedBlock | None:
+        """Block ``index`` of ``shard`` in the cache, every chunk verified now, or None
+        (``BlockCache.verified_copy``; the caller closes its descriptor)."""
+        key = BlockKey(self.shard_key(shard), index)
+        return self.cache.verified_copy(key, self._block_len(shard, index))
 
     def retire_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> None:
         """Blocks the readers are done with (an order hint's files in them all opened):

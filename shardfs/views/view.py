@@ -15,6 +15,7 @@ Symlinks are judged on the finished tree by walking each target as the Linux ker
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import posixpath
@@ -55,6 +56,8 @@ __all__ = [
 VIEW_VERSION = 6  # 5: rows that carry their own label (parquet, MDS); 6: decode units
 CLASSES_FILE = "classes.txt"
 
+_NODE_BATCH = 256
+_NODE_CACHE = 1 << 17
 _VIEW_SCHEMA = (
     """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -244,7 +247,10 @@ class View:
         self.shard_ids = {info: sid for sid, info in self.shards.items()}
         self.max_ino: int = conn.execute("SELECT MAX(ino) FROM nodes").fetchone()[0]
         self._child = lru_cache(maxsize=1 << 16)(self._child_uncached)
-        self.node = lru_cache(maxsize=1 << 16)(self._by_ino)
+        # Nodes by inode, loaded _NODE_BATCH neighbours at a time: an epoch asks for each
+        # file about once, and one query per file was a tenth of the daemon's Python time.
+        self._nodes: dict[int, Node] = {}
+        self._nodes_lock = threading.Lock()
 
     def files_within(self, shard: int, start: int, end: int) -> list[Node]:
         """Non-empty regular files whose bytes lie wholly inside ``[start, end)`` of a shard."""
@@ -253,7 +259,9 @@ class View:
             "AND kind = ? AND size > 0 AND offset + size <= ?",
             (shard, start, end, int(MemberKind.FILE), end),
         )
-        return [node_of(row) for row in rows]
+        found = [node_of(row) for row in rows]
+        self._keep(found)  # a block's files: pushed, then opened, at about the same time
+        return found
 
     def unit_at(self, shard: int, offset: int, *, state: bool = False) -> tuple[int, Unit]:
         """(decoded start, unit) of the decode unit holding a decoded ``offset`` of a shard
@@ -289,6 +297,36 @@ class View:
     def _query(self, sql: str, args: tuple[object, ...] = ()) -> list[Any]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
+
+    def node(self, ino: int) -> Node:
+        """The node of inode ``ino``; NotFoundError when there is none."""
+        found = self._nodes.get(ino)
+        if found is None:
+            found = self._load_nodes(ino)
+        return found
+
+    def _load_nodes(self, ino: int) -> Node:
+        """Load ``ino`` and the inodes after it (files of one folder or shard are
+        numbered together), keeping at most _NODE_CACHE nodes, the oldest dropped first."""
+        rows = self._query(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE ino >= ? AND ino < ?",
+            (ino, ino + _NODE_BATCH),
+        )
+        self._keep([node_of(row) for row in rows])
+        found = self._nodes.get(ino)
+        if found is None:
+            raise NotFoundError(f"inode {ino}")
+        return found
+
+    def _keep(self, loaded: list[Node]) -> None:
+        nodes = self._nodes
+        with self._nodes_lock:  # readers only ``get``: safe without it
+            excess = len(nodes) + len(loaded) - _NODE_CACHE
+            if excess > 0:
+                for old in list(itertools.islice(nodes, excess)):
+                    del nodes[old]
+            for node in loaded:
+                nodes[node.ino] = node
 
     def _by_ino(self, ino: int) -> Node:
         rows = self._query(f"SELECT {NODE_COLUMNS} FROM nodes WHERE ino = ?", (ino,))

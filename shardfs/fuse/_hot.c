@@ -1,0 +1,371 @@
+/* The compiled hot path of the FUSE adapter: the requests every file sends, answered
+ * without the interpreter.
+ *
+ * Python keeps the control plane (fuse/hot_path.py). It builds the libfuse operations
+ * table with ctypes, then puts these handlers in four of its slots; each falls back to the
+ * Python handler it replaced for anything it does not answer itself:
+ *   - read: a file Python has *published* (its bytes lie wholly in one cache block file
+ *     whose every chunk Python verified) is answered with one pread; else Python.
+ *   - ioctl: every ioctl but the order hint's is answered ENOTTY here, as Python did. The
+ *     TCGETS of a default-buffered open() of a file the kernel holds whole, while an order
+ *     hint follows that file, is then passed on (``opened``): the hint counts it as read.
+ *   - forget, forget_multi: nothing to free.
+ * No libfuse header is needed: libfuse's functions arrive as addresses from ctypes, and the
+ * per-mount state travels as the session's userdata. Python calls the exported hot_*
+ * functions through ctypes, which releases the interpreter lock around them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef void *req_t;
+typedef int (*reply_err_fn)(req_t, int);
+typedef int (*reply_buf_fn)(req_t, const char *, size_t);
+typedef void (*reply_none_fn)(req_t);
+typedef void *(*userdata_fn)(req_t);
+typedef void (*read_fn)(req_t, uint64_t, size_t, int64_t, void *);
+typedef void (*ioctl_fn)(req_t, uint64_t, unsigned, void *, void *, unsigned, const void *,
+                         size_t, size_t);
+typedef void (*opened_fn)(uint64_t);
+
+#define MAX_BLOCKS 32 /* published block files held open at once, oldest dropped first */
+
+struct slot {
+    int32_t block; /* 1 + index into blocks, 0: not published */
+    int32_t generation;
+    int64_t pos;   /* the file's first byte in the block's data */
+    int64_t size;
+};
+
+struct block {
+    int fd; /* -1: free */
+    int32_t generation;
+    int64_t data_pos;   /* where the block's data starts in the file */
+    int64_t data_len;
+    int64_t chunk;      /* bytes per checked chunk */
+    uint64_t *sums;     /* this module's checksum of each chunk, from verified bytes */
+    uint64_t count;
+    uint64_t *inos;
+};
+
+struct hot_counters {
+    uint64_t reads;           /* READs answered here */
+    uint64_t bytes;           /* their bytes */
+    uint64_t delivered_bytes; /* bytes of files reaching a reader for the first time */
+    uint64_t published;       /* files published */
+    uint64_t dropped_blocks;  /* published blocks found removed from the cache */
+    uint64_t checksum_failures; /* reads whose chunks no longer matched: Python re-reads */
+};
+
+struct ctx {
+    reply_err_fn reply_err;
+    reply_buf_fn reply_buf;
+    reply_none_fn reply_none;
+    userdata_fn userdata;
+    read_fn py_read;
+    ioctl_fn py_ioctl;
+    opened_fn py_opened;
+    uint64_t hint_ino;
+    unsigned hint_cmd;
+    uint64_t n_ino;            /* inodes 0 .. n_ino - 1 have a slot */
+    uint8_t *in_kernel;        /* 1: the kernel holds the whole file (may be NULL) */
+    const uint8_t *watched;    /* 1: the order hint must see this file's reads */
+    uint8_t *delivered;        /* one bit per inode: bytes counted once */
+    struct slot *slots;
+    struct block blocks[MAX_BLOCKS];
+    unsigned next_block;
+    char *buffer;
+    size_t buffer_size;
+    pthread_mutex_t lock;
+    struct hot_counters counters;
+};
+
+/* A fast 64-bit checksum of a chunk (four multiply-xor lanes): any change of one 8-byte
+ * word changes it, since each step is a bijection of the lane. It guards bytes on disk
+ * between reads, as the block format's xxh3 sums do for Python's reads; it is no hash
+ * of record (those stay in the block's header). */
+static uint64_t chunk_sum(const unsigned char *p, size_t n) {
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    uint64_t h[4] = {k, k ^ 1, k ^ 2, k ^ 3};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int lane = 0; lane < 4; lane++) {
+            uint64_t w;
+            memcpy(&w, p + i + 8 * lane, 8);
+            h[lane] = (h[lane] ^ w) * k;
+            h[lane] ^= h[lane] >> 29;
+        }
+    }
+    uint64_t t = h[0] ^ (h[1] * 3) ^ (h[2] * 5) ^ (h[3] * 7);
+    for (; i < n; i++)
+        t = (t ^ p[i]) * k;
+    return (t ^ (t >> 31) ^ n) * k;
+}
+
+static void drop_block_locked(struct ctx *c, unsigned index) {
+    struct block *b = &c->blocks[index];
+    if (b->fd < 0)
+        return;
+    for (uint64_t i = 0; i < b->count; i++) {
+        struct slot *s = &c->slots[b->inos[i]];
+        if (s->block == (int32_t)index + 1 && s->generation == b->generation)
+            s->block = 0;
+    }
+    close(b->fd);
+    free(b->inos);
+    free(b->sums);
+    b->fd = -1;
+    b->inos = NULL;
+    b->sums = NULL;
+    b->count = 0;
+}
+
+/* Answer a READ from a published file; 0 when it is not one (Python answers it). */
+static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
+    int answered = 0;
+    pthread_mutex_lock(&c->lock);
+    struct slot s = c->slots[ino];
+    if (!s.block)
+        goto out;
+    struct block *b = &c->blocks[s.block - 1];
+    if (b->fd < 0 || b->generation != s.generation)
+        goto out;
+    struct stat st;
+    if (fstat(b->fd, &st) != 0 || st.st_nlink == 0) {
+        /* evicted or cleared since: hold its disk space no longer */
+        drop_block_locked(c, (unsigned)(s.block - 1));
+        c->counters.dropped_blocks++;
+        goto out;
+    }
+    size_t n = 0;
+    if (off >= 0 && off < s.size)
+        n = (size_t)(s.size - off) < size ? (size_t)(s.size - off) : size;
+    int64_t start = s.pos + off, first = 0, span_start = 0, span_len = 0;
+    if (n > 0) {
+        first = start / b->chunk;
+        int64_t last = (start + (int64_t)n - 1) / b->chunk;
+        span_start = first * b->chunk;
+        int64_t span_end = (last + 1) * b->chunk;
+        span_len = (span_end < b->data_len ? span_end : b->data_len) - span_start;
+    }
+    if ((size_t)span_len > c->buffer_size) {
+        char *grown = realloc(c->buffer, (size_t)span_len);
+        if (grown == NULL)
+            goto out;
+        c->buffer = grown;
+        c->buffer_size = (size_t)span_len;
+    }
+    if (span_len > 0) {
+        if (pread(b->fd, c->buffer, (size_t)span_len, b->data_pos + span_start) != span_len)
+            goto out;
+        for (int64_t at = 0; at < span_len; at += b->chunk) {
+            int64_t len = span_len - at < b->chunk ? span_len - at : b->chunk;
+            if (chunk_sum((unsigned char *)c->buffer + at, (size_t)len) !=
+                b->sums[first + at / b->chunk]) {
+                /* changed on disk since it was verified: Python reads it again, checks
+                 * the block format's sums, and fetches the block anew */
+                drop_block_locked(c, (unsigned)(s.block - 1));
+                c->counters.checksum_failures++;
+                goto out;
+            }
+        }
+    }
+    c->reply_buf(req, c->buffer + (start - span_start), n);
+    answered = 1;
+    c->counters.reads++;
+    c->counters.bytes += n;
+    if (off == 0 && (int64_t)n == s.size && c->in_kernel != NULL)
+        c->in_kernel[ino] = 1;
+    uint8_t bit = (uint8_t)(1u << (ino & 7));
+    if (!(c->delivered[ino >> 3] & bit)) {
+        c->delivered[ino >> 3] |= bit;
+        c->counters.delivered_bytes += (uint64_t)s.size;
+    }
+out:
+    pthread_mutex_unlock(&c->lock);
+    return answered;
+}
+
+/* libfuse's fuse_req_userdata: the same function for every session of the process. */
+static userdata_fn req_userdata;
+
+static void hot_read(req_t req, uint64_t ino, size_t size, int64_t off, void *fi) {
+    struct ctx *c = req_userdata(req);
+    if (ino < c->n_ino && !c->watched[ino] && c->slots[ino].block &&
+        read_published(c, req, ino, size, off))
+        return;
+    c->py_read(req, ino, size, off, fi);
+}
+
+static void hot_ioctl(req_t req, uint64_t ino, unsigned cmd, void *arg, void *fi,
+                      unsigned flags, const void *in_buf, size_t in_size, size_t out_size) {
+    struct ctx *c = req_userdata(req);
+    if (ino == c->hint_ino && cmd == c->hint_cmd && in_buf != NULL) {
+        c->py_ioctl(req, ino, cmd, arg, fi, flags, in_buf, in_size, out_size);
+        return;
+    }
+    c->reply_err(req, ENOTTY);
+    if (cmd == TCGETS && ino < c->n_ino && c->in_kernel != NULL && c->in_kernel[ino] &&
+        c->watched[ino])
+        c->py_opened(ino);
+}
+
+static void hot_forget(req_t req, uint64_t ino, uint64_t nlookup) {
+    (void)ino;
+    (void)nlookup;
+    struct ctx *c = req_userdata(req);
+    c->reply_none(req);
+}
+
+static void hot_forget_multi(req_t req, size_t count, void *forgets) {
+    (void)count;
+    (void)forgets;
+    struct ctx *c = req_userdata(req);
+    c->reply_none(req);
+}
+
+/* -- called from Python through ctypes ------------------------------------------------ */
+
+/* The handlers' addresses, in the order read, ioctl, forget, forget_multi. */
+void hot_handlers(void **out) {
+    out[0] = (void *)hot_read;
+    out[1] = (void *)hot_ioctl;
+    out[2] = (void *)hot_forget;
+    out[3] = (void *)hot_forget_multi;
+}
+
+/* The state of one mount; NULL when out of memory. ``fns``: reply_err, reply_buf,
+ * reply_none, fuse_req_userdata, then the Python read, ioctl and opened handlers. */
+struct ctx *hot_new(void **fns, uint64_t hint_ino, unsigned hint_cmd, uint64_t n_ino,
+                    uint8_t *in_kernel, const uint8_t *watched, uint8_t *delivered) {
+    struct ctx *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    /* untouched pages of a large table cost no memory (calloc maps zero pages) */
+    c->slots = calloc(n_ino, sizeof *c->slots);
+    if (c->slots == NULL) {
+        free(c);
+        return NULL;
+    }
+    c->reply_err = (reply_err_fn)fns[0];
+    c->reply_buf = (reply_buf_fn)fns[1];
+    c->reply_none = (reply_none_fn)fns[2];
+    req_userdata = (userdata_fn)fns[3];
+    c->py_read = (read_fn)fns[4];
+    c->py_ioctl = (ioctl_fn)fns[5];
+    c->py_opened = (opened_fn)fns[6];
+    c->hint_ino = hint_ino;
+    c->hint_cmd = hint_cmd;
+    c->n_ino = n_ino;
+    c->in_kernel = in_kernel;
+    c->watched = watched;
+    c->delivered = delivered;
+    for (unsigned i = 0; i < MAX_BLOCKS; i++)
+        c->blocks[i].fd = -1;
+    pthread_mutex_init(&c->lock, NULL);
+    return c;
+}
+
+/* Publish the files of one block file, whose data (``data_len`` bytes at ``data_pos`` in
+ * the file) the caller just verified and hands over in ``data``: this module's chunk sums
+ * are taken from those bytes. File i is inode inos[i], at byte pos[i] of the data, sizes[i]
+ * long. The descriptor is this module's from now on, even on an error. Returns 0, or a
+ * negative errno. */
+int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int64_t chunk,
+                const unsigned char *data, uint64_t count, const uint64_t *inos,
+                const int64_t *pos, const int64_t *sizes) {
+    if (chunk <= 0 || data_len < 0) {
+        close(own);
+        return -EINVAL;
+    }
+    uint64_t chunks = (uint64_t)((data_len + chunk - 1) / chunk);
+    uint64_t *kept = malloc((count ? count : 1) * sizeof *kept);
+    uint64_t *sums = malloc((chunks ? chunks : 1) * sizeof *sums);
+    if (kept == NULL || sums == NULL) {
+        free(kept);
+        free(sums);
+        close(own);
+        return -ENOMEM;
+    }
+    for (uint64_t i = 0; i < chunks; i++) {
+        int64_t at = (int64_t)i * chunk;
+        int64_t len = data_len - at < chunk ? data_len - at : chunk;
+        sums[i] = chunk_sum(data + at, (size_t)len);
+    }
+    pthread_mutex_lock(&c->lock);
+    unsigned index = c->next_block;
+    c->next_block = (index + 1) % MAX_BLOCKS;
+    drop_block_locked(c, index);
+    struct block *b = &c->blocks[index];
+    b->fd = own;
+    b->generation++;
+    b->data_pos = data_pos;
+    b->data_len = data_len;
+    b->chunk = chunk;
+    b->sums = sums;
+    b->inos = kept;
+    b->count = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        if (inos[i] >= c->n_ino || pos[i] < 0 || sizes[i] < 0 || pos[i] + sizes[i] > data_len)
+            continue;
+        struct slot *s = &c->slots[inos[i]];
+        s->block = (int32_t)index + 1;
+        s->generation = b->generation;
+        s->pos = pos[i];
+        s->size = sizes[i];
+        kept[b->count++] = inos[i];
+    }
+    c->counters.published += b->count;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+/* Whether inode ``ino`` is published now. */
+int hot_published(struct ctx *c, uint64_t ino) {
+    pthread_mutex_lock(&c->lock);
+    int found = ino < c->n_ino && c->slots[ino].block != 0;
+    pthread_mutex_unlock(&c->lock);
+    return found;
+}
+
+/* Unpublish everything (the files stay correct; this frees their descriptors). */
+void hot_clear(struct ctx *c) {
+    pthread_mutex_lock(&c->lock);
+    for (unsigned i = 0; i < MAX_BLOCKS; i++)
+        drop_block_locked(c, i);
+    pthread_mutex_unlock(&c->lock);
+}
+
+void hot_counters(struct ctx *c, struct hot_counters *out) {
+    pthread_mutex_lock(&c->lock);
+    *out = c->counters;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Free a mount's state: call only once its session no longer answers requests. */
+void hot_free(struct ctx *c) {
+    if (c == NULL)
+        return;
+    hot_clear(c);
+    pthread_mutex_destroy(&c->lock);
+    free(c->buffer);
+    free(c->slots);
+    free(c);
+}
+
+/* An importable module, so that pip builds it and Python finds its file. */
+static struct PyModuleDef hot_module = {
+    PyModuleDef_HEAD_INIT, "_hot",
+    "The compiled FUSE hot path; its functions are called through ctypes (hot_path.py).",
+    -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__hot(void) { return PyModule_Create(&hot_module); }

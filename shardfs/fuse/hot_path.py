@@ -1,0 +1,201 @@
+"""The compiled hot path (``_hot.c``): READs of published files, ioctls and forgets answered
+without the interpreter; this module is its control plane.
+
+A file is *published* once the block file holding all of it was verified chunk by chunk
+(``ShardFileSystem.published_block``): its later READs are one ``pread`` in C. Files an order
+hint follows are never answered in C (``OrderHints.watched``): the hint must see their reads.
+Without the built extension (no compiler at install) or with ``SHARDFS_HOT_PATH=0``, every
+request is answered in Python as before: same replies, more CPU per file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from array import array
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..cache.block_cache import VerifiedBlock
+
+log = logging.getLogger(__name__)
+
+_HANDLERS = ("read", "ioctl", "forget", "forget_multi")
+_COUNTERS = (
+    "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
+)  # fmt: skip
+OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
+
+
+class _Counters(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in _COUNTERS]
+
+
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("SHARDFS_HOT_PATH", "1") == "0":
+        return None
+    return _load()
+
+
+@functools.cache
+def _load() -> ctypes.CDLL | None:
+    try:
+        from . import _hot  # type: ignore[attr-defined]
+    except ImportError:
+        log.info("the compiled FUSE hot path is not built: every request goes to Python")
+        return None
+    lib = ctypes.CDLL(_hot.__file__)
+    lib.hot_new.restype = ctypes.c_void_p
+    lib.hot_new.argtypes = [
+        ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64, ctypes.c_uint, ctypes.c_uint64,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    ]  # fmt: skip
+    lib.hot_publish.restype = ctypes.c_int
+    lib.hot_publish.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+        ctypes.c_char_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    ]  # fmt: skip
+    lib.hot_published.restype = ctypes.c_int
+    lib.hot_published.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    lib.hot_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]
+    lib.hot_clear.argtypes = [ctypes.c_void_p]
+    lib.hot_free.argtypes = [ctypes.c_void_p]
+    lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    return lib
+
+
+def available() -> bool:
+    """Whether the compiled hot path is built and not switched off."""
+    return _library() is not None
+
+
+def _address(buffer: bytearray | None) -> int | None:
+    if buffer is None or not buffer:
+        return None
+    return ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
+
+
+class HotPath:
+    """One mount's compiled handlers and their state.
+
+    ``install`` puts the handlers into a libfuse operations table in place of the Python
+    ones, which stay their fallback; the session's userdata must then be ``userdata``.
+    The byte arrays are shared with C, not copied, and must never be resized: ``in_kernel``
+    (1: the kernel holds the whole file), ``watched`` (1: Python must see the file's reads)
+    and ``delivered`` (one bit per inode, set when a file's bytes are first counted)."""
+
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        fuse: Any,
+        *,
+        hint_ino: int,
+        hint_cmd: int,
+        inodes: int,
+        in_kernel: bytearray | None,
+        watched: bytearray,
+        delivered: bytearray,
+        opened: Callable[[int], None],
+    ) -> None:
+        if len(watched) < inodes or len(delivered) * 8 < inodes:
+            raise ValueError("the shared tables must cover every inode")
+        if in_kernel is not None and len(in_kernel) < inodes:
+            raise ValueError("the shared tables must cover every inode")
+        self._lib = lib
+        self._shared = (in_kernel, watched, delivered)  # kept alive while C points into them
+        self._opened = OPENED_TYPE(opened)
+        self._replaced: dict[str, int] = {}
+        fns = (ctypes.c_void_p * 7)(
+            ctypes.cast(fuse.fuse_reply_err, ctypes.c_void_p).value,
+            ctypes.cast(fuse.fuse_reply_buf, ctypes.c_void_p).value,
+            ctypes.cast(fuse.fuse_reply_none, ctypes.c_void_p).value,
+            ctypes.cast(fuse.fuse_req_userdata, ctypes.c_void_p).value,
+            None,
+            None,
+            ctypes.cast(self._opened, ctypes.c_void_p).value,
+        )
+        self._fns = fns
+        self._ctx: int | None = None
+        self._final: dict[str, int] | None = None  # the counters when closed
+        self._args = (hint_ino, hint_cmd, inodes, _address(in_kernel), _address(watched),
+                      _address(delivered))  # fmt: skip
+
+    @property
+    def userdata(self) -> int:
+        assert self._ctx is not None, "install first"
+        return self._ctx
+
+    def install(self, ops: Any) -> int:
+        """Put the compiled handlers into ``ops`` (``binding.LowLevelOps``) in place of the
+        Python ones set there, which become their fallbacks; returns the userdata."""
+        self._fns[4] = ops.read
+        self._fns[5] = ops.ioctl
+        hint_ino, hint_cmd, inodes, in_kernel, watched, delivered = self._args
+        ctx = self._lib.hot_new(self._fns, hint_ino, hint_cmd, inodes, in_kernel, watched,
+                                delivered)  # fmt: skip
+        if not ctx:
+            raise MemoryError("the FUSE hot path's tables")
+        self._ctx = ctx
+        handlers = (ctypes.c_void_p * len(_HANDLERS))()
+        self._lib.hot_handlers(handlers)
+        for name, handler in zip(_HANDLERS, handlers, strict=True):
+            self._replaced[name] = getattr(ops, name)
+            setattr(ops, name, handler)
+        return int(ctx)
+
+    def publish(self, block: VerifiedBlock, files: list[tuple[int, int, int]]) -> None:
+        """Answer READs of ``files`` ((ino, position in the block's data, size)) from the
+        block's file, which this call takes over (closed when no longer used). C keeps
+        checksums of its own, taken from ``block.data``, and checks them at every read."""
+        assert self._ctx is not None
+        inos = array("Q", (ino for ino, _, _ in files))
+        positions = array("q", (at for _, at, _ in files))
+        sizes = array("q", (size for _, _, size in files))
+        result = self._lib.hot_publish(
+            self._ctx, block.fd, block.data_at, len(block.data), block.chunk, block.data,
+            len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
+        )  # fmt: skip
+        if result:
+            log.debug("publishing a block failed: %s", os.strerror(-result))
+
+    def published(self, ino: int) -> bool:
+        return self._ctx is not None and bool(self._lib.hot_published(self._ctx, ino))
+
+    def counters(self) -> dict[str, int]:
+        """What C has answered so far (``_COUNTERS``)."""
+        if self._ctx is None:
+            return dict(self._final or dict.fromkeys(_COUNTERS, 0))
+        out = _Counters()
+        self._lib.hot_counters(self._ctx, ctypes.byref(out))
+        return {name: int(getattr(out, name)) for name in _COUNTERS}
+
+    def stats(self) -> dict[str, int]:
+        """The counters as the mount's statistics name them (``Stats.add_source``)."""
+        counts = self.counters()
+        return {
+            "cache_hits": counts["reads"],
+            "bytes_served": counts["bytes"],
+            "delivered_bytes": counts["delivered_bytes"],
+            "checksum_failures": counts["checksum_failures"],
+        }
+
+    def close(self) -> None:
+        """Free the state: only once the session answers no more requests."""
+        if self._ctx is not None:
+            self._final = self.counters()
+            ctx, self._ctx = self._ctx, None
+            self._lib.hot_free(ctx)
+
+
+def _buffer(values: array[int]) -> int | None:
+    address, _ = values.buffer_info()
+    return address if values else None
+
+
+def create(fuse: Any, **tables: Any) -> HotPath | None:
+    """The hot path over libfuse ``fuse`` (``binding.lib()``), or None when not built."""
+    lib = _library()
+    return None if lib is None else HotPath(lib, fuse, **tables)
