@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what pip cannot: FUSE 3 (fusermount3 and libfuse3) from Debian's packages.
 set -euo pipefail
-if command -v fusermount3 >/dev/null 2>&1 && ldconfig -p | grep -q 'libfuse3\.so'; then
+# A C compiler builds the FUSE hot path (shardfs/fuse/_hot.c); without one pip skips it.
+if command -v fusermount3 >/dev/null 2>&1 && ldconfig -p | grep -q 'libfuse3\.so' \
+    && command -v cc >/dev/null 2>&1; then
     exit 0
 fi
 sudo=""
@@ -11,4 +13,4 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq fuse3 >/dev/null
+$sudo apt-get install -y -qq fuse3 gcc libc6-dev >/dev/null

@@ -30,6 +30,7 @@ from .block_format import (
     CorruptBlockError,
     NotInMemory,
     block_header,
+    read_all_into,
     read_data,
 )
 from .claims import Claim, Claims, LockFile, claim_block
@@ -54,7 +55,7 @@ class VerifiedBlock:
     fd: int
     data_at: int  # where the data starts in the file
     chunk: int  # bytes per checksummed chunk
-    data: bytes
+    data: memoryview  # of the caller's buffer
 
 
 class BlockCache:
@@ -187,9 +188,11 @@ class BlockCache:
             self.stats.add(cache_hits=1)
         return data
 
-    def verified_copy(self, key: BlockKey, block_len: int) -> VerifiedBlock | None:
-        """A cached block's file and its data, every chunk verified just now, or None. The
-        descriptor is a duplicate the caller owns (and must close)."""
+    def verified_copy(
+        self, key: BlockKey, block_len: int, buffer: bytearray | memoryview
+    ) -> VerifiedBlock | None:
+        """A cached block's file and its data, read into ``buffer`` and every chunk verified
+        just now, or None. The descriptor is a duplicate the caller owns (and must close)."""
         path = self._block_path(key)
         if self._health.is_bad(path):
             return None
@@ -199,7 +202,7 @@ class BlockCache:
                 if block is None:
                     return None
                 header = block.header
-                data = read_data(block.fd, header, 0, header.data_len)
+                data = read_all_into(block.fd, header, buffer)
                 return VerifiedBlock(os.dup(block.fd), header.header_len, header.chunk, data)
             except (CorruptBlockError, struct.error) as exc:
                 self._discard(path, exc)

@@ -134,6 +134,22 @@ def read_data(fd: int, header: Header, start: int, end: int, *, nowait: bool = F
     return bytes(view[start - span_start : end - span_start])
 
 
+def read_all_into(fd: int, header: Header, buffer: bytearray | memoryview) -> memoryview:
+    """The block's whole data read into ``buffer`` (reused: no fresh pages to fault in),
+    every chunk verified; returns the view of ``buffer`` that holds it."""
+    if len(buffer) < header.data_len:
+        raise ValueError(f"a buffer of {len(buffer)} bytes for {header.data_len}")
+    view = memoryview(buffer)[: header.data_len]
+    if os.preadv(fd, [view], header.header_len) != header.data_len:
+        raise CorruptBlockError("truncated data")
+    chunk = header.chunk
+    sums = struct.unpack(f"<{len(header.sums) // 8}Q", header.sums)
+    for i, expected in enumerate(sums):
+        if xxhash.xxh3_64_intdigest(view[i * chunk : (i + 1) * chunk]) != expected:
+            raise CorruptBlockError(f"checksum mismatch in chunk {i}")
+    return view
+
+
 def _read_nowait(fd: int, length: int, offset: int) -> bytearray | None:
     """``length`` bytes at ``offset`` if the page cache holds them all; NotInMemory if not;
     None where the filesystem cannot tell (no RWF_NOWAIT): then read as usual."""

@@ -272,10 +272,11 @@ class ShardFileSystem:
         return self.view.files_within(self.view.shard_ids[shard], start, end)
 
     def published_block(
-        self, node: Node
+        self, node: Node, buffer: bytearray | memoryview
     ) -> tuple[VerifiedBlock, list[tuple[int, int, int]]] | None:
         """The cached block holding all of ``node``, for reads answered without this core:
-        the block, verified now, and (ino, position in its data, size) of every file lying
+        the block, read into ``buffer`` (of ``block_size`` bytes) and verified now, and
+        (ino, position in its data, size) of every file lying
         wholly in it; None when the file is not in one cached block. The caller owns the
         block's descriptor. Reads answered that way skip the order hint, the block cache's
         recency and the statistics; the caller counts them."""
@@ -287,7 +288,7 @@ class ShardFileSystem:
         if node.size <= 0 or (node.offset + node.size - 1) // size != index:
             return None
         shard = self.view.shards[node.shard]
-        found = reader.verified_block(shard, index)
+        found = reader.verified_block(shard, index, buffer)
         if found is None:
             return None
         start = index * size

@@ -14,6 +14,7 @@
  * per-mount state travels as the session's userdata. Python calls the exported hot_*
  * functions through ctypes, which releases the interpreter lock around them.
  */
+#define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -24,6 +25,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 typedef void *req_t;
@@ -36,7 +38,7 @@ typedef void (*ioctl_fn)(req_t, uint64_t, unsigned, void *, void *, unsigned, co
                          size_t, size_t);
 typedef void (*opened_fn)(uint64_t);
 
-#define MAX_BLOCKS 32 /* published block files held open at once, oldest dropped first */
+#define MAX_BLOCKS 256 /* published block files held open at once, oldest dropped first */
 
 struct slot {
     int32_t block; /* 1 + index into blocks, 0: not published */
@@ -63,6 +65,7 @@ struct hot_counters {
     uint64_t published;       /* files published */
     uint64_t dropped_blocks;  /* published blocks found removed from the cache */
     uint64_t checksum_failures; /* reads whose chunks no longer matched: Python re-reads */
+    uint64_t not_in_memory;     /* reads left to Python: their pages were not cached */
 };
 
 struct ctx {
@@ -164,8 +167,13 @@ static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, i
         c->buffer_size = (size_t)span_len;
     }
     if (span_len > 0) {
-        if (pread(b->fd, c->buffer, (size_t)span_len, b->data_pos + span_start) != span_len)
+        /* never wait on the disk here, the one thread that answers requests: a block
+         * not in the page cache is read by Python's worker threads */
+        struct iovec iov = {c->buffer, (size_t)span_len};
+        if (preadv2(b->fd, &iov, 1, b->data_pos + span_start, RWF_NOWAIT) != span_len) {
+            c->counters.not_in_memory++;
             goto out;
+        }
         for (int64_t at = 0; at < span_len; at += b->chunk) {
             int64_t len = span_len - at < b->chunk ? span_len - at : b->chunk;
             if (chunk_sum((unsigned char *)c->buffer + at, (size_t)len) !=
@@ -334,6 +342,23 @@ int hot_published(struct ctx *c, uint64_t ino) {
     int found = ino < c->n_ino && c->slots[ino].block != 0;
     pthread_mutex_unlock(&c->lock);
     return found;
+}
+
+/* Drop the published blocks the cache has removed since (evicted, cleared, or by another
+ * mount): their disk space is freed once no descriptor holds them. Returns how many. */
+unsigned hot_sweep(struct ctx *c) {
+    unsigned dropped = 0;
+    pthread_mutex_lock(&c->lock);
+    for (unsigned i = 0; i < MAX_BLOCKS; i++) {
+        struct stat st;
+        if (c->blocks[i].fd >= 0 && (fstat(c->blocks[i].fd, &st) != 0 || st.st_nlink == 0)) {
+            drop_block_locked(c, i);
+            dropped++;
+        }
+    }
+    c->counters.dropped_blocks += dropped;
+    pthread_mutex_unlock(&c->lock);
+    return dropped;
 }
 
 /* Unpublish everything (the files stay correct; this frees their descriptors). */

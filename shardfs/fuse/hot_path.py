@@ -14,6 +14,7 @@ import ctypes
 import functools
 import logging
 import os
+import threading
 from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -26,8 +27,12 @@ log = logging.getLogger(__name__)
 _HANDLERS = ("read", "ioctl", "forget", "forget_multi")
 _COUNTERS = (
     "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
+    "not_in_memory",
 )  # fmt: skip
 OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
+# How often published blocks are checked for removal from the cache: what they may hold
+# of the disk beyond the cache's bound is what the cache evicts in that time.
+SWEEP_S = 1.0
 
 
 class _Counters(ctypes.Structure):
@@ -56,12 +61,14 @@ def _load() -> ctypes.CDLL | None:
     lib.hot_publish.restype = ctypes.c_int
     lib.hot_publish.argtypes = [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        ctypes.c_char_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
     ]  # fmt: skip
     lib.hot_published.restype = ctypes.c_int
     lib.hot_published.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.hot_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]
     lib.hot_clear.argtypes = [ctypes.c_void_p]
+    lib.hot_sweep.restype = ctypes.c_uint
+    lib.hot_sweep.argtypes = [ctypes.c_void_p]
     lib.hot_free.argtypes = [ctypes.c_void_p]
     lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     return lib
@@ -120,6 +127,8 @@ class HotPath:
         self._fns = fns
         self._ctx: int | None = None
         self._final: dict[str, int] | None = None  # the counters when closed
+        self._closing = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep, name="shardfs-hot", daemon=True)
         self._args = (hint_ino, hint_cmd, inodes, _address(in_kernel), _address(watched),
                       _address(delivered))  # fmt: skip
 
@@ -139,12 +148,19 @@ class HotPath:
         if not ctx:
             raise MemoryError("the FUSE hot path's tables")
         self._ctx = ctx
+        self._sweeper.start()
         handlers = (ctypes.c_void_p * len(_HANDLERS))()
         self._lib.hot_handlers(handlers)
         for name, handler in zip(_HANDLERS, handlers, strict=True):
             self._replaced[name] = getattr(ops, name)
             setattr(ops, name, handler)
         return int(ctx)
+
+    def _sweep(self) -> None:
+        """Every SWEEP_S, let go of published blocks the cache removed meanwhile."""
+        while not self._closing.wait(SWEEP_S):
+            if self._ctx is not None:
+                self._lib.hot_sweep(self._ctx)
 
     def publish(self, block: VerifiedBlock, files: list[tuple[int, int, int]]) -> None:
         """Answer READs of ``files`` ((ino, position in the block's data, size)) from the
@@ -154,8 +170,12 @@ class HotPath:
         inos = array("Q", (ino for ino, _, _ in files))
         positions = array("q", (at for _, at, _ in files))
         sizes = array("q", (size for _, _, size in files))
+        data = block.data
+        if data.readonly:
+            data = memoryview(bytearray(data))
+        address = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data)) if data else None
         result = self._lib.hot_publish(
-            self._ctx, block.fd, block.data_at, len(block.data), block.chunk, block.data,
+            self._ctx, block.fd, block.data_at, len(data), block.chunk, address,
             len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
         )  # fmt: skip
         if result:
@@ -177,6 +197,7 @@ class HotPath:
         counts = self.counters()
         return {
             "cache_hits": counts["reads"],
+            "hot_path_reads": counts["reads"],
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
             "checksum_failures": counts["checksum_failures"],
@@ -184,10 +205,14 @@ class HotPath:
 
     def close(self) -> None:
         """Free the state: only once the session answers no more requests."""
+        self._closing.set()
+        if self._sweeper.is_alive():
+            self._sweeper.join()
         if self._ctx is not None:
             self._final = self.counters()
             ctx, self._ctx = self._ctx, None
             self._lib.hot_free(ctx)
+            log.info("compiled hot path: %s", ", ".join(f"{k} {v}" for k, v in self._final.items()))
 
 
 def _buffer(values: array[int]) -> int | None:

@@ -14,8 +14,10 @@ import ctypes
 import errno
 import functools
 import logging
+import mmap
 import os
 import termios
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -127,6 +129,8 @@ class FuseOperations:
         if self.hot is not None:
             core.stats.add_source(self.hot.stats)
         self._publishing: set[tuple[int, int]] = set()
+        self._publish_lock = threading.Lock()
+        self._publish_buffer: mmap.mmap | None = None
 
     def callbacks(self) -> dict[str, Callable[..., None]]:
         names = [
@@ -255,10 +259,13 @@ class FuseOperations:
     def _publish(self, node: Node, key: tuple[int, int]) -> None:
         hot = self.hot
         try:
-            if hot is not None and not hot.published(node.ino):
-                found = self.core.published_block(node)
-                if found is not None:
-                    hot.publish(*found)
+            with self._publish_lock:  # one reused buffer: no fresh pages to fault in
+                if hot is not None and not hot.published(node.ino):
+                    if self._publish_buffer is None:
+                        self._publish_buffer = mmap.mmap(-1, self.core.block_size)
+                    found = self.core.published_block(node, memoryview(self._publish_buffer))
+                    if found is not None:
+                        hot.publish(*found)
         except Exception:  # the Python path still answers
             log.exception("publishing the block of inode %d failed", node.ino)
         finally:

@@ -398,11 +398,13 @@ class CachedReader:
                 self.read_ahead(shard, after=last)
         return data
 
-    def verified_block(self, shard: ShardInfo, index: int) -> VerifiedBlock | None:
-        """Block ``index`` of ``shard`` in the cache, every chunk verified now, or None
-        (``BlockCache.verified_copy``; the caller closes its descriptor)."""
+    def verified_block(
+        self, shard: ShardInfo, index: int, buffer: bytearray | memoryview
+    ) -> VerifiedBlock | None:
+        """Block ``index`` of ``shard`` in the cache, read into ``buffer`` and every chunk
+        verified now, or None (``BlockCache.verified_copy``; the caller closes its fd)."""
         key = BlockKey(self.shard_key(shard), index)
-        return self.cache.verified_copy(key, self._block_len(shard, index))
+        return self.cache.verified_copy(key, self._block_len(shard, index), buffer)
 
     def retire_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> None:
         """Blocks the readers are done with (an order hint's files in them all opened):

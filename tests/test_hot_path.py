@@ -1,0 +1,93 @@
+"""The compiled FUSE hot path (shardfs/fuse/_hot.c): built where a compiler is, and what a
+reader receives through it is the source's bytes, damage on disk included."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from support.mounts import umount
+from support.s3 import S3Server
+from test_mount_cache import (  # noqa: F401  (fixtures: dataset and what it needs)
+    BLOCK_FLAG,
+    bucket,
+    Dataset,
+    block_files,
+    dataset,
+    drop_page_cache,
+    env,
+    header_length,
+    mount,
+    sizes,
+    stats,
+    wrong_files,
+)
+
+from shardfs.fuse import hot_path
+
+
+def test_the_hot_path_is_built() -> None:
+    if os.environ.get("SHARDFS_HOT_PATH") == "0":
+        pytest.skip("switched off by SHARDFS_HOT_PATH=0")
+    # `make setup` builds it (pyproject's ext-modules): a broken build must fail here.
+    assert hot_path.available()
+
+
+def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDFS_HOT_PATH", "0")
+    assert not hot_path.available()
+
+
+def _read_twice_through_reads(mountpoint: Path, dataset: Dataset) -> dict[str, int]:
+    """Every file read, then read again from cache blocks with the page cache dropped."""
+    assert wrong_files(mountpoint, dataset) == []
+    for _ in range(2):
+        drop_page_cache()
+        assert wrong_files(mountpoint, dataset, threads=4) == []
+    return stats(mountpoint)
+
+
+@pytest.mark.integration
+def test_reads_of_cached_blocks_are_answered_in_c_with_the_same_bytes(
+    dataset: Dataset, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    cache = tmp_path / "cache"
+    mount(dataset.url, mountpoint, cache, "--block-size", BLOCK_FLAG, "--no-kernel-push",
+          env=env)  # fmt: skip
+    after = _read_twice_through_reads(mountpoint, dataset)
+    umount(mountpoint)
+    assert after["hot_path_reads"] > 0
+    assert after["hot_path_reads"] <= after["cache_hits"]
+    assert after["checksum_failures"] == 0
+
+
+@pytest.mark.integration
+def test_a_published_block_damaged_on_disk_is_never_served(
+    dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    cache = tmp_path / "cache"
+    mount(dataset.url, mountpoint, cache, "--block-size", BLOCK_FLAG, "--no-kernel-push",
+          env=env)  # fmt: skip
+    before = _read_twice_through_reads(mountpoint, dataset)
+    assert before["hot_path_reads"] > 0
+    # Damage every cached block in place (a byte in each chunk's middle) while published.
+    for path in block_files(cache):
+        header, data_len = header_length(path)
+        with open(path, "r+b") as f:
+            for at in range(header + 100, header + data_len, 64 << 10):
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0xFF]))
+    drop_page_cache()
+    s3_server.reset_counts()
+    assert wrong_files(mountpoint, dataset, threads=4) == []
+    after = stats(mountpoint)
+    umount(mountpoint)
+    assert after["checksum_failures"] > before["checksum_failures"]
+    assert s3_server.counts()["get_object_requests"] > 0  # fetched again, not served damaged
