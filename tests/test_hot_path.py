@@ -7,24 +7,29 @@ import os
 from pathlib import Path
 
 import pytest
+import test_mount_cache as cache_tests
 from support.mounts import umount
 from support.s3 import S3Server
-from test_mount_cache import (  # noqa: F401  (fixtures: dataset and what it needs)
+from test_mount_cache import (
     BLOCK_FLAG,
-    bucket,
     Dataset,
     block_files,
-    dataset,
     drop_page_cache,
-    env,
     header_length,
     mount,
-    sizes,
     stats,
     wrong_files,
 )
 
 from shardfs.fuse import hot_path
+
+# The block cache tests' dataset (80 files in 6 shards) and what it is built from.
+bucket, sizes, dataset, env = (
+    cache_tests.bucket,
+    cache_tests.sizes,
+    cache_tests.dataset,
+    cache_tests.env,
+)
 
 
 def test_the_hot_path_is_built() -> None:
