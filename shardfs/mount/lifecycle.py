@@ -32,6 +32,7 @@ from ..read.direct import DirectReader
 from ..read.readahead import Prefetcher
 from ..read.reader import CachedReader, RangeReader
 from ..stats import Stats
+from . import allocator
 from .control import ControlServer, lock_mountpoint, pid_file, remove_created_mountpoint
 from .daemon import ReadyChannel, note_both, warn_both
 from .mountpoints import (
@@ -141,6 +142,7 @@ class Mount:
 
     def serve(self) -> None:
         """Start, serve until unmounted or signalled, then stop."""
+        allocator.tune()  # before the mount's threads start
         try:
             self.start()
             assert self.session is not None
