@@ -44,8 +44,15 @@ def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert not hot_path.available()
 
 
-def _read_twice_through_reads(mountpoint: Path, dataset: Dataset) -> dict[str, int]:
-    """Every file read, then read again from cache blocks with the page cache dropped."""
+def _read_twice_through_reads(
+    dataset: Dataset, env: dict[str, str], mountpoint: Path, cache: Path
+) -> dict[str, int]:
+    """A mount whose every read is a READ (no pushes): every file read, then read twice
+    more from cache blocks with the page cache dropped; returns the statistics."""
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    mount(dataset.url, mountpoint, cache, "--block-size", BLOCK_FLAG, "--no-kernel-push",
+          env=env)  # fmt: skip
     assert wrong_files(mountpoint, dataset) == []
     for _ in range(2):
         drop_page_cache()
@@ -57,12 +64,7 @@ def _read_twice_through_reads(mountpoint: Path, dataset: Dataset) -> dict[str, i
 def test_reads_of_cached_blocks_are_answered_in_c_with_the_same_bytes(
     dataset: Dataset, env: dict[str, str], mountpoint: Path, tmp_path: Path
 ) -> None:
-    if not hot_path.available():
-        pytest.skip("the hot path is not built")
-    cache = tmp_path / "cache"
-    mount(dataset.url, mountpoint, cache, "--block-size", BLOCK_FLAG, "--no-kernel-push",
-          env=env)  # fmt: skip
-    after = _read_twice_through_reads(mountpoint, dataset)
+    after = _read_twice_through_reads(dataset, env, mountpoint, tmp_path / "cache")
     umount(mountpoint)
     assert after["hot_path_reads"] > 0
     assert after["hot_path_reads"] <= after["cache_hits"]
@@ -73,12 +75,8 @@ def test_reads_of_cached_blocks_are_answered_in_c_with_the_same_bytes(
 def test_a_published_block_damaged_on_disk_is_never_served(
     dataset: Dataset, s3_server: S3Server, env: dict[str, str], mountpoint: Path, tmp_path: Path
 ) -> None:
-    if not hot_path.available():
-        pytest.skip("the hot path is not built")
     cache = tmp_path / "cache"
-    mount(dataset.url, mountpoint, cache, "--block-size", BLOCK_FLAG, "--no-kernel-push",
-          env=env)  # fmt: skip
-    before = _read_twice_through_reads(mountpoint, dataset)
+    before = _read_twice_through_reads(dataset, env, mountpoint, cache)
     assert before["hot_path_reads"] > 0
     # Damage every cached block in place (a byte in each chunk's middle) while published.
     for path in block_files(cache):

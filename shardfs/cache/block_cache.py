@@ -210,6 +210,11 @@ class BlockCache:
                 log.warning("cannot read cached block %s: %s", path, exc)
         return None
 
+    def touch(self, key: BlockKey) -> None:
+        """Reads were answered from the block without this cache (the compiled FUSE path):
+        it counts as used now for eviction."""
+        self._ledger.touch(self._block_path(key), used=True)
+
     def in_flight(self, key: BlockKey) -> bool:
         """Whether a thread of this process is fetching the block now."""
         return self._claims.in_flight(key)

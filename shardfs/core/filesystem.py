@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -294,6 +295,27 @@ class ShardFileSystem:
         start = index * size
         files = self.view.files_within(node.shard, start, min(start + size, shard.size))
         return found, [(f.ino, f.offset - start, f.size) for f in files]
+
+    def block_used(self, shard: int, index: int) -> None:
+        """Reads of files in block ``index`` of shard ``shard`` were answered without this
+        core (``published_block``): the block cache counts them for its recency."""
+        if isinstance(self.reader, CachedReader):
+            self.reader.block_used(self.view.shards[shard], index)
+
+    def block_local(
+        self, shard: ShardInfo, start: int, buffer: bytearray | memoryview
+    ) -> memoryview | None:
+        """The cached block starting at byte ``start`` of ``shard``, read into ``buffer``
+        (of ``block_size`` bytes) with every chunk verified, or None (no network, no
+        statistics)."""
+        reader = self.reader
+        if not isinstance(reader, CachedReader):
+            return None
+        found = reader.verified_block(shard, start // reader.block_size, buffer)
+        if found is None:
+            return None
+        os.close(found.fd)
+        return found.data
 
     def file_bytes_local(self, node: Node) -> bytes | None:
         """A whole file if its bytes are in the block cache, or decoded in memory (no

@@ -56,6 +56,7 @@ struct block {
     uint64_t *sums;     /* this module's checksum of each chunk, from verified bytes */
     uint64_t count;
     uint64_t *inos;
+    int used; /* a READ was answered from it since the last hot_sweep */
 };
 
 struct hot_counters {
@@ -188,6 +189,7 @@ static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, i
     }
     c->reply_buf(req, c->buffer + (start - span_start), n);
     answered = 1;
+    b->used = 1;
     c->counters.reads++;
     c->counters.bytes += n;
     if (off == 0 && (int64_t)n == s.size && c->in_kernel != NULL)
@@ -242,6 +244,9 @@ static void hot_forget_multi(req_t req, size_t count, void *forgets) {
 
 /* -- called from Python through ctypes ------------------------------------------------ */
 
+/* How many blocks may be published at once (the size of hot_sweep's ``used``). */
+unsigned hot_max_blocks(void) { return MAX_BLOCKS; }
+
 /* The handlers' addresses, in the order read, ioctl, forget, forget_multi. */
 void hot_handlers(void **out) {
     out[0] = (void *)hot_read;
@@ -285,8 +290,8 @@ struct ctx *hot_new(void **fns, uint64_t hint_ino, unsigned hint_cmd, uint64_t n
 /* Publish the files of one block file, whose data (``data_len`` bytes at ``data_pos`` in
  * the file) the caller just verified and hands over in ``data``: this module's chunk sums
  * are taken from those bytes. File i is inode inos[i], at byte pos[i] of the data, sizes[i]
- * long. The descriptor is this module's from now on, even on an error. Returns 0, or a
- * negative errno. */
+ * long. The descriptor is this module's from now on, even on an error. Returns the block's
+ * slot (what hot_sweep reports), or a negative errno. */
 int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int64_t chunk,
                 const unsigned char *data, uint64_t count, const uint64_t *inos,
                 const int64_t *pos, const int64_t *sizes) {
@@ -331,9 +336,10 @@ int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int6
         s->size = sizes[i];
         kept[b->count++] = inos[i];
     }
+    b->used = 0;
     c->counters.published += b->count;
     pthread_mutex_unlock(&c->lock);
-    return 0;
+    return (int)index;
 }
 
 /* Whether inode ``ino`` is published now. */
@@ -345,12 +351,16 @@ int hot_published(struct ctx *c, uint64_t ino) {
 }
 
 /* Drop the published blocks the cache has removed since (evicted, cleared, or by another
- * mount): their disk space is freed once no descriptor holds them. Returns how many. */
-unsigned hot_sweep(struct ctx *c) {
+ * mount): their disk space is freed once no descriptor holds them. ``used`` (MAX_BLOCKS
+ * bytes) gets 1 for each slot whose block answered a READ since the last sweep, so that
+ * the cache sees those reads too. Returns how many blocks were dropped. */
+unsigned hot_sweep(struct ctx *c, uint8_t *used) {
     unsigned dropped = 0;
     pthread_mutex_lock(&c->lock);
     for (unsigned i = 0; i < MAX_BLOCKS; i++) {
         struct stat st;
+        used[i] = (uint8_t)(c->blocks[i].fd >= 0 && c->blocks[i].used);
+        c->blocks[i].used = 0;
         if (c->blocks[i].fd >= 0 && (fstat(c->blocks[i].fd, &st) != 0 || st.st_nlink == 0)) {
             drop_block_locked(c, i);
             dropped++;

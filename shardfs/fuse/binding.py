@@ -340,7 +340,7 @@ class Session:
         self._store_vector = BufVec(1, 0, 0)
         self._store_piece = self._store_vector.buf[0]
         self._store_ref = ctypes.byref(self._store_vector)
-        self._store_data: bytes | None = None
+        self._store_data: bytes | memoryview | None = None
         self._store_base = 0
 
     def run(self) -> int:
@@ -349,7 +349,12 @@ class Session:
         return int(self._lib.fuse_session_loop(self._se))
 
     def notify_store(
-        self, ino: int, offset: int, data: bytes, start: int = 0, length: int | None = None
+        self,
+        ino: int,
+        offset: int,
+        data: bytes | memoryview,
+        start: int = 0,
+        length: int | None = None,
     ) -> int:
         """Put ``length`` bytes of ``data`` from ``start`` (by default all of it) into the
         kernel's page cache of inode ``ino`` at ``offset``, with no copy on our side.
@@ -365,7 +370,11 @@ class Session:
         if start < 0 or length < 0 or start + length > len(data):
             raise ValueError(f"bytes [{start}:{start + length}] of {len(data)}")
         if data is not self._store_data:
-            self._store_base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+            if isinstance(data, memoryview):  # a writable buffer's view (a reused block)
+                base = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data))
+            else:
+                base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+            self._store_base = base
             self._store_data = data  # holds the bytes while their address is kept
         piece = self._store_piece
         piece.size = length

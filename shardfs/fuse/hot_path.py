@@ -68,7 +68,8 @@ def _load() -> ctypes.CDLL | None:
     lib.hot_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]
     lib.hot_clear.argtypes = [ctypes.c_void_p]
     lib.hot_sweep.restype = ctypes.c_uint
-    lib.hot_sweep.argtypes = [ctypes.c_void_p]
+    lib.hot_sweep.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.hot_max_blocks.restype = ctypes.c_uint
     lib.hot_free.argtypes = [ctypes.c_void_p]
     lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     return lib
@@ -106,7 +107,10 @@ class HotPath:
         watched: bytearray,
         delivered: bytearray,
         opened: Callable[[int], None],
+        used: Callable[[Any], None],
     ) -> None:
+        """``used(token)`` is told, about once a SWEEP_S, of each published block that
+        answered READs meanwhile (``token`` as given to ``publish``)."""
         if len(watched) < inodes or len(delivered) * 8 < inodes:
             raise ValueError("the shared tables must cover every inode")
         if in_kernel is not None and len(in_kernel) < inodes:
@@ -114,6 +118,8 @@ class HotPath:
         self._lib = lib
         self._shared = (in_kernel, watched, delivered)  # kept alive while C points into them
         self._opened = OPENED_TYPE(opened)
+        self._used = used
+        self._tokens: list[Any] = [None] * lib.hot_max_blocks()  # by C's block slot
         self._replaced: dict[str, int] = {}
         fns = (ctypes.c_void_p * 7)(
             ctypes.cast(fuse.fuse_reply_err, ctypes.c_void_p).value,
@@ -157,15 +163,28 @@ class HotPath:
         return int(ctx)
 
     def _sweep(self) -> None:
-        """Every SWEEP_S, let go of published blocks the cache removed meanwhile."""
+        """Every SWEEP_S, let go of published blocks the cache removed meanwhile, and tell
+        ``used`` which blocks answered reads."""
+        flags = ctypes.create_string_buffer(len(self._tokens))
         while not self._closing.wait(SWEEP_S):
-            if self._ctx is not None:
-                self._lib.hot_sweep(self._ctx)
+            if self._ctx is None:
+                continue
+            self._lib.hot_sweep(self._ctx, flags)
+            for slot, flag in enumerate(flags.raw):
+                token = self._tokens[slot]
+                if flag and token is not None:
+                    try:
+                        self._used(token)
+                    except Exception:  # recency only: the reads were answered
+                        log.exception("noting the use of a published block failed")
 
-    def publish(self, block: VerifiedBlock, files: list[tuple[int, int, int]]) -> None:
+    def publish(
+        self, block: VerifiedBlock, files: list[tuple[int, int, int]], token: Any = None
+    ) -> None:
         """Answer READs of ``files`` ((ino, position in the block's data, size)) from the
         block's file, which this call takes over (closed when no longer used). C keeps
-        checksums of its own, taken from ``block.data``, and checks them at every read."""
+        checksums of its own, taken from ``block.data``, and checks them at every read;
+        ``token`` names the block to ``used``."""
         assert self._ctx is not None
         inos = array("Q", (ino for ino, _, _ in files))
         positions = array("q", (at for _, at, _ in files))
@@ -178,8 +197,10 @@ class HotPath:
             self._ctx, block.fd, block.data_at, len(data), block.chunk, address,
             len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
         )  # fmt: skip
-        if result:
+        if result < 0:
             log.debug("publishing a block failed: %s", os.strerror(-result))
+        else:
+            self._tokens[result] = token
 
     def published(self, ino: int) -> bool:
         return self._ctx is not None and bool(self._lib.hot_published(self._ctx, ino))

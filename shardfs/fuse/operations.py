@@ -125,6 +125,7 @@ class FuseOperations:
                 watched=core.hints.watched,
                 delivered=core.delivered,
                 opened=self._opened,
+                used=self._block_used,
             )
         if self.hot is not None:
             core.stats.add_source(self.hot.stats)
@@ -265,11 +266,14 @@ class FuseOperations:
                         self._publish_buffer = mmap.mmap(-1, self.core.block_size)
                     found = self.core.published_block(node, memoryview(self._publish_buffer))
                     if found is not None:
-                        hot.publish(*found)
+                        hot.publish(*found, token=key)
         except Exception:  # the Python path still answers
             log.exception("publishing the block of inode %d failed", node.ino)
         finally:
             self._publishing.discard(key)
+
+    def _block_used(self, key: tuple[int, int]) -> None:
+        self.core.block_used(*key)
 
     def _opened(self, ino: int) -> None:
         """The compiled ioctl handler saw the open of a file the kernel holds whole."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import queue
 import threading
@@ -47,6 +48,7 @@ class KernelPusher:
         # Files of local blocks that could not be pushed because their inode was unknown.
         self._waiting = bytearray(size)
         self._retries: dict[int, tuple[float, int]] = {}  # inode -> (when, attempts)
+        self._buffer: mmap.mmap | None = None  # a block read for its files (this thread's)
         self._abort = False
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
@@ -87,13 +89,24 @@ class KernelPusher:
                 continue
             try:
                 if isinstance(item, tuple):
-                    shard, start, end, block = item
-                    self._push_files(self.core.files_within(shard, start, end), start, block)
+                    shard, start, end, fetched = item
+                    files = self.core.files_within(shard, start, end)
+                    block: bytes | memoryview | None = fetched
+                    if block is None and len(files) > 1:
+                        # one verified read of the block for all its files, into one
+                        # reused buffer (no fresh pages), instead of one read per file
+                        block = self._read_block(shard, start)
+                    self._push_files(files, start, block)
                 elif item >= 0:
                     self._push_files([self.core.node(item)])
                 self._push_retries()
             except Exception:
                 log.exception("pushing cached files to the kernel failed")
+
+    def _read_block(self, shard: ShardInfo, start: int) -> memoryview | None:
+        if self._buffer is None:
+            self._buffer = mmap.mmap(-1, self.core.block_size)
+        return self.core.block_local(shard, start, memoryview(self._buffer))
 
     def _push_retries(self) -> None:
         now = time.monotonic()
@@ -101,7 +114,9 @@ class KernelPusher:
         if due:
             self._push_files([self.core.node(ino) for ino in due])
 
-    def _push_files(self, nodes: list[Node], start: int = 0, block: bytes | None = None) -> None:
+    def _push_files(
+        self, nodes: list[Node], start: int = 0, block: bytes | memoryview | None = None
+    ) -> None:
         """Push files into the kernel, taking their bytes from ``block`` (the block starting
         at shard offset ``start``, just fetched) when given, else from the block cache."""
         session = self.session

@@ -406,6 +406,10 @@ class CachedReader:
         key = BlockKey(self.shard_key(shard), index)
         return self.cache.verified_copy(key, self._block_len(shard, index), buffer)
 
+    def block_used(self, shard: ShardInfo, index: int) -> None:
+        """Reads were answered from a cached block without this reader (``BlockCache.touch``)."""
+        self.cache.touch(BlockKey(self.shard_key(shard), index))
+
     def retire_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> None:
         """Blocks the readers are done with (an order hint's files in them all opened):
         the first to make room for the next ones (``BlockCache.retire``). The ledger write
