@@ -5,7 +5,9 @@ lookups, attributes, listings and reads of bytes already in the block cache are 
 there, without handing the interpreter lock between threads. A read that has to wait on the
 store goes to a worker thread, which answers it when its bytes arrive, so one slow GET never
 holds up anyone else. With the block cache, ``open`` answers ENOSYS: the kernel then opens
-files itself (no open or release requests) and keeps their pages cached.
+files itself (no open or release requests) and keeps their pages cached; and where the
+compiled hot path is built (``hot_path``), ioctls, forgets and READs of the files of
+verified, published blocks never reach this class at all.
 """
 
 from __future__ import annotations
