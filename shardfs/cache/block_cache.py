@@ -36,7 +36,7 @@ from .block_format import (
 from .claims import Claim, Claims, LockFile, claim_block
 from .health import DiskHealth, disk_wide
 from .ledger import Ledger, open_connection
-from .open_blocks import OpenBlocks
+from .open_blocks import OpenBlock, OpenBlocks
 from .space import EVICT_ANY, EVICT_NONE, Space
 from .writer import AtomicWriter
 
@@ -197,14 +197,14 @@ class BlockCache:
         if self._health.is_bad(path):
             return None
         with self._open.pinned(path):
+            block = self._acquire(path, key, block_len)
+            if block is None:
+                return None
+            header = block.header
             try:
-                block = self._open.acquire(path, key, block_len)
-                if block is None:
-                    return None
-                header = block.header
                 data = read_all_into(block.fd, header, buffer)
                 return VerifiedBlock(os.dup(block.fd), header.header_len, header.chunk, data)
-            except (CorruptBlockError, struct.error) as exc:
+            except CorruptBlockError as exc:
                 self._discard(path, exc)
             except OSError as exc:
                 log.warning("cannot read cached block %s: %s", path, exc)
@@ -285,17 +285,7 @@ class BlockCache:
         if self._health.is_bad(path):
             return None
         with self._open.pinned(path):
-            try:
-                block = self._open.acquire(path, key, block_len)
-            except (CorruptBlockError, struct.error) as exc:
-                self._discard(path, exc)
-                return None
-            except OSError as exc:
-                if not disk_wide(exc):
-                    self._health.skip_path(path, exc)
-                else:
-                    log.warning("cannot open cached block %s: %s", path, exc)
-                return None
+            block = self._acquire(path, key, block_len)
             if block is None:
                 return None
             try:
@@ -310,6 +300,21 @@ class BlockCache:
                 return None
         self._ledger.touch(path, used=used)
         return data
+
+    def _acquire(self, path: str, key: BlockKey, block_len: int) -> OpenBlock | None:
+        """The open, header-verified block file at ``path`` (the caller pins it), or None:
+        missing, or its header damaged (discarded) or unreadable (the path skipped, unless
+        the whole disk fails)."""
+        try:
+            return self._open.acquire(path, key, block_len)
+        except (CorruptBlockError, struct.error) as exc:
+            self._discard(path, exc)
+        except OSError as exc:
+            if not disk_wide(exc):
+                self._health.skip_path(path, exc)
+            else:
+                log.warning("cannot open cached block %s: %s", path, exc)
+        return None
 
     def _discard(self, path: str, exc: BaseException) -> None:
         self.stats.add(checksum_failures=1)

@@ -120,7 +120,6 @@ class HotPath:
         self._opened = OPENED_TYPE(opened)
         self._used = used
         self._tokens: list[Any] = [None] * lib.hot_max_blocks()  # by C's block slot
-        self._replaced: dict[str, int] = {}
         fns = (ctypes.c_void_p * 7)(
             ctypes.cast(fuse.fuse_reply_err, ctypes.c_void_p).value,
             ctypes.cast(fuse.fuse_reply_buf, ctypes.c_void_p).value,
@@ -158,7 +157,6 @@ class HotPath:
         handlers = (ctypes.c_void_p * len(_HANDLERS))()
         self._lib.hot_handlers(handlers)
         for name, handler in zip(_HANDLERS, handlers, strict=True):
-            self._replaced[name] = getattr(ops, name)
             setattr(ops, name, handler)
         return int(ctx)
 
