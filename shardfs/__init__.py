@@ -1,4 +1,4 @@
-"""shardfs: mount tar shards in object storage as a read-only directory tree.
+"""shardfs: mount sharded datasets in object storage as a read-only directory tree.
 
 Only configuration and errors are re-exported here, so ``import shardfs`` stays light: it
 loads neither fsspec, libfuse nor torch.

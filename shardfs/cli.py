@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardfs",
         allow_abbrev=False,
-        description="Mount tar shards from object storage as a read-only directory tree.",
+        description="Mount sharded datasets (tar, tar.gz, zip, parquet, MDS) from object "
+        "storage as a read-only directory tree.",
         epilog=_examples(
             "shardfs mount s3://bucket/train/ /mnt/train",
             "shardfs stats /mnt/train",

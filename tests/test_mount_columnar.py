@@ -21,6 +21,11 @@ from support.mounts import imagefolder_view, mount, new_bucket, umount
 from support.processes import run_shardfs
 from support.s3 import S3Server
 
+from shardfs.formats import codecs
+from shardfs.formats.parquet import scan_parquet
+from shardfs.formats.source import BytesShard
+from shardfs.formats.units import DecodedScan
+
 pytestmark = pytest.mark.integration
 
 COUNTS = {"train": 24, "validation": 8}
@@ -78,6 +83,11 @@ def test_columnar_mount_serves_images_and_labels(
     assert shards and (fmt != "mdsz" or all(p.name.endswith(".mds.zstd") for p in shards))
     shard_total = sum(p.stat().st_size for p in shards)
     cache = tmp_path / "cache"
+    if fmt == "pyarrow":  # its snappy pages of images are read from their literal runs
+        for shard in shards:
+            scan = scan_parquet(BytesShard(shard.name, shard.read_bytes()))
+            assert isinstance(scan, DecodedScan)
+            assert {u.codec for u in scan.space.units} == {codecs.PIECES}
 
     s3_server.reset_counts()
     mount(f"s3://{bucket}/ds/", mountpoint, cache, "--layout", "imagefolder", env=env)

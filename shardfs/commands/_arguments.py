@@ -32,8 +32,9 @@ def source_arguments(
         positional,
         nargs="+" if several else None,
         help=what
-        or "where the *.tar shards are: a folder or prefix (s3://b/p/, gs://..., "
-        "https://host/p/, file:///data, a local path), one .tar, a brace pattern "
+        or "where the shards are (tar, tar.gz, zip, parquet, MDS: see --format): a "
+        "folder or prefix (s3://b/p/, gs://..., https://host/p/, file:///data, a local "
+        "path), one shard, a brace pattern "
         "(https://host/train-{000..146}.tar) or a glob (s3://b/p/train-*.tar)"
         + (
             "; several sources, on any stores, make one tree, where a path in two is "

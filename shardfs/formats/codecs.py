@@ -6,6 +6,9 @@ unit declares are refused as they come (a bomb never fills memory).
   (zip method 8), gzip and zlib streams, zstd, snappy (cramjam where installed: the
   ``formats`` extra; snappy falls back to the pure-Python decoder parquet's small columns
   use);
+- ``pieces``: a unit whose decoded bytes are mostly stored verbatim in the shard (a
+  snappy page of JPEGs is 99.98 % literal runs): its state lists the runs and keeps the few
+  bytes between them, and a file is read from the raw bytes under it, with no decoding;
 - seekable codecs (``SEEKABLE``): a unit too large to decode whole for one file (a gzip
   stream of a whole shard), opened over a file object of its raw bytes and read at decoded
   offsets from the nearest seek point that ``Unit.state`` records. ``gzip-seek`` is
@@ -31,7 +34,11 @@ from typing import Any, Protocol
 
 from ..errors import ShardfsError, UsageError
 from .pages import PageError, snappy_decompress
-from .units import DecodedSpace, Unit
+from .units import PIECES as PIECES
+from .units import DecodedSpace, Unit, pieces_span
+from .units import DecodeError as DecodeError
+from .units import pieces_read as pieces_read
+from .units import pieces_state as pieces_state
 
 _cram: Any
 try:  # the ``formats`` extra: compiled snappy and zstd
@@ -44,10 +51,6 @@ try:  # the ``formats`` extra: gzip seek points (untyped: imported by name)
     _rapidgzip = importlib.import_module("rapidgzip")
 except ImportError:  # pragma: no cover - the extra is part of every test install
     _rapidgzip = None
-
-
-class DecodeError(ValueError):
-    """A unit's bytes do not decode to what its index row says."""
 
 
 def _inflate(wbits: int) -> Callable[[bytes, int], bytes]:
@@ -143,6 +146,10 @@ def raw_span(unit: Unit, start: int, end: int) -> tuple[int, int]:
 
 def decode(unit: Unit, raw: bytes) -> Decoded:
     """A whole unit's decoded bytes, exactly ``unit.size`` of them, or ``DecodeError``."""
+    if unit.codec == PIECES:
+        return pieces_read(
+            unit, 0, unit.size, lambda lo, hi: raw[lo - unit.offset : hi - unit.offset]
+        )
     codec = WHOLE.get(unit.codec)
     if codec is None:
         raise DecodeError(f"unknown codec {unit.codec!r}")
@@ -162,6 +169,9 @@ def raw_placement(space: DecodedSpace, offset: int, size: int) -> tuple[int, int
         last = space.units[-1] if space.units else Unit("", 0, 0, 0)
         return last.end, last.end
     return raw_span(unit, within, within + size)
+
+
+SPANS[PIECES] = pieces_span
 
 
 # -- gzip streams with seek points (rapidgzip) -----------------------------------------------

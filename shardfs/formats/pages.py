@@ -18,6 +18,7 @@ from .thrift import int_field as _int
 from .thrift import list_field as _list
 from .thrift import struct_field as _struct
 from .thrift import text_field as _text
+from .units import PIECES, Unit, pieces_state
 
 MAX_SMALL_COLUMN = 256 << 20  # the label and path columns are read whole
 HEADER_READ = 1 << 10  # a page header, its level section and its first value's length
@@ -103,8 +104,12 @@ def schema_leaves(meta: Struct) -> list[Leaf]:
     return leaves
 
 
-def snappy_decompress(data: bytes, limit: int) -> bytes:
-    """A raw snappy block (parquet's SNAPPY codec), refused if it expands past ``limit``."""
+def snappy_decompress(
+    data: bytes, limit: int, ops: list[tuple[int, int, int, bool]] | None = None
+) -> bytes:
+    """A raw snappy block (parquet's SNAPPY codec), refused if it expands past ``limit``.
+    With ``ops``, each literal run and copy is noted there, as ``units.Op``: (decoded
+    offset, length, offset in ``data`` or the copy's decoded source, is a copy)."""
     reader = CompactReader(data)
     try:
         length = reader.varint()
@@ -130,6 +135,8 @@ def snappy_decompress(data: bytes, limit: int) -> bytes:
             n += 1
             if pos + n > end or len(out) + n > length:
                 raise PageError("snappy literal runs past the block")
+            if ops is not None:
+                ops.append((len(out), n, pos, False))
             out += data[pos : pos + n]
             pos += n
             continue
@@ -147,6 +154,8 @@ def snappy_decompress(data: bytes, limit: int) -> bytes:
         if offset == 0 or offset > len(out) or len(out) + n > length:
             raise PageError("snappy copy out of range")
         start = len(out) - offset
+        if ops is not None:
+            ops.append((len(out), n, start, True))
         while n > 0:  # an overlapping copy repeats the last ``offset`` bytes
             chunk = out[start : start + min(n, offset)]
             out += chunk
@@ -155,6 +164,21 @@ def snappy_decompress(data: bytes, limit: int) -> bytes:
     if len(out) != length:
         raise PageError(f"snappy block holds {len(out)} bytes, not the {length} it declares")
     return bytes(out)
+
+
+def snappy_pieces(unit: Unit, raw: bytes) -> tuple[bytes, Unit, list[tuple[int, int, int]]]:
+    """A snappy ``unit`` of images (its ``raw`` bytes) decoded, as a ``pieces`` unit read
+    from its literal runs, and those runs (decoded offset, shard offset, length); the unit
+    itself, and no runs, when too much of it is copies."""
+    ops: list[tuple[int, int, int, bool]] = []
+    data = snappy_decompress(raw, unit.size, ops)
+    if len(data) != unit.size:
+        raise PageError(f"snappy page holds {len(data)} bytes, not {unit.size}")
+    state = pieces_state(data, ops)
+    if state is None:
+        return data, unit, []
+    literals = [(at, unit.offset + pos, n) for at, n, pos, copy in ops if not copy]
+    return data, Unit(PIECES, unit.offset, unit.length, unit.size, state), literals
 
 
 def hybrid(data: bytes | bytearray, pos: int, end: int, bit_width: int, count: int) -> list[int]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
+from bisect import bisect_right
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from .pages import (
     read_footer,
     schema_leaves,
     small_column,
+    snappy_pieces,
 )
 from .source import CheckedReads, ShardBytes
 from .tar import MemberKind
@@ -161,6 +163,7 @@ class _Part:
         self.reader, self.start, self.end, self.head = reader, start, end, head
         self.data: bytes | bytearray | None = None
         self.unit = -1
+        self.literals: list[tuple[int, int, int]] = []  # of a pieces unit: (decoded, raw, n)
 
     def at(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` of the part (fewer at its end)."""
@@ -181,10 +184,11 @@ class _Part:
     def values(self, pos: int, count: int) -> list[ImageValue]:
         """``count`` PLAIN byte arrays from ``pos``: where each lies, and its first bytes."""
         if self.data is not None:
-            found = plain_extents(self.data, pos, count)
-            place = 0 if self.unit >= 0 else self.start
             data = self.data
-            return [(self.unit, place + o, n, bytes(data[o : o + min(n, SNIFF)])) for o, n in found]
+            return [
+                (*self._place(o, n), n, bytes(data[o : o + min(n, SNIFF)]))
+                for o, n in plain_extents(data, pos, count)
+            ]
         out: list[ImageValue] = []
         small = False
         for _ in range(count):  # the image bytes are never read: a length and a sniff each
@@ -204,6 +208,18 @@ class _Part:
             small = size < SMALL_IMAGE
         return out
 
+    def _place(self, offset: int, size: int) -> tuple[int, int]:
+        """(unit, offset) of a value in memory: a value inside one literal run of a pieces
+        unit is a direct extent of the shard (unit -1: pushed and served as any)."""
+        if self.unit < 0:
+            return -1, self.start + offset
+        index = bisect_right(self.literals, (offset, 1 << 63)) - 1
+        if index >= 0:
+            start, raw, length = self.literals[index]
+            if offset + size <= start + length:
+                return -1, raw + offset - start
+        return self.unit, offset
+
     def _held(self, offset: int, size: int) -> bool:
         """Whether bytes ``[offset, offset + size)`` of the part (cut at its end) are in
         the bytes last read."""
@@ -218,10 +234,13 @@ class _Part:
         length = self.end - self.start
         unit = _unit(chunk.codec, self.start, length, size)
         raw = chunk.reader.read(self.start, length, "an image page", cached=True)
-        try:
-            self.data = codecs.decode(unit, raw)
-        except codecs.DecodeError as exc:
-            raise PageError(f"{unit.codec} page: {exc}") from None
+        if serves and unit.codec == "snappy":  # read from its literal runs where it can be
+            self.data, unit, self.literals = snappy_pieces(unit, raw)
+        if self.data is None:
+            try:
+                self.data = codecs.decode(unit, raw)
+            except codecs.DecodeError as exc:
+                raise PageError(f"{unit.codec} page: {exc}") from None
         self.start, self.end = 0, size
         if serves:
             self.unit = len(chunk.units)

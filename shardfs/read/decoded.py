@@ -62,6 +62,8 @@ class DecodedReads:
         within, length = start - unit_start, min(end, unit_start + unit.size) - start
         key = (shard_id, unit_start)
         try:
+            if unit.codec == codecs.PIECES:
+                return self._read_pieces(shard_id, shard, unit_start, within, length)
             if unit.codec in codecs.SEEKABLE:
                 return self._read_seekable(key, shard, within, length)
             return _slice(self._whole(key, shard, unit), within, length)
@@ -89,6 +91,18 @@ class DecodedReads:
                 return None
             self._decoded.move_to_end((shard_id, base))
         return _slice(data, start - base, end - start)
+
+    def _read_pieces(
+        self, shard_id: int, shard: ShardInfo, unit_start: int, within: int, length: int
+    ) -> bytes:
+        """Bytes of a pieces unit: the raw bytes under them, read as any extent (no unit is
+        decoded, nothing is kept here: the block cache keeps the raw bytes)."""
+        _, unit = self._units.unit_at(shard_id, unit_start, state=True)
+
+        def read(lo: int, hi: int) -> bytes:
+            return self._reader.read(shard, lo, hi, hi)
+
+        return codecs.pieces_read(unit, within, within + length, read)
 
     def _whole(self, key: _Key, shard: ShardInfo, unit: Unit) -> codecs.Decoded:
         def produce() -> codecs.Decoded:

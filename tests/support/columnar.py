@@ -44,7 +44,9 @@ class Item:
         return self.file.read_bytes()
 
 
-def make_manifest(root: Path, counts: dict[str, int], *, seed: int = 0) -> list[Item]:
+def make_manifest(
+    root: Path, counts: dict[str, int], *, seed: int = 0, image_bytes: int = 3000
+) -> list[Item]:
     """Noise JPEGs per split, labels cycling over the classes; in ``validation`` the last
     class is left empty and the last image is unlabelled (-1). Writes root/manifest.json."""
     rng = random.Random(seed)
@@ -53,7 +55,7 @@ def make_manifest(root: Path, counts: dict[str, int], *, seed: int = 0) -> list[
     for split, count in counts.items():
         for index in range(count):
             path = root / "img" / f"{split}{index}.jpg"
-            path.write_bytes(noise_jpeg(rng, image_bytes=3000))
+            path.write_bytes(noise_jpeg(rng, image_bytes=image_bytes))
             if split == "validation":
                 label = -1 if index == count - 1 else index % (len(CLASSES) - 1)
             else:
