@@ -239,3 +239,72 @@ def test_any_snappy_block_either_reads_back_from_its_pieces_or_stays_decoded(
     short = raw[: cut % len(raw)]
     with pytest.raises(pages.PageError):
         pages.snappy_decompress(short, len(data), [])
+
+
+@pytest.mark.parametrize("holds", [True, False])
+def test_pieces_files_are_read_by_range_under_a_small_cache_and_whole_under_a_full_one(
+    written: tuple[Path, list[Item]], holds: bool
+) -> None:
+    """A cache that holds the dataset: the first file of a pieces unit reads the unit's raw
+    bytes once, and the others are slices of memory (no read at all). A smaller one: each
+    file reads only the raw bytes under it, so a shuffled epoch does not fetch whole pages
+    for single images."""
+    from shardfs.read.decoded import DecodedReads
+
+    root, items = written
+    path = root / "datasets-legacy" / "data" / "train-00000-of-00001.parquet"
+    data = path.read_bytes()
+    scan = scan_parquet(BytesShard(path.name, data))
+    assert isinstance(scan, DecodedScan)
+    space = scan.space
+    rows = [r for r in scan.rows if r[5] == MemberKind.FILE and is_decoded(r[1])]
+    assert len(rows) > 4
+
+    class Units:
+        def unit_at(self, shard: int, offset: int, *, state: bool = False) -> tuple[int, Unit]:
+            index, unit, _ = space.locate(offset)
+            return space.starts[index], unit
+
+    class Reader:
+        def __init__(self) -> None:
+            self.reads: list[tuple[int, int]] = []
+
+        class cache:  # a CachedReader's block cache: its limit alone
+            @staticmethod
+            def limit() -> int:
+                return 2 * len(data) if holds else len(data) // 2
+
+        dataset_bytes = len(data)
+
+        def read(self, shard: object, lo: int, hi: int, end: int | None = None) -> bytes:
+            self.reads.append((lo, hi))
+            return data[lo:hi]
+
+        def read_local(self, shard: object, lo: int, hi: int) -> bytes | None:
+            return None  # nothing is local: only kept units answer without a read
+
+    class Shard:
+        name = path.name
+
+    reader = Reader()
+    reads = DecodedReads(Units(), reader)  # type: ignore[arg-type]
+    want = {i.name: i.data() for i in items if i.split == "train"}
+    by_name = {r[0].rsplit("/", 1)[-1]: r for r in rows}
+    first, *rest = by_name
+    row = by_name[first]
+    assert reads.read(0, Shard(), row[1], row[1] + row[2]) == want[first]  # type: ignore[arg-type]
+    for name in rest:
+        row = by_name[name]
+        local = reads.read_local(0, row[1], row[1] + row[2], Shard())  # type: ignore[arg-type]
+        if holds:
+            assert local == want[name]
+        else:
+            assert local is None
+            assert reads.read(0, Shard(), row[1], row[1] + row[2]) == want[name]  # type: ignore[arg-type]
+    held = {space.locate(r[1])[1] for r in rows}
+    fetched = sum(hi - lo for lo, hi in reader.reads)
+    if holds:
+        assert reader.reads == [(u.offset, u.end) for u in held] and reads.units_decoded == 1
+    else:
+        assert len(reader.reads) >= len(rows) and reads.units_decoded == 0
+        assert fetched <= sum(r[2] for r in rows) + len(reader.reads) * units.MERGE_GAP

@@ -218,7 +218,7 @@ class ShardFileSystem:
         if span is None:
             return b""
         if is_decoded(span[1]):
-            data = self.decoded.read_local(node.shard, span[1], span[2])
+            data = self.decoded.read_local(node.shard, span[1], span[2], span[0])
         else:
             data = self.reader.read_local(*span)
         if data is not None:
@@ -323,7 +323,8 @@ class ShardFileSystem:
         if node.shard < 0:
             return None
         if is_decoded(node.offset):
-            data = self.decoded.read_local(node.shard, node.offset, node.offset + node.size)
+            shard = self.view.shards[node.shard]
+            data = self.decoded.read_local(node.shard, node.offset, node.offset + node.size, shard)
         elif not isinstance(self.reader, CachedReader):
             return None
         else:

@@ -183,7 +183,7 @@ def pieces_state(decoded: bytes | bytearray, ops: list[Op]) -> bytes | None:
     return pieces.state()
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)  # read.decoded keeps as many pieces units
 def _segments(state: bytes) -> tuple[list[int], list[tuple[int, int, int]], bytes]:
     """A pieces state's segment starts, segments and kept bytes; ``DecodeError`` when the
     segments do not lie end to end or point past the kept bytes."""

@@ -31,6 +31,7 @@ from ..core.attributes import BLOCK_SIZE
 from ..core.filesystem import ShardFileSystem
 from ..errors import NotFoundError, ShardfsError
 from ..formats.tar import MemberKind
+from ..formats.units import is_decoded
 from ..views.view import Node
 from . import binding as libfuse
 from . import dirents, hot_path
@@ -253,6 +254,8 @@ class FuseOperations:
     def _publish_soon(self, node: Node) -> None:
         """Have the compiled path answer the later READs of the files of ``node``'s block
         (verified first, on a worker thread: a block's worth of disk read and hashing)."""
+        if is_decoded(node.offset):
+            return  # a decoded file has no block of its own to publish
         key = (node.shard, node.offset // self.core.block_size)
         if key in self._publishing or self.workers is None or self.core.hints.watched[node.ino]:
             return

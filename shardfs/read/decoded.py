@@ -28,9 +28,14 @@ from .reader import RangeReader
 
 DEFAULT_BUDGET = 256 << 20  # decoded bytes kept
 OPEN_SEEKABLE = 8  # opened seekable decoders kept
+PIECES_KEPT = 256  # pieces units kept with their states (a few KB each)
 
 _Key = tuple[int, int]  # (shard id, decoded start of the unit, or of a seekable's chunk)
 _Opened = tuple[codecs.SeekableReader, threading.Lock, list[int]]  # and its chunk bounds
+
+
+class _NotLocal(Exception):
+    """A raw range of a pieces file is not local: the read must wait."""
 
 
 def _slice(data: codecs.Decoded, start: int, length: int) -> bytes:
@@ -54,6 +59,7 @@ class DecodedReads:
         self._held = 0
         self._decoding: dict[_Key, threading.Lock] = {}
         self._open: OrderedDict[_Key, _Opened] = OrderedDict()
+        self._pieces: OrderedDict[_Key, Unit] = OrderedDict()
         self.units_decoded = 0  # units and chunks decoded (one decoded twice counts twice)
 
     def read(self, shard_id: int, shard: ShardInfo, start: int, end: int) -> bytes:
@@ -63,18 +69,26 @@ class DecodedReads:
         key = (shard_id, unit_start)
         try:
             if unit.codec == codecs.PIECES:
-                return self._read_pieces(shard_id, shard, unit_start, within, length)
+                unit = self._pieces_unit(shard_id, unit_start)
+                if not self._whole_pieces(unit):
+                    return self._read_pieces(shard, unit, within, length)
             if unit.codec in codecs.SEEKABLE:
                 return self._read_seekable(key, shard, within, length)
             return _slice(self._whole(key, shard, unit), within, length)
         except codecs.DecodeError as exc:
             raise CorruptShardError(shard.name, unit.offset, f"{unit.codec} data: {exc}") from None
 
-    def read_local(self, shard_id: int, start: int, end: int) -> bytes | None:
-        """The same bytes if their unit (a seekable unit's chunk) is decoded and kept, else
-        None (never waits)."""
+    def read_local(
+        self, shard_id: int, start: int, end: int, shard: ShardInfo | None = None
+    ) -> bytes | None:
+        """The same bytes if their unit (a seekable unit's chunk) is decoded and kept, or,
+        of a pieces unit of ``shard``, its raw bytes are local; else None (never waits)."""
         unit_start, unit = self._units.unit_at(shard_id, start)
         end = min(end, unit_start + unit.size)
+        if unit.codec == codecs.PIECES:
+            unit = self._pieces_unit(shard_id, unit_start)
+            if shard is not None and not self._whole_pieces(unit):
+                return self._pieces_local(shard, unit, start - unit_start, end - unit_start)
         base = unit_start  # where the kept bytes start: the unit's, or its chunk's
         with self._lock:
             if unit.codec in codecs.SEEKABLE:
@@ -92,17 +106,53 @@ class DecodedReads:
             self._decoded.move_to_end((shard_id, base))
         return _slice(data, start - base, end - start)
 
-    def _read_pieces(
-        self, shard_id: int, shard: ShardInfo, unit_start: int, within: int, length: int
-    ) -> bytes:
+    def _whole_pieces(self, unit: Unit) -> bool:
+        """Whether a pieces unit is read whole, its raw bytes assembled once and kept as a
+        decoded unit's are (its files then slices of memory): when it is small beside the
+        budget and the block cache holds the dataset, so its other files' bytes cost no
+        egress; else each file reads only the raw bytes under it (a small cache)."""
+        cache = getattr(self._reader, "cache", None)  # a CachedReader's: the others keep none
+        if cache is None or unit.size > self._budget // 8:
+            return False
+        dataset: int | None = getattr(self._reader, "dataset_bytes", None)
+        return dataset is None or dataset <= cache.limit()
+
+    def _read_pieces(self, shard: ShardInfo, unit: Unit, within: int, length: int) -> bytes:
         """Bytes of a pieces unit: the raw bytes under them, read as any extent (no unit is
         decoded, nothing is kept here: the block cache keeps the raw bytes)."""
-        _, unit = self._units.unit_at(shard_id, unit_start, state=True)
 
         def read(lo: int, hi: int) -> bytes:
             return self._reader.read(shard, lo, hi, hi)
 
         return codecs.pieces_read(unit, within, within + length, read)
+
+    def _pieces_local(self, shard: ShardInfo, unit: Unit, within: int, end: int) -> bytes | None:
+        def read(lo: int, hi: int) -> bytes:
+            data = self._reader.read_local(shard, lo, hi)
+            if data is None:
+                raise _NotLocal
+            return data
+
+        try:
+            return codecs.pieces_read(unit, within, end, read)
+        except (_NotLocal, codecs.DecodeError):
+            return None  # the read that waits fetches them, or names the fault
+
+    def _pieces_unit(self, shard_id: int, unit_start: int) -> Unit:
+        """A pieces unit with its state, kept for the files read after it (one query, and
+        one parse of the state, per unit rather than per read)."""
+        key = (shard_id, unit_start)
+        with self._lock:
+            unit = self._pieces.get(key)
+            if unit is not None:
+                self._pieces.move_to_end(key)
+                return unit
+        _, unit = self._units.unit_at(shard_id, unit_start, state=True)
+        with self._lock:
+            self._pieces[key] = unit
+            while len(self._pieces) > PIECES_KEPT:
+                self._pieces.popitem(last=False)
+        return unit
 
     def _whole(self, key: _Key, shard: ShardInfo, unit: Unit) -> codecs.Decoded:
         def produce() -> codecs.Decoded:
