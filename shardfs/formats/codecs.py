@@ -147,9 +147,8 @@ def raw_span(unit: Unit, start: int, end: int) -> tuple[int, int]:
 def decode(unit: Unit, raw: bytes) -> Decoded:
     """A whole unit's decoded bytes, exactly ``unit.size`` of them, or ``DecodeError``."""
     if unit.codec == PIECES:
-        return pieces_read(
-            unit, 0, unit.size, lambda lo, hi: raw[lo - unit.offset : hi - unit.offset]
-        )
+        base, view = unit.offset, memoryview(raw)
+        return pieces_read(unit, 0, unit.size, lambda lo, hi: view[lo - base : hi - base])
     codec = WHOLE.get(unit.codec)
     if codec is None:
         raise DecodeError(f"unknown codec {unit.codec!r}")

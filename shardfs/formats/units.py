@@ -241,16 +241,18 @@ def pieces_span(unit: Unit, start: int, end: int) -> tuple[int, int]:
     return (ranges[0][0], ranges[-1][1]) if ranges else (unit.offset, unit.offset)
 
 
-def pieces_read(unit: Unit, start: int, end: int, read: Callable[[int, int], bytes]) -> bytes:
+def pieces_read(
+    unit: Unit, start: int, end: int, read: Callable[[int, int], bytes | memoryview]
+) -> bytes:
     """Decoded bytes ``[start, end)`` of a pieces unit, the raw bytes under them got by
-    ``read(lo, hi)`` (one call per range of ``pieces_ranges``)."""
+    ``read(lo, hi)`` (one call per range of ``pieces_ranges``), copied once into place."""
     ranges = pieces_ranges(unit, start, end)
-    got = [read(lo, hi) for lo, hi in ranges]
+    got = [memoryview(read(lo, hi)) for lo, hi in ranges]
     los = [lo for lo, _ in ranges]
     parts = []
     for offset, within, length, kept in _covering(unit, start, end):
         if offset < 0:
-            parts.append(kept[within : within + length])
+            parts.append(memoryview(kept)[within : within + length])
         else:
             index = bisect_right(los, offset) - 1
             at = offset - los[index]
