@@ -246,9 +246,9 @@ def test_pieces_files_are_read_by_range_under_a_small_cache_and_whole_under_a_fu
     written: tuple[Path, list[Item]], holds: bool
 ) -> None:
     """A cache that holds the dataset: the first file of a pieces unit reads the unit's raw
-    bytes once, and the others are slices of memory (no read at all). A smaller one: each
-    file reads only the raw bytes under it, so a shuffled epoch does not fetch whole pages
-    for single images."""
+    bytes once, and the others are slices of memory (no read at all). A dataset far larger
+    than the block cache and the decoded-unit budget: each file reads only the raw bytes
+    under it, so a shuffled epoch does not fetch whole pages for single images."""
     from shardfs.read.decoded import DecodedReads
 
     root, items = written
@@ -274,7 +274,7 @@ def test_pieces_files_are_read_by_range_under_a_small_cache_and_whole_under_a_fu
             def limit() -> int:
                 return 2 * len(data) if holds else len(data) // 2
 
-        dataset_bytes = len(data)
+        dataset_bytes = len(data) if holds else 1000 * len(data)  # beside the budget too
 
         def read(self, shard: object, lo: int, hi: int, end: int | None = None) -> bytes:
             self.reads.append((lo, hi))

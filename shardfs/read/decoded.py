@@ -109,13 +109,14 @@ class DecodedReads:
     def _whole_pieces(self, unit: Unit) -> bool:
         """Whether a pieces unit is read whole, its raw bytes assembled once and kept as a
         decoded unit's are (its files then slices of memory): when it is small beside the
-        budget and the block cache holds the dataset, so its other files' bytes cost no
-        egress; else each file reads only the raw bytes under it (a small cache)."""
+        budget and the dataset fits in the block cache and this cache together, so a unit
+        is fetched once; else each file reads only the raw bytes under it (a dataset far
+        larger than both, where whole units would be fetched once per image)."""
         cache = getattr(self._reader, "cache", None)  # a CachedReader's: the others keep none
         if cache is None or unit.size > self._budget // 8:
             return False
         dataset: int | None = getattr(self._reader, "dataset_bytes", None)
-        return dataset is None or dataset <= cache.limit()
+        return dataset is None or dataset <= cache.limit() + self._budget
 
     def _read_pieces(self, shard: ShardInfo, unit: Unit, within: int, length: int) -> bytes:
         """Bytes of a pieces unit: the raw bytes under them, read as any extent (no unit is
