@@ -59,7 +59,7 @@ class DecodedReads:
         self._held = 0
         self._decoding: dict[_Key, threading.Lock] = {}
         self._open: OrderedDict[_Key, _Opened] = OrderedDict()
-        self._pieces: OrderedDict[_Key, Unit] = OrderedDict()
+        self._pieces: OrderedDict[_Key, tuple[Unit, bool]] = OrderedDict()
         self.units_decoded = 0  # units and chunks decoded (one decoded twice counts twice)
 
     def read(self, shard_id: int, shard: ShardInfo, start: int, end: int) -> bytes:
@@ -69,8 +69,8 @@ class DecodedReads:
         key = (shard_id, unit_start)
         try:
             if unit.codec == codecs.PIECES:
-                unit = self._pieces_unit(shard_id, unit_start)
-                if not self._whole_pieces(unit):
+                unit, whole = self._pieces_unit(shard_id, unit_start)
+                if not whole:
                     return self._read_pieces(shard, unit, within, length)
             if unit.codec in codecs.SEEKABLE:
                 return self._read_seekable(key, shard, within, length)
@@ -86,8 +86,8 @@ class DecodedReads:
         unit_start, unit = self._units.unit_at(shard_id, start)
         end = min(end, unit_start + unit.size)
         if unit.codec == codecs.PIECES:
-            unit = self._pieces_unit(shard_id, unit_start)
-            if shard is not None and not self._whole_pieces(unit):
+            unit, whole = self._pieces_unit(shard_id, unit_start)
+            if shard is not None and not whole:
                 return self._pieces_local(shard, unit, start - unit_start, end - unit_start)
         base = unit_start  # where the kept bytes start: the unit's, or its chunk's
         with self._lock:
@@ -139,21 +139,23 @@ class DecodedReads:
         except (_NotLocal, codecs.DecodeError):
             return None  # the read that waits fetches them, or names the fault
 
-    def _pieces_unit(self, shard_id: int, unit_start: int) -> Unit:
-        """A pieces unit with its state, kept for the files read after it (one query, and
-        one parse of the state, per unit rather than per read)."""
+    def _pieces_unit(self, shard_id: int, unit_start: int) -> tuple[Unit, bool]:
+        """A pieces unit with its state, and whether it is read whole (``_whole_pieces``),
+        kept for the files read after it: one query, one parse of the state and one look
+        at the cache's bound per unit, not per read."""
         key = (shard_id, unit_start)
         with self._lock:
-            unit = self._pieces.get(key)
-            if unit is not None:
+            kept = self._pieces.get(key)
+            if kept is not None:
                 self._pieces.move_to_end(key)
-                return unit
+                return kept
         _, unit = self._units.unit_at(shard_id, unit_start, state=True)
+        kept = (unit, self._whole_pieces(unit))
         with self._lock:
-            self._pieces[key] = unit
+            self._pieces[key] = kept
             while len(self._pieces) > PIECES_KEPT:
                 self._pieces.popitem(last=False)
-        return unit
+        return kept
 
     def _whole(self, key: _Key, shard: ShardInfo, unit: Unit) -> codecs.Decoded:
         def produce() -> codecs.Decoded:
