@@ -6,9 +6,10 @@ unit declares are refused as they come (a bomb never fills memory).
   (zip method 8), gzip and zlib streams, zstd, snappy (cramjam where installed: the
   ``formats`` extra; snappy falls back to the pure-Python decoder parquet's small columns
   use);
-- ``pieces``: a unit whose decoded bytes are mostly stored verbatim in the shard (a
-  snappy page of JPEGs is 99.98 % literal runs): its state lists the runs and keeps the few
-  bytes between them, and a file is read from the raw bytes under it, with no decoding;
+- ``pieces``: a unit whose decoded bytes are stored verbatim in the shard but for a few
+  (a snappy page of JPEGs: literal runs, and copies of them): its state lists where each
+  segment is stored and keeps the bytes that are not, and a file is read from the raw bytes
+  under it, with no decoding (``units``);
 - seekable codecs (``SEEKABLE``): a unit too large to decode whole for one file (a gzip
   stream of a whole shard), opened over a file object of its raw bytes and read at decoded
   offsets from the nearest seek point that ``Unit.state`` records. ``gzip-seek`` is
