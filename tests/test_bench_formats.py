@@ -44,17 +44,27 @@ def test_ratios_pair_each_format_with_the_tar_epoch_of_its_round() -> None:
                    _epoch("mds", round_, mds, index_ratio=0.03,
                           first_epoch_over_images=1.06)]  # fmt: skip
     epochs.append(_epoch("zip", 0, 50))  # a zip epoch in round 0 only
+    # The tar mounted from its sidecar, in both rounds: parquet and MDS are paired with it too.
+    epochs += [_epoch("tar-sidecar", 0, 110), _epoch("tar-sidecar", 1, 100)]
     result = {"rounds": 2, "epochs": epochs}
     ratios = round_ratios(result)
     assert ratios["parquet / tar"] == pytest.approx({0: 0.99, 1: 1.05})
     assert ratios["mds / tar"] == pytest.approx({0: 0.8, 1: 0.75})
     assert ratios["zip / tar"] == pytest.approx({0: 0.5})
+    assert ratios["parquet / tar-sidecar"] == pytest.approx({0: 0.9, 1: 1.26})
+    assert ratios["mds / tar-sidecar"] == pytest.approx({0: 80 / 110, 1: 0.9})
+    assert ratios["tar-sidecar / tar"] == pytest.approx({0: 1.1, 1: 100 / 120})
+    assert "zip / tar-sidecar" not in ratios  # only parquet and MDS download in their epoch
     # mount + epoch: 1 s of mount each, so 100 images over (1 + 100 / rate) seconds.
     assert ratios["parquet / tar, mount + epoch"][0] == pytest.approx((1 + 1.0) / (1 + 100 / 99))
 
     checks = {c["target"]: c for c in targets(result, ratios)}
-    speed = checks["parquet / tar, cold decode images/s (per round)"]
+    plain = "the tar mount downloaded the images"
+    speed = checks[f"parquet / tar, cold decode images/s (per round; {plain})"]
     assert speed["value"] == pytest.approx(1.02) and speed["met"] is False  # 2 rounds of 5
+    both = "both epochs download them"
+    sidecar = checks[f"parquet / tar-sidecar, cold decode images/s (per round; {both})"]
+    assert sidecar["value"] == pytest.approx(1.08) and sidecar["met"] is False
     assert checks["mds: index egress / shard bytes (worst)"]["met"] is False
     assert checks["mds: first mount + epoch egress / images' bytes (worst)"]["met"] is False
     assert checks["parquet: index egress / shard bytes (worst)"]["met"] is True
