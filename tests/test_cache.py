@@ -1111,6 +1111,22 @@ def _drop_from_page_cache(path: Path, start: int = 0, end: int | None = None) ->
     pytest.skip(f"the kernel keeps {path.name} in the page cache despite POSIX_FADV_DONTNEED")
 
 
+def _nowait_syscall_serves(path: Path, offset: int, length: int) -> bool:
+    """Whether a bare ``preadv2(RWF_NOWAIT)`` of dropped pages gets their bytes (or the
+    filesystem cannot tell): the platform's answer, to set the cache's against."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.preadv(fd, [bytearray(length)], offset, os.RWF_NOWAIT) > 0
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return True
+        raise
+    finally:
+        os.close(fd)
+
+
 def test_a_read_that_must_not_wait_skips_blocks_the_page_cache_lacks(
     open_cache: Callable[..., BlockCache],
 ) -> None:
@@ -1125,14 +1141,20 @@ def test_a_read_that_must_not_wait_skips_blocks_the_page_cache_lacks(
     cache = open_cache(**settings)
     key, start, end = BlockKey(KEY, 0), size - 100_000, size - 1000
     # Dropped and checked gone (mincore) right before each try. A busy kernel may read
-    # pages back in between (CI saw it once in many runs), so the check gets five tries;
-    # a read that ignored nowait would take the bytes every time.
-    answers = []
+    # pages back in between, and some disks complete the readahead that RWF_NOWAIT starts
+    # before the kernel looks again (CI saw the bytes five times running): so a try in
+    # which the cache got bytes is repeated with the bare syscall, in the same state. A
+    # cache that ignored nowait gets bytes where the syscall is refused, and fails.
+    answers, platform_serves = [], 0
     for _ in range(5):
         _drop_from_page_cache(path, size - 200_000)
         answers.append(cache.peek(key, start, end, size, nowait=True))
         if answers[-1] is None:
             break
+        _drop_from_page_cache(path, size - 200_000)
+        platform_serves += _nowait_syscall_serves(path, start, end - start)
+    if answers[-1] is not None and platform_serves == len(answers):
+        pytest.skip("this disk serves dropped pages to RWF_NOWAIT reads: nothing to tell")
     assert answers[-1] is None, f"peek(nowait=True) read dropped bytes {len(answers)} times"
     assert cache.peek(key, start, end, size) == source.block(0)[start:end]  # may wait
     assert cache.peek(key, start, end, size, nowait=True) == source.block(0)[start:end]
