@@ -269,12 +269,10 @@ def test_pieces_files_are_read_by_range_under_a_small_cache_and_whole_under_a_fu
         def __init__(self) -> None:
             self.reads: list[tuple[int, int]] = []
 
-        class cache:  # a CachedReader's block cache: its limit alone
-            @staticmethod
-            def limit() -> int:
-                return 2 * len(data) if holds else len(data) // 2
-
-        dataset_bytes = len(data) if holds else 1000 * len(data)  # beside the budget too
+        def cache_holds_dataset(self, beside: int = 0) -> bool:  # a CachedReader's question
+            limit = 2 * len(data) if holds else len(data) // 2
+            dataset = len(data) if holds else 1000 * len(data)  # beside the budget too
+            return dataset <= limit + beside
 
         def read(self, shard: object, lo: int, hi: int, end: int | None = None) -> bytes:
             self.reads.append((lo, hi))

@@ -168,6 +168,25 @@ def test_a_cache_that_holds_the_data_still_fetches_whole_blocks(
     assert stats.store_requests == SHARDS * BLOCKS_PER_SHARD
 
 
+def test_the_reader_says_whether_its_cache_holds_the_dataset(tmp_path: Path) -> None:
+    """One answer for the hint (stream or keep) and for pieces units (whole or by range):
+    the cache's bound, plus what is kept beside it, against the dataset's size."""
+    stats = Stats()
+    cache = open_cache(tmp_path, 0.5, stats)
+    try:
+        limit = cache.limit()
+        store = CountingStore(str(tmp_path), stats)
+        assert CachedReader(store, cache, stats, retries=1).cache_holds_dataset()  # unknown
+        bigger = CachedReader(store, cache, stats, retries=1, dataset_bytes=limit + 10)
+        assert not bigger.cache_holds_dataset()
+        assert not bigger.cache_holds_dataset(beside=9)
+        assert bigger.cache_holds_dataset(beside=10)
+        held = CachedReader(store, cache, stats, retries=1, dataset_bytes=limit)
+        assert held.cache_holds_dataset()
+    finally:
+        cache.close()
+
+
 def test_blocks_no_read_uses_for_an_epoch_give_way(tmp_path: Path) -> None:
     """A cache full of another dataset's blocks: once this reader has read as much as its
     data without touching them, they are cold and its own blocks replace them, so its

@@ -254,7 +254,7 @@ class OrderHints:
             reader.new_order()
             room = int(reader.cache_blocks() * _STREAM_ROOM)
             live = _most_live(first_use, last_use, len(hint.rows))
-            small = reader.dataset_bytes is not None and reader.dataset_bytes > reader.cache.limit()
+            small = not reader.cache_holds_dataset()
             # Streaming: the blocks being read and a window ahead fit the cache at once.
             reader.streaming_hint = small and live + _MIN_WINDOW <= room
             if reader.streaming_hint:

@@ -112,11 +112,8 @@ class DecodedReads:
         budget and the dataset fits in the block cache and this cache together, so a unit
         is fetched once; else each file reads only the raw bytes under it (a dataset far
         larger than both, where whole units would be fetched once per image)."""
-        cache = getattr(self._reader, "cache", None)  # a CachedReader's: the others keep none
-        if cache is None or unit.size > self._budget // 8:
-            return False
-        dataset: int | None = getattr(self._reader, "dataset_bytes", None)
-        return dataset is None or dataset <= cache.limit() + self._budget
+        holds = getattr(self._reader, "cache_holds_dataset", None)  # others keep no cache
+        return holds is not None and unit.size <= self._budget // 8 and holds(self._budget)
 
     def _read_pieces(self, shard: ShardInfo, unit: Unit, within: int, length: int) -> bytes:
         """Bytes of a pieces unit: the raw bytes under them, read as any extent (no unit is

@@ -428,6 +428,11 @@ class CachedReader:
         """A new order hint: reads warm the blocks they use again."""
         self.cache.unretire_all()
 
+    def cache_holds_dataset(self, beside: int = 0) -> bool:
+        """Whether the cache's bound, with ``beside`` bytes kept elsewhere (a decoded-unit
+        budget), holds the whole dataset (unknown size: taken as held)."""
+        return self.dataset_bytes is None or self.dataset_bytes <= self.cache.limit() + beside
+
     def cache_blocks(self) -> int:
         """Whole blocks the cache's bound holds."""
         return self.cache.limit() // self.block_size
