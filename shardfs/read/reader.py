@@ -77,12 +77,9 @@ class CachedReader:
         # None: plain LRU, any block may be evicted for a miss (readers outside a mount).
         self.dataset_bytes = dataset_bytes
         self._cold = ColdClock(dataset_bytes)
-        self.store = store
-        self.cache = cache
-        self.stats = stats
+        self.store, self.cache, self.stats = store, cache, stats
         self._fills = BlockFills(cache, stats)
-        self.retries = retries
-        self.prefetcher = prefetcher
+        self.retries, self.prefetcher = retries, prefetcher
         self.block_size = cache.config.block_size
         self._keys: dict[ShardInfo, str] = {}
         self._scheduled: set[str] = set()
@@ -429,8 +426,7 @@ class CachedReader:
         self.cache.unretire_all()
 
     def cache_holds_dataset(self, beside: int = 0) -> bool:
-        """Whether the cache's bound, with ``beside`` bytes kept elsewhere (a decoded-unit
-        budget), holds the whole dataset (unknown size: taken as held)."""
+        """Whether the cache, with ``beside`` bytes kept elsewhere, holds the dataset."""
         return self.dataset_bytes is None or self.dataset_bytes <= self.cache.limit() + beside
 
     def cache_blocks(self) -> int:
