@@ -326,7 +326,8 @@ class PerFileBench:
             tail = sum(process_cpu(pid)) - sum(tail_before)
             cold["daemon_after_reads_us"] = tail / len(paths) * 1e6
             cold["egress_ratio"] = counts["get_object_bytes"] / self.shard_bytes
-            for key in ("bytes_pushed", "bytes_served", "reads_waited_on_network"):
+            for key in ("bytes_pushed", "bytes_served", "reads_waited_on_network",
+                        "files_published", "hot_path_reads"):  # fmt: skip
                 cold[key] = stats[key] - stats_before[key]
             warm = self.phase(pid, paths, buffering)
             # Blocks cached, page cache dropped: every file is a READ answered from cache

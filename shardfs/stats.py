@@ -42,6 +42,7 @@ class Stats:
     files_ahead_read: int = 0  # reads served by those
     delivered_bytes: int = 0  # bytes of distinct files served or pushed to the kernel
     hot_path_reads: int = 0  # of cache_hits, READs the compiled FUSE path answered
+    files_published: int = 0  # files handed to the compiled path with their cached block
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
     _sources: list[Callable[[], dict[str, int]]] = field(

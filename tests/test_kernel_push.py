@@ -6,9 +6,12 @@ records which inodes a retry pass looked up, so a test knows a retry happened.""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.inodes import resolve
@@ -17,6 +20,8 @@ from support.tarbuild import make_tar, store_with
 
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
 from shardfs.core.filesystem import ShardFileSystem
+from shardfs.fuse import hot_path
+from shardfs.fuse.binding import BufVec
 from shardfs.fuse.pushes import _PUSH_RETRIES, KernelPusher
 from shardfs.index.db import IndexBuilder
 from shardfs.read.direct import DirectReader
@@ -37,7 +42,7 @@ class FakeSession:
         self.refusals = dict(refusals or {})
         self.stored: list[tuple[int, bytes]] = []
         self.calls: Counter[int] = Counter()
-        self.on_refusal = lambda ino: None
+        self.on_refusal: Callable[[int], None] = lambda ino: None
 
     def notify_store(
         self, ino: int, offset: int, data: bytes, start: int = 0, length: int | None = None
@@ -54,6 +59,33 @@ class FakeSession:
 
     def stored_inodes(self) -> list[int]:
         return [ino for ino, _ in self.stored]
+
+    def compiled_target(self) -> tuple[int, int]:
+        """As ``binding.Session.store_target``: a C function (here calling back into
+        ``notify_store``), so that the pusher stores whole blocks through ``hot_push``."""
+
+        def store(_session: int, ino: int, offset: int, vector: Any, _flags: int) -> int:
+            piece = vector.contents.buf[0]
+            return self.notify_store(ino, offset, ctypes.string_at(piece.mem, piece.size))
+
+        self._callback = _STORE_TYPE(store)  # kept alive while C may call it
+        return ctypes.cast(self._callback, ctypes.c_void_p).value or 0, 0
+
+
+_STORE_TYPE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.POINTER(BufVec),
+    ctypes.c_int,
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True, params=["per-file", "compiled"])
+def push_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: blocks pushed file by file in Python, and in one C call."""
+    if request.param == "compiled":
+        if not hot_path.available():
+            pytest.skip("the compiled hot path is not built")
+        monkeypatch.setattr(FakeSession, "store_target", FakeSession.compiled_target, raising=False)
+    return str(request.param)
 
 
 class AllLocal(ShardFileSystem):
@@ -216,3 +248,23 @@ def test_files_waiting_for_their_inode_are_pushed_by_a_listing_not_by_a_lookup(
         assert sum(session.calls.values()) == 1
     finally:
         pusher.stop()
+
+
+def test_the_compiled_push_keeps_the_pushers_rules() -> None:
+    """``hot_push`` on its own: a file the kernel holds is skipped, one whose inode it does
+    not know is marked waiting, bytes outside the buffer are refused, the rest stored."""
+    if not hot_path.available():
+        pytest.skip("the compiled hot path is not built")
+    session = FakeSession({4: 1})
+    in_kernel, known, waiting = bytearray(8), bytearray(b"\1" * 8), bytearray(8)
+    in_kernel[1], known[2] = 1, 0
+    batch = hot_path.batch_push(session.compiled_target(), in_kernel, known, waiting)
+    assert batch is not None
+    data = bytes(range(100))
+    files = [(0, 0, 10), (1, 10, 10), (2, 20, 10), (3, 95, 10), (4, 30, 10), (5, 40, 60)]
+    pushed, results = batch.push(data, files)
+    assert list(results) == [0, 1, 2, -errno.EINVAL, -errno.ENOENT, 0]
+    assert pushed == 70
+    assert session.stored == [(0, data[0:10]), (5, data[40:100])]
+    assert list(in_kernel) == [1, 1, 0, 0, 0, 1, 0, 0]
+    assert list(waiting) == [0, 0, 1, 0, 0, 0, 0, 0]

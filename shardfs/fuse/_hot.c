@@ -396,6 +396,65 @@ void hot_free(struct ctx *c) {
     free(c);
 }
 
+/* -- kernel pushes of a block's files (pushes.py), without the interpreter ------------- */
+
+struct push_buf { /* libfuse's struct fuse_buf and fuse_bufvec of one buffer */
+    size_t size;
+    int flags;
+    void *mem;
+    int fd;
+    int64_t pos;
+};
+struct push_vec {
+    size_t count, idx, off;
+    struct push_buf buf[1];
+};
+typedef int (*notify_store_fn)(void *, uint64_t, int64_t, struct push_vec *, int);
+
+/* Store ``count`` files into the kernel's page cache with FUSE_NOTIFY_STORE: file i is inode
+ * inos[i], sizes[i] bytes at base + pos[i] (-EINVAL if not within the ``len`` there). The pusher's tables (one byte per inode):
+ * in_kernel (set here on success; a file already set is skipped), known (the kernel was
+ * given the inode; else the file is marked in ``waiting`` and skipped, unless ``known``
+ * turned 1 meanwhile). results[i]: 0 pushed, 1 already in the kernel, 2 left waiting, or
+ * libfuse's negative errno. Returns the bytes pushed. Call from the pusher's thread only. */
+int64_t hot_push(void *notify, void *session, const unsigned char *base, int64_t len,
+                 uint64_t count, const uint64_t *inos, const int64_t *pos, const int64_t *sizes,
+                 uint8_t *in_kernel, uint8_t *known, uint8_t *waiting, int32_t *results) {
+    notify_store_fn store = (notify_store_fn)notify;
+    struct push_vec vec = {1, 0, 0, {{0, 0, NULL, -1, 0}}};
+    int64_t pushed = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t ino = inos[i];
+        if (pos[i] < 0 || sizes[i] < 0 || pos[i] + sizes[i] > len) {
+            results[i] = -EINVAL;
+            continue;
+        }
+        if (__atomic_load_n(&in_kernel[ino], __ATOMIC_SEQ_CST)) {
+            results[i] = 1;
+            continue;
+        }
+        if (!__atomic_load_n(&known[ino], __ATOMIC_SEQ_CST)) {
+            /* the session thread sets known, then looks at waiting: one of us sees the
+             * other's mark (at worst the file is read through a READ, never lost) */
+            __atomic_store_n(&waiting[ino], 1, __ATOMIC_SEQ_CST);
+            if (!__atomic_load_n(&known[ino], __ATOMIC_SEQ_CST)) {
+                results[i] = 2;
+                continue;
+            }
+            __atomic_store_n(&waiting[ino], 0, __ATOMIC_SEQ_CST);
+        }
+        vec.buf[0].size = (size_t)sizes[i];
+        vec.buf[0].mem = (void *)(base + pos[i]);
+        vec.idx = vec.off = 0;
+        results[i] = store(session, ino, 0, &vec, 0);
+        if (results[i] == 0) {
+            __atomic_store_n(&in_kernel[ino], 1, __ATOMIC_SEQ_CST);
+            pushed += sizes[i];
+        }
+    }
+    return pushed;
+}
+
 /* An importable module, so that pip builds it and Python finds its file. */
 static struct PyModuleDef hot_module = {
     PyModuleDef_HEAD_INIT, "_hot",

@@ -381,6 +381,13 @@ class Session:
         piece.mem = self._store_base + start
         return int(self._notify_store(self._se, ino, offset, self._store_ref, 0))
 
+    def store_target(self) -> tuple[int, int]:
+        """``fuse_lowlevel_notify_store``'s address and this session's, for a compiled
+        caller (``hot_path.BatchPush``): the same rules as ``notify_store``."""
+        address = ctypes.cast(self._notify_store, ctypes.c_void_p).value
+        assert address and self._se, "a mounted session"
+        return address, int(self._se)
+
     def exit(self) -> None:
         self._lib.fuse_session_exit(self._se)
 

@@ -72,6 +72,12 @@ def _load() -> ctypes.CDLL | None:
     lib.hot_max_blocks.restype = ctypes.c_uint
     lib.hot_free.argtypes = [ctypes.c_void_p]
     lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.hot_push.restype = ctypes.c_int64
+    lib.hot_push.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p,
+    ]  # fmt: skip
     return lib
 
 
@@ -217,6 +223,7 @@ class HotPath:
         return {
             "cache_hits": counts["reads"],
             "hot_path_reads": counts["reads"],
+            "files_published": counts["published"],
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
             "checksum_failures": counts["checksum_failures"],
@@ -232,6 +239,54 @@ class HotPath:
             ctx, self._ctx = self._ctx, None
             self._lib.hot_free(ctx)
             log.info("compiled hot path: %s", ", ".join(f"{k} {v}" for k, v in self._final.items()))
+
+
+# hot_push's results per file: pushed, already in the kernel, left waiting for its inode
+PUSHED, IN_KERNEL, WAITING = 0, 1, 2
+
+
+class BatchPush:
+    """A block's files stored into the kernel in one call (``hot_push``), without the
+    interpreter: the pusher's per-file work, in C. The pusher's tables (``in_kernel``,
+    ``known``, ``waiting``: one byte per inode) are shared with C, never resized."""
+
+    def __init__(
+        self, lib: ctypes.CDLL, store: tuple[int, int], in_kernel: bytearray,
+        known: bytearray, waiting: bytearray,
+    ) -> None:  # fmt: skip
+        """``store``: the address of ``fuse_lowlevel_notify_store`` and the session's."""
+        self._lib = lib
+        self._store = store
+        self._tables = tuple(_address(t) for t in (in_kernel, known, waiting))
+        self._shared = (in_kernel, known, waiting)  # kept alive while C points into them
+
+    def push(
+        self, data: bytes | memoryview, files: list[tuple[int, int, int]]
+    ) -> tuple[int, array[int]]:
+        """Store ``files`` ((ino, position in ``data``, size)); returns the bytes pushed and
+        each file's result (PUSHED, IN_KERNEL, WAITING, or a negative errno)."""
+        inos = array("Q", (ino for ino, _, _ in files))
+        positions = array("q", (at for _, at, _ in files))
+        sizes = array("q", (size for _, _, size in files))
+        results = array("i", bytes(4 * len(files)))
+        if isinstance(data, memoryview) and not data.readonly:
+            base = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data))
+        else:
+            data = bytes(data)  # a read-only view: its bytes object (bytes: no copy)
+            base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+        pushed = self._lib.hot_push(
+            *self._store, base, len(data), len(files), _buffer(inos), _buffer(positions),
+            _buffer(sizes), *self._tables, _buffer(results),
+        )  # fmt: skip
+        return int(pushed), results
+
+
+def batch_push(
+    store: tuple[int, int], in_kernel: bytearray, known: bytearray, waiting: bytearray
+) -> BatchPush | None:
+    """The compiled pusher, or None when the extension is not built or switched off."""
+    lib = _library()
+    return None if lib is None else BatchPush(lib, store, in_kernel, known, waiting)
 
 
 def _buffer(values: array[int]) -> int | None:

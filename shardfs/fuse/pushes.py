@@ -14,6 +14,7 @@ from ..core.filesystem import ShardFileSystem
 from ..store.shards import ShardInfo
 from ..views.view import Node
 from . import binding as libfuse
+from . import hot_path
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class KernelPusher:
         self._waiting = bytearray(size)
         self._retries: dict[int, tuple[float, int]] = {}  # inode -> (when, attempts)
         self._buffer: mmap.mmap | None = None  # a block read for its files (this thread's)
+        self._batch: hot_path.BatchPush | None = None  # a block's files in one C call
         self._abort = False
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
@@ -59,6 +61,9 @@ class KernelPusher:
 
     def start(self, session: libfuse.Session) -> None:
         self.session = session
+        target = getattr(session, "store_target", None)  # a fake session may have none
+        if target is not None:
+            self._batch = hot_path.batch_push(target(), self.in_kernel, self._known, self._waiting)
         self._thread.start()
 
     def block_local(self, shard: ShardInfo, start: int, end: int, block: bytes | None) -> None:
@@ -121,6 +126,9 @@ class KernelPusher:
         at shard offset ``start``, just fetched) when given, else from the block cache."""
         session = self.session
         assert session is not None
+        if block is not None and self._batch is not None and not self._abort:
+            self._push_batch(self._batch, nodes, start, block)
+            return
         pushed = 0
         for node in nodes:
             if self._abort:
@@ -148,6 +156,23 @@ class KernelPusher:
             elif result == -errno.ENOENT:
                 self._not_there_yet(ino, attempts)
             else:
+                log.debug("notify_store(%d) failed: %s", ino, os.strerror(-result))
+        if pushed:
+            self.core.stats.add(bytes_pushed=pushed)
+
+    def _push_batch(
+        self, batch: hot_path.BatchPush, nodes: list[Node], start: int, block: bytes | memoryview
+    ) -> None:
+        """``_push_files`` of a block in memory, its per-file work in C (the same rules)."""
+        files = [(node.ino, node.offset - start, node.size) for node in nodes]
+        attempts: dict[int, int] = {}
+        for ino in [ino for ino, _, _ in files if ino in self._retries] if self._retries else ():
+            attempts[ino] = self._retries.pop(ino)[1]  # a retry ends here whatever happens
+        pushed, results = batch.push(block, files)
+        for (ino, _, _), result in zip(files, results, strict=True):
+            if result == -errno.ENOENT:
+                self._not_there_yet(ino, attempts.get(ino, 0))
+            elif result < 0:
                 log.debug("notify_store(%d) failed: %s", ino, os.strerror(-result))
         if pushed:
             self.core.stats.add(bytes_pushed=pushed)
