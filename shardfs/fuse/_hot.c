@@ -8,8 +8,10 @@
  *     whose every chunk Python verified) is answered with one pread; else Python.
  *   - ioctl: every ioctl but the order hint's is answered ENOTTY here, as Python did. The
  *     TCGETS of a default-buffered open() of a file the kernel holds whole, while an order
- *     hint follows that file, is then passed on (``opened``): the hint counts it as read.
+ *     hint follows that file, is then queued for a Python thread (``opened``): the hint
+ *     counts it as read.
  *   - forget, forget_multi: nothing to free.
+ * And for the kernel pusher (pushes.py), hot_push stores a block's files with one call.
  * No libfuse header is needed: libfuse's functions arrive as addresses from ctypes, and the
  * per-mount state travels as the session's userdata. Python calls the exported hot_*
  * functions through ctypes, which releases the interpreter lock around them.
@@ -39,6 +41,7 @@ typedef void (*ioctl_fn)(req_t, uint64_t, unsigned, void *, void *, unsigned, co
 typedef void (*opened_fn)(uint64_t);
 
 #define MAX_BLOCKS 256 /* published block files held open at once, oldest dropped first */
+#define MAX_OPENED 4096 /* opens queued for Python at once; past that, Python is called */
 
 struct slot {
     int32_t block; /* 1 + index into blocks, 0: not published */
@@ -90,6 +93,9 @@ struct ctx {
     size_t buffer_size;
     pthread_mutex_t lock;
     struct hot_counters counters;
+    int opened_fd; /* an eventfd told when ``opened`` gets its first inode; -1: none */
+    unsigned opened_count;
+    uint64_t opened[MAX_OPENED]; /* inodes whose opens Python has yet to take */
 };
 
 /* A fast 64-bit checksum of a chunk (four multiply-xor lanes): any change of one 8-byte
@@ -224,8 +230,25 @@ static void hot_ioctl(req_t req, uint64_t ino, unsigned cmd, void *arg, void *fi
     }
     c->reply_err(req, ENOTTY);
     if (cmd == TCGETS && ino < c->n_ino && c->in_kernel != NULL && c->in_kernel[ino] &&
-        c->watched[ino])
-        c->py_opened(ino);
+        c->watched[ino]) {
+        /* queued for Python's thread (hot_take_opened): this thread never waits on the
+         * interpreter lock for it; called in place only when the queue is full */
+        int queued = 0, wake = 0;
+        pthread_mutex_lock(&c->lock);
+        if (c->opened_fd >= 0 && c->opened_count < MAX_OPENED) {
+            wake = c->opened_count == 0;
+            c->opened[c->opened_count++] = ino;
+            queued = 1;
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (wake) {
+            uint64_t one = 1;
+            if (write(c->opened_fd, &one, sizeof one) != sizeof one)
+                wake = 0; /* a full counter: Python is awake already */
+        }
+        if (!queued)
+            c->py_opened(ino);
+    }
 }
 
 static void hot_forget(req_t req, uint64_t ino, uint64_t nlookup) {
@@ -283,8 +306,28 @@ struct ctx *hot_new(void **fns, uint64_t hint_ino, unsigned hint_cmd, uint64_t n
     c->delivered = delivered;
     for (unsigned i = 0; i < MAX_BLOCKS; i++)
         c->blocks[i].fd = -1;
+    c->opened_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
     return c;
+}
+
+/* Queue the opens the ioctl handler sees, telling eventfd ``fd`` (-1: call Python at once,
+ * as before). */
+void hot_queue_opened(struct ctx *c, int fd) {
+    pthread_mutex_lock(&c->lock);
+    c->opened_fd = fd;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Move up to ``max`` queued inodes into ``out``, oldest first; returns how many. */
+unsigned hot_take_opened(struct ctx *c, uint64_t *out, unsigned max) {
+    pthread_mutex_lock(&c->lock);
+    unsigned n = c->opened_count < max ? c->opened_count : max;
+    memcpy(out, c->opened, n * sizeof *out);
+    memmove(c->opened, c->opened + n, (c->opened_count - n) * sizeof *out);
+    c->opened_count -= n;
+    pthread_mutex_unlock(&c->lock);
+    return n;
 }
 
 /* Publish the files of one block file, whose data (``data_len`` bytes at ``data_pos`` in

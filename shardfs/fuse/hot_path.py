@@ -1,5 +1,7 @@
 """The compiled hot path (``_hot.c``): READs of published files, ioctls and forgets answered
-without the interpreter; this module is its control plane.
+without the interpreter, and a block's kernel pushes in one call; this module is its
+control plane. The opens C sees of files an order hint follows reach the hint on a thread of
+their own (``shardfs-opened``), never on the one answering requests.
 
 A file is *published* once the block file holding all of it was verified chunk by chunk
 (``ShardFileSystem.published_block``): its later READs are one ``pread`` in C. Files an order
@@ -33,6 +35,7 @@ OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 # How often published blocks are checked for removal from the cache: what they may hold
 # of the disk beyond the cache's bound is what the cache evicts in that time.
 SWEEP_S = 1.0
+_TAKE_OPENED = 1024  # inodes taken from C's queue of opens at a time
 
 
 class _Counters(ctypes.Structure):
@@ -72,6 +75,9 @@ def _load() -> ctypes.CDLL | None:
     lib.hot_max_blocks.restype = ctypes.c_uint
     lib.hot_free.argtypes = [ctypes.c_void_p]
     lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.hot_queue_opened.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.hot_take_opened.restype = ctypes.c_uint
+    lib.hot_take_opened.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
     lib.hot_push.restype = ctypes.c_int64
     lib.hot_push.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
@@ -123,7 +129,10 @@ class HotPath:
             raise ValueError("the shared tables must cover every inode")
         self._lib = lib
         self._shared = (in_kernel, watched, delivered)  # kept alive while C points into them
-        self._opened = OPENED_TYPE(opened)
+        self._opened = OPENED_TYPE(opened)  # C's fallback when its queue is full
+        self._on_opened = opened
+        self._opened_fd = -1
+        self._opens = threading.Thread(target=self._take_opened, name="shardfs-opened", daemon=True)
         self._used = used
         self._tokens: list[Any] = [None] * lib.hot_max_blocks()  # by C's block slot
         fns = (ctypes.c_void_p * 7)(
@@ -160,6 +169,9 @@ class HotPath:
             raise MemoryError("the FUSE hot path's tables")
         self._ctx = ctx
         self._sweeper.start()
+        self._opened_fd = os.eventfd(0, os.EFD_CLOEXEC)
+        self._lib.hot_queue_opened(ctx, self._opened_fd)
+        self._opens.start()
         handlers = (ctypes.c_void_p * len(_HANDLERS))()
         self._lib.hot_handlers(handlers)
         for name, handler in zip(_HANDLERS, handlers, strict=True):
@@ -181,6 +193,27 @@ class HotPath:
                         self._used(token)
                     except Exception:  # recency only: the reads were answered
                         log.exception("noting the use of a published block failed")
+
+    def _take_opened(self) -> None:
+        """Tell ``opened`` of the opens C queued: on this thread, so that the one answering
+        requests never waits for the interpreter for them."""
+        taken = (ctypes.c_uint64 * _TAKE_OPENED)()
+        while True:
+            os.eventfd_read(self._opened_fd)  # C writes when its queue gets a first inode
+            if self._closing.is_set():
+                return
+            self._opened_now(taken)
+
+    def _opened_now(self, taken: ctypes.Array[ctypes.c_uint64]) -> None:
+        while self._ctx is not None:
+            count = self._lib.hot_take_opened(self._ctx, taken, len(taken))
+            for ino in taken[:count]:
+                try:
+                    self._on_opened(ino)
+                except Exception:  # a sign lost, the open itself was answered
+                    log.exception("noting the open of inode %d failed", ino)
+            if count < len(taken):
+                return
 
     def publish(
         self, block: VerifiedBlock, files: list[tuple[int, int, int]], token: Any = None
@@ -234,6 +267,15 @@ class HotPath:
         self._closing.set()
         if self._sweeper.is_alive():
             self._sweeper.join()
+        if self._opened_fd >= 0:
+            if self._ctx is not None:
+                self._lib.hot_queue_opened(self._ctx, -1)  # no more queued
+            os.eventfd_write(self._opened_fd, 1)
+            if self._opens.is_alive():
+                self._opens.join()
+            self._opened_now((ctypes.c_uint64 * _TAKE_OPENED)())  # the last ones queued
+            os.close(self._opened_fd)
+            self._opened_fd = -1
         if self._ctx is not None:
             self._final = self.counters()
             ctx, self._ctx = self._ctx, None
