@@ -69,7 +69,8 @@ MIN_BLOCKS = 4  # the mount refuses a cache under 4 blocks
 # The mount's counters kept per epoch (differences over the epoch): why a read waited.
 COUNTERS = ("reads_waited_on_network", "files_fetched_ahead", "files_ahead_read",
             "blocks_evicted", "evicted_unread_bytes", "range_reads", "blocks_not_admitted",
-            "bytes_fetched", "store_requests", "cache_misses")  # fmt: skip
+            "bytes_fetched", "store_requests", "cache_misses", "bytes_pushed",
+            "bytes_served")  # fmt: skip
 SHAPED_GOAL = 0.03  # every cold ratio under shaping within this of its unshaped value
 
 

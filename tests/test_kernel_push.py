@@ -263,7 +263,14 @@ def test_the_compiled_push_keeps_the_pushers_rules() -> None:
     data = bytes(range(100))
     files = [(0, 0, 10), (1, 10, 10), (2, 20, 10), (3, 95, 10), (4, 30, 10), (5, 40, 60)]
     pushed, results = batch.push(data, files)
-    assert list(results) == [0, 1, 2, -errno.EINVAL, -errno.ENOENT, 0]
+    assert list(results) == [
+        hot_path.PUSHED,
+        hot_path.IN_KERNEL,
+        hot_path.WAITING,
+        -errno.EINVAL,
+        -errno.ENOENT,
+        hot_path.PUSHED,
+    ]
     assert pushed == 70
     assert session.stored == [(0, data[0:10]), (5, data[40:100])]
     assert list(in_kernel) == [1, 1, 0, 0, 0, 1, 0, 0]

@@ -23,7 +23,7 @@ import pytest
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import drop_page_cache, mount, new_bucket, umount
 from support.processes import run_shardfs
-from support.s3 import S3Server, settled_counts
+from support.s3 import S3Server, settled_counts, until_quiet
 
 from shardfs.mount.control import query
 
@@ -42,6 +42,7 @@ class Dataset:
     url: str
     key_prefix: str  # "bucket/prefix/" of the shards at the server
     shard_bytes: int  # what a reader that streams every shard once pays
+    shard_sizes: tuple[int, ...]
 
     @property
     def file_bytes(self) -> int:
@@ -71,8 +72,8 @@ def dataset(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Da
         "index", url, "--write-sidecar", "--cache-dir", base / "index", env=s3_server.env()
     )
     assert result.returncode == 0, result.stderr
-    shard_bytes = sum(p.stat().st_size for p in shards)
-    return Dataset(digests, sizes, url, f"{bucket}/data/", shard_bytes)
+    shard_sizes = tuple(p.stat().st_size for p in shards)
+    return Dataset(digests, sizes, url, f"{bucket}/data/", sum(shard_sizes), shard_sizes)
 
 
 @dataclass(frozen=True)
@@ -262,3 +263,41 @@ def test_shard_mode_streams_whole_blocks_when_the_window_fits_the_cache(
     assert stats["blocks_retired"] >= blocks, stats
     assert stats["blocks_evicted"] > 0, stats
     assert stats["files_fetched_ahead"] == 0 and stats["range_reads"] == 0, stats
+
+
+def test_files_read_from_the_page_cache_retire_their_blocks(
+    s3_server: S3Server, dataset: Dataset, mountpoint: Path, tmp_path: Path
+) -> None:
+    """No drops of the page cache after the listing: most files are pushed whole into the
+    kernel and read there, so the daemon sees only their opens (the TCGETS ioctl of a
+    default-buffered ``open()``). Those opens alone must tell the hint that the files are
+    done, or the blocks holding only such files are never retired (a shard's last block
+    may hold only the tar's end and no file)."""
+    pytest.importorskip("torch")
+    from shardfs.torch import ShardSampler
+
+    block = 256 << 10
+    mount(dataset.url, mountpoint, tmp_path / "cache", "--block-size", "256K",
+          "--cache-size", str(dataset.shard_bytes // 2), env=s3_server.env())  # fmt: skip
+    try:
+        names = sorted(dataset.digests)
+        sampler = ShardSampler(_Folder(mountpoint, names), mode="shard", seed=0,  # type: ignore[arg-type]
+                               num_replicas=1, rank=0, window=1)  # fmt: skip
+        sampler.set_epoch(0)
+        drop_page_cache()
+        for _ in os.walk(mountpoint):  # as ImageFolder does: the kernel learns every inode
+            pass
+        for name in (names[i] for i in sampler):
+            with open(mountpoint / name, "rb") as file:  # default buffering: sends TCGETS
+                digest = hashlib.sha256(file.read()).hexdigest()
+            assert digest == dataset.digests[name], f"wrong bytes in {name}"
+        stats = until_quiet(
+            lambda: query(mountpoint), lambda s: s["blocks_retired"], what="the mount"
+        )
+    finally:
+        umount(mountpoint)
+    # Most files never reached the daemon as a READ: they came from the pushes.
+    assert stats["bytes_served"] < dataset.file_bytes // 2, stats
+    assert stats["bytes_pushed"] > dataset.file_bytes // 2, stats
+    shard_blocks = sum(-(-size // block) for size in dataset.shard_sizes)
+    assert stats["blocks_retired"] >= shard_blocks - SHARDS, (shard_blocks, stats)

@@ -233,19 +233,19 @@ static void hot_ioctl(req_t req, uint64_t ino, unsigned cmd, void *arg, void *fi
         c->watched[ino]) {
         /* queued for Python's thread (hot_take_opened): this thread never waits on the
          * interpreter lock for it; called in place only when the queue is full */
-        int queued = 0, wake = 0;
+        int queued = 0;
         pthread_mutex_lock(&c->lock);
         if (c->opened_fd >= 0 && c->opened_count < MAX_OPENED) {
-            wake = c->opened_count == 0;
+            if (c->opened_count == 0) {
+                /* under the lock, so close() cannot take the fd away meanwhile; a short
+                 * write means the counter is full and Python is awake already */
+                uint64_t one = 1;
+                (void)!write(c->opened_fd, &one, sizeof one);
+            }
             c->opened[c->opened_count++] = ino;
             queued = 1;
         }
         pthread_mutex_unlock(&c->lock);
-        if (wake) {
-            uint64_t one = 1;
-            if (write(c->opened_fd, &one, sizeof one) != sizeof one)
-                wake = 0; /* a full counter: Python is awake already */
-        }
         if (!queued)
             c->py_opened(ino);
     }
@@ -455,11 +455,12 @@ struct push_vec {
 typedef int (*notify_store_fn)(void *, uint64_t, int64_t, struct push_vec *, int);
 
 /* Store ``count`` files into the kernel's page cache with FUSE_NOTIFY_STORE: file i is inode
- * inos[i], sizes[i] bytes at base + pos[i] (-EINVAL if not within the ``len`` there). The pusher's tables (one byte per inode):
- * in_kernel (set here on success; a file already set is skipped), known (the kernel was
- * given the inode; else the file is marked in ``waiting`` and skipped, unless ``known``
- * turned 1 meanwhile). results[i]: 0 pushed, 1 already in the kernel, 2 left waiting, or
- * libfuse's negative errno. Returns the bytes pushed. Call from the pusher's thread only. */
+ * inos[i], sizes[i] bytes at base + pos[i] (-EINVAL if not within the ``len`` there).
+ * The pusher's tables, one byte per inode: in_kernel (set here on success; a file already
+ * set is skipped) and known (the kernel was given the inode; else the file is marked in
+ * ``waiting`` and skipped, unless ``known`` turned 1 meanwhile). results[i]: 0 pushed,
+ * 1 already in the kernel, 2 left waiting, or libfuse's negative errno. Returns the bytes
+ * pushed. Call from the pusher's thread only. */
 int64_t hot_push(void *notify, void *session, const unsigned char *base, int64_t len,
                  uint64_t count, const uint64_t *inos, const int64_t *pos, const int64_t *sizes,
                  uint8_t *in_kernel, uint8_t *known, uint8_t *waiting, int32_t *results) {
