@@ -252,7 +252,8 @@ def test_files_waiting_for_their_inode_are_pushed_by_a_listing_not_by_a_lookup(
 
 def test_the_compiled_push_keeps_the_pushers_rules() -> None:
     """``hot_push`` on its own: a file the kernel holds is skipped, one whose inode it does
-    not know is marked waiting, bytes outside the buffer are refused, the rest stored."""
+    not know is marked waiting, bytes outside the buffer or an inode past the tables are
+    refused, the rest stored."""
     if not hot_path.available():
         pytest.skip("the compiled hot path is not built")
     session = FakeSession({4: 1})
@@ -261,7 +262,8 @@ def test_the_compiled_push_keeps_the_pushers_rules() -> None:
     batch = hot_path.batch_push(session.compiled_target(), in_kernel, known, waiting)
     assert batch is not None
     data = bytes(range(100))
-    files = [(0, 0, 10), (1, 10, 10), (2, 20, 10), (3, 95, 10), (4, 30, 10), (5, 40, 60)]
+    files = [(0, 0, 10), (1, 10, 10), (2, 20, 10), (3, 95, 10), (4, 30, 10), (5, 40, 60),
+             (8, 0, 10)]  # fmt: skip
     pushed, results = batch.push(data, files)
     assert list(results) == [
         hot_path.PUSHED,
@@ -270,6 +272,7 @@ def test_the_compiled_push_keeps_the_pushers_rules() -> None:
         -errno.EINVAL,
         -errno.ENOENT,
         hot_path.PUSHED,
+        -errno.EINVAL,  # an inode past the tables
     ]
     assert pushed == 70
     assert session.stored == [(0, data[0:10]), (5, data[40:100])]

@@ -455,21 +455,22 @@ struct push_vec {
 typedef int (*notify_store_fn)(void *, uint64_t, int64_t, struct push_vec *, int);
 
 /* Store ``count`` files into the kernel's page cache with FUSE_NOTIFY_STORE: file i is inode
- * inos[i], sizes[i] bytes at base + pos[i] (-EINVAL if not within the ``len`` there).
- * The pusher's tables, one byte per inode: in_kernel (set here on success; a file already
+ * inos[i], sizes[i] bytes at base + pos[i] (-EINVAL if not within the ``len`` there, or
+ * if the inode is not below ``n_ino``). The pusher's tables, one byte per inode: in_kernel (set here on success; a file already
  * set is skipped) and known (the kernel was given the inode; else the file is marked in
  * ``waiting`` and skipped, unless ``known`` turned 1 meanwhile). results[i]: 0 pushed,
  * 1 already in the kernel, 2 left waiting, or libfuse's negative errno. Returns the bytes
  * pushed. Call from the pusher's thread only. */
 int64_t hot_push(void *notify, void *session, const unsigned char *base, int64_t len,
                  uint64_t count, const uint64_t *inos, const int64_t *pos, const int64_t *sizes,
-                 uint8_t *in_kernel, uint8_t *known, uint8_t *waiting, int32_t *results) {
+                 uint64_t n_ino, uint8_t *in_kernel, uint8_t *known, uint8_t *waiting,
+                 int32_t *results) {
     notify_store_fn store = (notify_store_fn)notify;
     struct push_vec vec = {1, 0, 0, {{0, 0, NULL, -1, 0}}};
     int64_t pushed = 0;
     for (uint64_t i = 0; i < count; i++) {
         uint64_t ino = inos[i];
-        if (pos[i] < 0 || sizes[i] < 0 || pos[i] + sizes[i] > len) {
+        if (ino >= n_ino || pos[i] < 0 || sizes[i] < 0 || pos[i] + sizes[i] > len) {
             results[i] = -EINVAL;
             continue;
         }

@@ -81,8 +81,8 @@ def _load() -> ctypes.CDLL | None:
     lib.hot_push.restype = ctypes.c_int64
     lib.hot_push.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
     ]  # fmt: skip
     return lib
 
@@ -299,6 +299,7 @@ class BatchPush:
         """``store``: the address of ``fuse_lowlevel_notify_store`` and the session's."""
         self._lib = lib
         self._store = store
+        self._inodes = min(len(in_kernel), len(known), len(waiting))
         self._tables = tuple(_address(t) for t in (in_kernel, known, waiting))
         self._shared = (in_kernel, known, waiting)  # kept alive while C points into them
 
@@ -306,7 +307,8 @@ class BatchPush:
         self, data: bytes | memoryview, files: list[tuple[int, int, int]]
     ) -> tuple[int, array[int]]:
         """Store ``files`` ((ino, position in ``data``, size)); returns the bytes pushed and
-        each file's result (PUSHED, IN_KERNEL, WAITING, or a negative errno)."""
+        each file's result (PUSHED, IN_KERNEL, WAITING, or a negative errno: EINVAL for a
+        file outside ``data`` or an inode past the tables)."""
         inos = array("Q", (ino for ino, _, _ in files))
         positions = array("q", (at for _, at, _ in files))
         sizes = array("q", (size for _, _, size in files))
@@ -318,7 +320,7 @@ class BatchPush:
             base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
         pushed = self._lib.hot_push(
             *self._store, base, len(data), len(files), _buffer(inos), _buffer(positions),
-            _buffer(sizes), *self._tables, _buffer(results),
+            _buffer(sizes), self._inodes, *self._tables, _buffer(results),
         )  # fmt: skip
         return int(pushed), results
 
