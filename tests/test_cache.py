@@ -351,6 +351,46 @@ def test_corrupt_chunk_outside_the_read_is_only_detected_when_read(
     assert_block_file_valid(cache, 0, data)
 
 
+def test_damage_met_by_two_readers_at_once_is_discarded_once(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reader A finds the damage and stalls; reader B finds it too, discards the file and
+    caches the block again. A, going on, must neither count a second failure nor delete
+    the block B cached (which would cost a third fetch)."""
+    cache, source = open_cache(), Source()
+    data = source.block(0)
+    source.get(cache, 0)
+    flip_byte(cache.path_of(BlockKey(KEY, 0)), HEADER + 5 * CHUNK + 3)
+    found, go_on = threading.Event(), threading.Event()
+    real = shardfs.cache.block_cache.read_data
+
+    def stall_reader_a(*args: Any, **kwargs: Any) -> bytes:
+        try:
+            return real(*args, **kwargs)
+        except shardfs.cache.block_cache.CorruptBlockError:
+            if threading.current_thread().name == "reader-a":
+                found.set()
+                assert go_on.wait(10)
+            raise
+
+    monkeypatch.setattr(shardfs.cache.block_cache, "read_data", stall_reader_a)
+    got: list[bytes] = []
+    reader_a = threading.Thread(
+        target=lambda: got.append(source.get(cache, 0, 5 * CHUNK, 6 * CHUNK)), name="reader-a"
+    )
+    reader_a.start()
+    assert found.wait(10)
+    assert source.get(cache, 0, 5 * CHUNK, 6 * CHUNK) == data[5 * CHUNK : 6 * CHUNK]  # B
+    go_on.set()
+    reader_a.join(10)
+    assert got == [data[5 * CHUNK : 6 * CHUNK]]
+    assert cache.stats.checksum_failures == 1
+    assert_block_file_valid(cache, 0, data)  # B's block is still there
+    calls = len(source.calls)
+    assert source.get(cache, 0) == data
+    assert len(source.calls) == calls  # and a hit
+
+
 def test_block_of_another_length_is_rejected(open_cache: Callable[..., BlockCache]) -> None:
     """The caller's block length is checked against the header (a shorter shard version)."""
     cache, source = open_cache(), Source()

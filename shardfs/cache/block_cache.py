@@ -58,6 +58,14 @@ class VerifiedBlock:
     data: memoryview  # of the caller's buffer
 
 
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(fd))
+    except FileNotFoundError:
+        return False
+
+
 class BlockCache:
     """Shard-aligned blocks on disk, shared safely by every mount that uses the same folder.
 
@@ -205,7 +213,7 @@ class BlockCache:
                 data = read_all_into(block.fd, header, buffer)
                 return VerifiedBlock(os.dup(block.fd), header.header_len, header.chunk, data)
             except CorruptBlockError as exc:
-                self._discard(path, exc)
+                self._discard(path, exc, block.fd)
             except OSError as exc:
                 log.warning("cannot read cached block %s: %s", path, exc)
         return None
@@ -293,7 +301,7 @@ class BlockCache:
             except NotInMemory:
                 return None
             except CorruptBlockError as exc:
-                self._discard(path, exc)
+                self._discard(path, exc, block.fd)
                 return None
             except OSError as exc:
                 log.warning("cannot read cached block %s: %s", path, exc)
@@ -316,16 +324,28 @@ class BlockCache:
                 log.warning("cannot open cached block %s: %s", path, exc)
         return None
 
-    def _discard(self, path: str, exc: BaseException) -> None:
-        self.stats.add(checksum_failures=1)
-        log.warning("discarding corrupt cached block %s (%s)", path, exc)
-        self._forget(path)
+    def _discard(self, path: str, exc: BaseException, fd: int | None = None) -> None:
+        """Delete a damaged block file, counted once. ``fd``: the damaged file, open. Two
+        threads may meet the same damage at once (a read and a publish of the block): the
+        second finds the file gone, or the block cached again at ``path``, and leaves it."""
+        if fd is not None and not _names(path, fd):
+            return
+        if self._forget(path):
+            self.stats.add(checksum_failures=1)
+            log.warning("discarding corrupt cached block %s (%s)", path, exc)
 
-    def _forget(self, path: str) -> None:
+    def _forget(self, path: str) -> bool:
+        """Drop the block file at ``path``; False when another thread removed it first."""
         self._open.close_path(path)
-        with contextlib.suppress(OSError):
+        removed = True
+        try:
             os.unlink(path)
+        except FileNotFoundError:
+            removed = False
+        except OSError:
+            pass  # the ledger forgets it all the same
         self._ledger.forget(path)
+        return removed
 
     # -- writing ----------------------------------------------------------------------
 
