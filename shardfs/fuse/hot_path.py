@@ -102,6 +102,19 @@ def _address(buffer: bytearray | None) -> int | None:
     return ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
 
 
+def _data_address(data: bytes | memoryview) -> tuple[int, object]:
+    """The address of ``data``'s bytes and the object that holds them (keep it alive while
+    C reads them): no copy of a writable view or of a view of a whole bytes object."""
+    if isinstance(data, memoryview):
+        if not data.readonly:
+            return ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data)), data
+        held = data.obj
+        raw = held if isinstance(held, bytes) and len(held) == data.nbytes else bytes(data)
+    else:
+        raw = data
+    return ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value or 0, raw
+
+
 class HotPath:
     """One mount's compiled handlers and their state.
 
@@ -230,12 +243,9 @@ class HotPath:
         inos = array("Q", (ino for ino, _, _ in files))
         positions = array("q", (at for _, at, _ in files))
         sizes = array("q", (size for _, _, size in files))
-        data = block.data
-        if data.readonly:
-            data = memoryview(bytearray(data))
-        address = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data)) if data else None
+        address, _held = _data_address(block.data) if block.data else (None, None)
         result = self._lib.hot_publish(
-            self._ctx, block.fd, block.data_at, len(data), SUM_CHUNK, address,
+            self._ctx, block.fd, block.data_at, len(block.data), SUM_CHUNK, address,
             len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
         )  # fmt: skip
         if result < 0:
@@ -317,11 +327,7 @@ class BatchPush:
         positions = array("q", (at for _, at, _ in files))
         sizes = array("q", (size for _, _, size in files))
         results = array("i", bytes(4 * len(files)))
-        if isinstance(data, memoryview) and not data.readonly:
-            base = ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data))
-        else:
-            data = bytes(data)  # a read-only view: its bytes object (bytes: no copy)
-            base = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
+        base, _held = _data_address(data)
         pushed = self._lib.hot_push(
             *self._store, base, len(data), len(files), _buffer(inos), _buffer(positions),
             _buffer(sizes), self._inodes, *self._tables, _buffer(results),
