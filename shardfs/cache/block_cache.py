@@ -54,7 +54,6 @@ class VerifiedBlock:
 
     fd: int
     data_at: int  # where the data starts in the file
-    chunk: int  # bytes per checksummed chunk
     data: memoryview  # of the caller's buffer
 
 
@@ -211,7 +210,7 @@ class BlockCache:
             header = block.header
             try:
                 data = read_all_into(block.fd, header, buffer)
-                return VerifiedBlock(os.dup(block.fd), header.header_len, header.chunk, data)
+                return VerifiedBlock(os.dup(block.fd), header.header_len, data)
             except CorruptBlockError as exc:
                 self._discard(path, exc, block.fd)
             except OSError as exc:

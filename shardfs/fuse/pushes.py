@@ -165,9 +165,9 @@ class KernelPusher:
     ) -> None:
         """``_push_files`` of a block in memory, its per-file work in C (the same rules)."""
         files = [(node.ino, node.offset - start, node.size) for node in nodes]
-        attempts: dict[int, int] = {}
-        for ino in [ino for ino, _, _ in files if ino in self._retries] if self._retries else ():
-            attempts[ino] = self._retries.pop(ino)[1]  # a retry ends here whatever happens
+        # A retry ends here whatever happens; only "not there yet" renews it.
+        retries = self._retries
+        attempts = {ino: retries.pop(ino)[1] for ino, _, _ in files if ino in retries}
         pushed, results = batch.push(block, files)
         for (ino, _, _), result in zip(files, results, strict=True):
             if result == -errno.ENOENT:
