@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -20,8 +21,10 @@ from support.tarbuild import make_tar, store_with
 
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
 from shardfs.core.filesystem import ShardFileSystem
+from shardfs.formats.tar import MemberKind
 from shardfs.fuse import hot_path
 from shardfs.fuse.binding import BufVec
+from shardfs.fuse.edges import EdgeFiles
 from shardfs.fuse.pushes import _PUSH_RETRIES, KernelPusher
 from shardfs.index.db import IndexBuilder
 from shardfs.read.direct import DirectReader
@@ -98,10 +101,12 @@ class AllLocal(ShardFileSystem):
     def file_bytes_local(self, node: Node) -> bytes | None:
         return SHARD[node.offset : node.offset + node.size]
 
-    def files_within(self, shard: ShardInfo, start: int, end: int) -> list[Node]:
+    def files_touching(
+        self, shard: ShardInfo, start: int, end: int
+    ) -> tuple[list[Node], list[Node]]:
         if start == end:
             self.fences += 1
-        return super().files_within(shard, start, end)
+        return super().files_touching(shard, start, end)
 
     def node(self, ino: int) -> Node:
         self.looked_up[ino] += 1
@@ -278,3 +283,57 @@ def test_the_compiled_push_keeps_the_pushers_rules() -> None:
     assert session.stored == [(0, data[0:10]), (5, data[40:100])]
     assert list(in_kernel) == [1, 1, 0, 0, 0, 1, 0, 0]
     assert list(waiting) == [0, 0, 1, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("order", ["in order", "reversed"])
+def test_a_file_crossing_block_edges_is_pushed_whole_once_its_blocks_have_passed(
+    core: AllLocal, order: str
+) -> None:
+    """Blocks cut inside f1 and twice inside f2 (its middle part a block of its own, sent
+    last): the files crossing edges are pushed whole, with their own bytes, once their last
+    block arrives, whatever the order the blocks come in; nothing is left held."""
+    inodes = _inodes(core)
+    f1, f2 = resolve(core, "f1.bin"), resolve(core, "f2.bin")
+    cuts = [0, f1.offset + 10, f2.offset + 100, f2.offset + 900, len(SHARD)]
+    blocks = list(itertools.pairwise(cuts))
+    middle = blocks.pop(2)  # wholly inside f2: sent last
+    if order == "reversed":
+        blocks.reverse()
+    session = FakeSession()
+    pusher = _pusher(core, session)
+    try:
+        for ino in inodes.values():
+            pusher.inode_known(ino)
+        for start, end in blocks:
+            pusher.block_local(_shard(core), start, end, SHARD[start:end])
+        _fence(pusher, core)
+        assert sorted(session.stored_inodes()) == sorted(
+            inodes[n] for n in FILES if n != "f2.bin"
+        )  # f1 whole once both its blocks passed; f2 still lacks its middle
+        pusher.block_local(_shard(core), *middle, SHARD[middle[0] : middle[1]])
+        _fence(pusher, core)
+        assert sorted(session.stored) == sorted((inodes[n], d) for n, d in FILES.items())
+        assert pusher._edges.held == 0
+    finally:
+        pusher.stop()
+
+
+def test_edge_files_drop_the_oldest_incomplete_file_beyond_their_bound() -> None:
+    """Held parts stay within the bound; a dropped file is simply never handed back."""
+
+    def node(ino: int, offset: int, size: int) -> Node:
+        return Node(ino, MemberKind.FILE, 0, offset, size, 0o100444, 0, "")
+
+    edges = EdgeFiles(limit=100, max_file=1000)
+    first, second, third = node(2, 50, 100), node(3, 250, 100), node(4, 380, 100)
+    assert edges.add([first], 0, bytes(100)) == []  # 50 bytes of the first held
+    assert edges.add([second], 200, bytes(100)) == []  # and 50 of the second
+    assert edges.held == 100
+    assert edges.add([third], 300, bytes(range(100))) == []  # 120: the first dropped
+    assert edges.held == 70
+    assert edges.add([first], 100, bytes(100)) == []  # its first part is gone: not whole
+    whole = edges.add([third], 400, bytes(range(100, 200)))
+    assert whole == [(third, bytes(range(80, 180)))]
+    assert edges.held == 50  # the first's second part
+    assert edges.add([node(6, 0, 2000)], 0, bytes(100)) == []  # larger than max_file
+    assert edges.held == 50

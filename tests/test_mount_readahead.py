@@ -296,9 +296,8 @@ def test_listed_files_of_a_fetched_shard_are_pushed_into_the_kernel_cache(
     assert inside and straddling  # the split itself is exercised
     assert (mountpoint / name).read_bytes() == dataset.files[name]
     wait_for(lambda: stats(mountpoint)["prefetched_blocks"] > 0, "the shard's readahead")
-    inside_bytes = sum(len(dataset.files[n]) for n in inside)
     # The file just read went to the kernel whole already, so it need not be pushed.
-    at_least = sum(len(dataset.files[n]) for n in inside if n != name)
+    at_least = sum(len(dataset.files[n]) for n in inside + straddling if n != name)
     if push:
         wait_for(lambda: stats(mountpoint)["bytes_pushed"] >= at_least, "the pushes", timeout=30)
     before = stats(mountpoint)
@@ -308,9 +307,9 @@ def test_listed_files_of_a_fetched_shard_are_pushed_into_the_kernel_cache(
     served = after["bytes_served"] - before["bytes_served"]
     other_bytes = sum(len(dataset.files[n]) for n in others)
     if push:
-        # Only the straddling files still needed the daemon; the rest came from the kernel.
-        assert at_least <= before["bytes_pushed"] <= inside_bytes
-        assert served <= sum(len(dataset.files[n]) for n in straddling if n != name)
+        # Every file came from the kernel, those straddling two blocks too (``EdgeFiles``).
+        assert at_least <= before["bytes_pushed"] <= at_least + len(dataset.files[name])
+        assert served == 0
     else:
         assert after["bytes_pushed"] == 0
         assert served == other_bytes
@@ -329,13 +328,15 @@ def test_files_fetched_before_the_kernel_knew_them_are_pushed_once_listed(
     assert stats(mountpoint)["bytes_pushed"] == 0  # no inode known yet: nothing to push to
     names = sorted(os.listdir(mountpoint))  # READDIRPLUS hands every inode to the kernel
     inside, straddling = _split_by_block(mountpoint, names, dataset)
-    inside_bytes = sum(len(dataset.files[n]) for n in inside)
-    wait_for(lambda: stats(mountpoint)["bytes_pushed"] >= inside_bytes, "the waiting pushes")
+    assert inside and straddling  # both kinds are exercised
+    # The straddling files too: each is put together from its cached blocks.
+    every = sum(len(data) for data in dataset.files.values())
+    wait_for(lambda: stats(mountpoint)["bytes_pushed"] >= every, "the pushes")
     before = stats(mountpoint)
-    assert before["bytes_pushed"] == inside_bytes
+    assert before["bytes_pushed"] == every
     assert wrong_files(mountpoint, dataset, names) == []
-    served = stats(mountpoint)["bytes_served"] - before["bytes_served"]
-    assert served <= sum(len(dataset.files[n]) for n in straddling)
+    after = stats(mountpoint)
+    assert after["bytes_served"] == before["bytes_served"], (before, after)  # all from the kernel
     umount(mountpoint)
 
 

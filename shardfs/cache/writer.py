@@ -55,6 +55,7 @@ class AtomicWriter:
     def __init__(self, tmp_dir: Path) -> None:
         self.tmp_dir = tmp_dir
         self._names = itertools.count()
+        self._token = uuid.uuid4().hex[:8]
         self._direct = hasattr(os, "O_DIRECT")
         self._buffers: list[mmap.mmap] = []
         self._buffers_lock = threading.Lock()
@@ -69,7 +70,9 @@ class AtomicWriter:
 
     def temp_path(self) -> Path:
         """A name in ``tmp/`` that no other writer, in this process or another, uses."""
-        return self.tmp_dir / f"{os.getpid()}-{next(self._names)}-{uuid.uuid4().hex[:8]}.tmp"
+        # The pid and a counter keep names apart within a process; the token, drawn once per
+        # writer, keeps them apart from a dead process that had the same pid.
+        return self.tmp_dir / f"{os.getpid()}-{next(self._names)}-{self._token}.tmp"
 
     def write(self, path: Path, header: bytes, data: bytes) -> None:
         """Create ``path`` holding ``header + data``; it must not exist yet."""

@@ -272,6 +272,13 @@ class ShardFileSystem:
         """Files lying wholly inside bytes ``[start, end)`` of ``shard``."""
         return self.view.files_within(self.view.shard_ids[shard], start, end)
 
+    def files_touching(
+        self, shard: ShardInfo, start: int, end: int
+    ) -> tuple[list[Node], list[Node]]:
+        """Files with bytes in ``[start, end)`` of ``shard``: (wholly inside, crossing its
+        edges)."""
+        return self.view.files_touching(self.view.shard_ids[shard], start, end)
+
     def published_block(
         self, node: Node, buffer: bytearray | memoryview
     ) -> tuple[VerifiedBlock, list[tuple[int, int, int]]] | None:
@@ -328,8 +335,7 @@ class ShardFileSystem:
         elif not isinstance(self.reader, CachedReader):
             return None
         else:
-            shard = self.view.shards[node.shard]
-            data = self.reader.read_local(shard, node.offset, node.offset + node.size, quiet=True)
+            data = _cached_span(self.reader, self.view.shards[node.shard], node)
         if data is not None:
             self._deliver(node)
         return data
@@ -411,3 +417,17 @@ class ShardFileSystem:
             "f_favail": 0,
             "f_namemax": 1024,
         }
+
+
+def _cached_span(reader: CachedReader, shard: ShardInfo, node: Node) -> bytes | None:
+    """A file's bytes from the block cache, block by block when it crosses block edges (a
+    kernel push of a file whose blocks are all cached), or None if any part is missing."""
+    size = reader.block_size
+    start, end = node.offset, node.offset + node.size
+    parts: list[bytes] = []
+    for edge in range(start - start % size, end, size):
+        part = reader.read_local(shard, max(start, edge), min(end, edge + size), quiet=True)
+        if part is None:
+            return None
+        parts.append(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)  # no copy of a lone part

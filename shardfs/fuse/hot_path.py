@@ -271,6 +271,7 @@ class HotPath:
             "cache_hits": counts["reads"],
             "hot_path_reads": counts["reads"],
             "files_published": counts["published"],
+            "hot_path_not_in_memory": counts["not_in_memory"],
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
             "checksum_failures": counts["checksum_failures"],

@@ -15,6 +15,7 @@ from ..store.shards import ShardInfo
 from ..views.view import Node
 from . import binding as libfuse
 from . import hot_path
+from .edges import EdgeFiles
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ class KernelPusher:
     file lying wholly in that block with FUSE_NOTIFY_STORE, so readers of those files find
     their pages cached and send no READ at all. Only inodes the kernel knows (from a lookup
     or a listing) can be stored: a file whose inode is not known yet waits, and is pushed
-    when a lookup or listing hands the inode to the kernel. Files straddling two blocks
-    are read through the daemon as usual.
+    when a lookup or listing hands the inode to the kernel. A file straddling blocks is
+    pushed once all its blocks have passed (``edges.EdgeFiles`` holds its parts meanwhile).
     """
 
     def __init__(self, core: ShardFileSystem) -> None:
@@ -51,6 +52,7 @@ class KernelPusher:
         self._retries: dict[int, tuple[float, int]] = {}  # inode -> (when, attempts)
         self._buffer: mmap.mmap | None = None  # a block read for its files (this thread's)
         self._batch: hot_path.BatchPush | None = None  # a block's files in one C call
+        self._edges = EdgeFiles()  # parts of files crossing block edges (this thread's)
         self._abort = False
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
@@ -95,13 +97,17 @@ class KernelPusher:
             try:
                 if isinstance(item, tuple):
                     shard, start, end, fetched = item
-                    files = self.core.files_within(shard, start, end)
+                    files, edges = self.core.files_touching(shard, start, end)
+                    across = [node for node in edges if not self.in_kernel[node.ino]]
                     block: bytes | memoryview | None = fetched
-                    if block is None and len(files) > 1:
+                    if block is None and len(files) + len(across) > 1:
                         # one verified read of the block for all its files, into one
                         # reused buffer (no fresh pages), instead of one read per file
                         block = self._read_block(shard, start)
                     self._push_files(files, start, block)
+                    if across and block is not None:
+                        for node, data in self._edges.add(across, start, block):
+                            self._push_files([node], node.offset, data)
                 elif item >= 0:
                     self._push_files([self.core.node(item)])
                 self._push_retries()

@@ -263,6 +263,28 @@ class View:
         self._keep(found)  # a block's files: pushed, then opened, at about the same time
         return found
 
+    def files_touching(self, shard: int, start: int, end: int) -> tuple[list[Node], list[Node]]:
+        """Non-empty regular files with bytes in ``[start, end)`` of a shard: (those lying
+        wholly inside it, those crossing its edges). Members lie one after another, so a
+        file crossing ``start`` is among the last few to begin before it."""
+        file = int(MemberKind.FILE)
+        starting = self._query(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE shard = ? AND offset >= ? AND offset < ? "
+            "AND kind = ? AND size > 0",
+            (shard, start, end, file),
+        )
+        before = self._query(
+            f"SELECT {NODE_COLUMNS} FROM nodes WHERE shard = ? AND offset < ? AND kind = ? "
+            "ORDER BY offset DESC LIMIT 4",
+            (shard, start, file),
+        )
+        within: list[Node] = []
+        across = [node for node in map(node_of, before) if node.offset + node.size > start]
+        for node in map(node_of, starting):
+            (within if node.offset + node.size <= end else across).append(node)
+        self._keep(within + across)  # pushed, then opened, at about the same time
+        return within, across
+
     def unit_at(self, shard: int, offset: int, *, state: bool = False) -> tuple[int, Unit]:
         """(decoded start, unit) of the decode unit holding a decoded ``offset`` of a shard
         (``formats.units``); its ``state`` is loaded only when asked for (it can be large).
