@@ -1493,3 +1493,27 @@ def test_closing_the_cache_closes_every_threads_ledger_connection(
     for conn in connections:
         with pytest.raises(sqlite3.ProgrammingError):
             conn.execute("SELECT 1")
+
+
+def test_a_block_received_into_landing_memory_is_written_from_it(
+    open_cache: Callable[..., BlockCache], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``landing`` memory is written in place: no second buffer is taken for the write, and
+    the block reads back exactly; a block in plain bytes takes one to be copied into."""
+    cache = open_cache()
+    landing = cache._writer.landing
+    data = random.Random(5).randbytes(BLOCK)
+    view = cache.landing(BLOCK)
+    view[:] = data
+    takes: list[int] = []
+    original = landing.take
+    monkeypatch.setattr(landing, "take", lambda n: takes.append(n) or original(n))
+    key = BlockKey(KEY, 0)
+    with cache.claim(key) as claim:
+        assert cache.put(claim, view)
+    assert takes == []  # written from where it was received
+    assert cache.peek(key, 0, BLOCK, BLOCK) == data
+    with cache.claim(BlockKey(KEY, 1)) as claim:
+        assert cache.put(claim, data)
+    assert takes == [BLOCK]  # copied into an aligned buffer first
+    assert cache.peek(BlockKey(KEY, 1), 0, BLOCK, BLOCK) == data

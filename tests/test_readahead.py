@@ -20,7 +20,8 @@ from shardfs.read.fills import BlockFills, Fetch
 from shardfs.read.readahead import Prefetcher
 from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
-from shardfs.store.remote import Fetched, Store
+from shardfs.store.remote import Store
+from shardfs.store.responses import Fetched
 
 BLOCK = 4096
 KEY = "ab" * 16

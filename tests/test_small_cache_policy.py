@@ -16,7 +16,8 @@ from shardfs.config import CacheConfig, SourceConfig
 from shardfs.read.fills import BlockFills
 from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
-from shardfs.store.remote import Fetched, Store
+from shardfs.store.remote import Store
+from shardfs.store.responses import Fetched, Landing
 from shardfs.store.shards import ShardInfo
 
 BLOCK = 4096
@@ -42,9 +43,10 @@ class CountingStore(Store):
         *,
         retries: int = 4,
         scan: bool = False,
+        land: Landing | None = None,
     ) -> Fetched:
         """Every ranged read, whole or in pieces, comes through here."""
-        got = super().fetch(shard, start, end, piece, retries=retries, scan=scan)
+        got = super().fetch(shard, start, end, piece, retries=retries, scan=scan, land=land)
         self.fetched += sum(map(len, got.pieces))
         return got
 

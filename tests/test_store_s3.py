@@ -161,3 +161,26 @@ def test_a_programming_error_is_raised_at_once_not_retried(
     with pytest.raises(TypeError):
         store.read_range(shard, 0, 10, retries=4)
     assert len(calls) == 1
+
+
+def test_pieces_of_a_ranged_get_are_received_into_the_memory_given(s3_server: S3Server) -> None:
+    """With ``land``, each piece of a 206 is a view of memory ``land`` gave, holding exactly
+    the range's bytes; without it, plain bytes as before."""
+    bucket = new_bucket(s3_server, "landing")
+    data = random.Random(3).randbytes(250_000)
+    s3_server.filesystem().pipe_file(f"{bucket}/p/a.tar", data)
+    store = _store(s3_server, bucket)
+    (shard,) = store.list_shards()
+    given: list[memoryview] = []
+
+    def land(length: int) -> memoryview:
+        given.append(memoryview(bytearray(length + 7))[7:])  # not aligned on purpose
+        return given[-1]
+
+    got = store.fetch(shard, 1000, 221_000, 65_536, retries=1, land=land)
+    assert [len(piece) for piece in got.pieces] == [65_536] * 3 + [23_392]
+    assert all(piece.obj is view.obj for piece, view in zip(got.pieces, given, strict=True))
+    assert b"".join(got.pieces) == data[1000:221_000]
+    plain = store.fetch(shard, 1000, 221_000, 65_536, retries=1)
+    assert all(isinstance(piece, bytes) for piece in plain.pieces)
+    assert b"".join(plain.pieces) == data[1000:221_000]

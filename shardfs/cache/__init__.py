@@ -11,6 +11,7 @@ The parts, each the one owner of its lock and its file:
 
 - ``block_format``: the header with a checksum per chunk; reads verify what they return;
 - ``writer``: temp file, then rename (a killed daemon leaves a whole block or none);
+- ``landing``: the page-aligned buffers blocks are received into and written from;
 - ``ledger``: ``cache.sqlite``, the bound, eviction victims, retired blocks;
 - ``info``: ``cache info`` and ``cache clear``, without a mount;
 - ``claims``: one fetch per block in this process and, via ``locks``, across mounts, held

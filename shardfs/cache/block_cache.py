@@ -101,7 +101,7 @@ class BlockCache:
         self._prepare()
         self._claims = Claims()
         self._open = OpenBlocks()
-        self._writer = AtomicWriter(self.tmp_dir)
+        self._writer = AtomicWriter(self.tmp_dir, config.chunk_size)
         self._space = Space(self._ledger, self._open, self.stats, config.chunk_size)
         self._closed = False
         self._writer.remove_stale()
@@ -128,7 +128,7 @@ class BlockCache:
     def put(
         self,
         claim: Claim,
-        block: bytes,
+        block: bytes | memoryview,
         *,
         evict_before: float = EVICT_ANY,
         unread: bool = False,
@@ -141,6 +141,11 @@ class BlockCache:
         if not claim.owner or not claim.held:
             raise ValueError(f"put of block {claim.key.index} without owning its claim")
         return self._store(claim.key, block, evict_before=evict_before, unread=unread)
+
+    def landing(self, length: int) -> memoryview:
+        """Memory to receive a block of ``length`` bytes into: ``put`` writes it from there,
+        without a copy (``landing.LandingBuffers``)."""
+        return self._writer.landing.take(length)
 
     def offer(self, key: BlockKey, block: bytes) -> bool:
         """Store a block that was downloaded anyway (an index scan), unless it is cached,
@@ -349,7 +354,7 @@ class BlockCache:
     # -- writing ----------------------------------------------------------------------
 
     def _store(
-        self, key: BlockKey, block: bytes, *, evict_before: float, unread: bool = False
+        self, key: BlockKey, block: bytes | memoryview, *, evict_before: float, unread: bool = False
     ) -> bool:
         """Write a block into the cache, evicting only blocks last used before
         ``evict_before``; returns whether it is there now."""
@@ -363,7 +368,12 @@ class BlockCache:
         return self._write_block(key, block, final, evict_before, unread)
 
     def _write_block(
-        self, key: BlockKey, block: bytes, final: Path, evict_before: float, unread: bool
+        self,
+        key: BlockKey,
+        block: bytes | memoryview,
+        final: Path,
+        evict_before: float,
+        unread: bool,
     ) -> bool:
         """Make room, write the block to a temp file, record it, rename it into place."""
         header = block_header(key, block, self.config.chunk_size)

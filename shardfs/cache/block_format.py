@@ -43,12 +43,13 @@ class NotInMemory(Exception):
     """A read that must not wait on the disk found bytes the page cache does not hold."""
 
 
-def _header_len(block_len: int, chunk_size: int) -> int:
+def header_len(block_len: int, chunk_size: int) -> int:
+    """The length of a block's header: fixed fields, one checksum per chunk, its own."""
     count = (block_len + chunk_size - 1) // chunk_size
     return _FIXED.size + 8 * count + 8
 
 
-def block_header(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
+def block_header(key: BlockKey, data: bytes | memoryview, chunk_size: int) -> bytes:
     """The header written before a block's data: sizes, key, and per-chunk checksums."""
     count = (len(data) + chunk_size - 1) // chunk_size
     view = memoryview(data)
@@ -57,7 +58,7 @@ def block_header(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
     ]
     head = _FIXED.pack(
         MAGIC,
-        _header_len(len(data), chunk_size),
+        header_len(len(data), chunk_size),
         chunk_size,
         len(data),
         key.index,
@@ -70,7 +71,7 @@ def block_header(key: BlockKey, data: bytes, chunk_size: int) -> bytes:
 
 def encoded_size(block_len: int, chunk_size: int) -> int:
     """Bytes a block of ``block_len`` takes in the cache: its header, then its data."""
-    return _header_len(block_len, chunk_size) + block_len
+    return header_len(block_len, chunk_size) + block_len
 
 
 def encode_block(key: BlockKey, data: bytes, chunk_size: int) -> bytes:

@@ -12,19 +12,15 @@ import contextlib
 import errno
 import itertools
 import logging
-import mmap
 import os
 import shutil
-import threading
 import uuid
 from pathlib import Path
 
 from ..atomic import process_running
+from .landing import LandingBuffers
 
 log = logging.getLogger(__name__)
-
-_DIRECT_ALIGN = 4096  # O_DIRECT writes: offset, length and memory aligned to this
-_DIRECT_BUFFERS = 8  # aligned write buffers kept for reuse
 
 
 def remove_any(path: Path) -> None:
@@ -36,7 +32,7 @@ def remove_any(path: Path) -> None:
             path.unlink()
 
 
-def _write_all(fd: int, *pieces: bytes) -> None:
+def _write_all(fd: int, *pieces: bytes | memoryview) -> None:
     """Write every piece, in order, with as few system calls as the kernel allows."""
     views = [memoryview(piece) for piece in pieces if piece]
     while views:
@@ -52,13 +48,12 @@ class AtomicWriter:
     """Writes files under a temp folder and renames them into place; owns the aligned
     buffers of its ``O_DIRECT`` writes."""
 
-    def __init__(self, tmp_dir: Path) -> None:
+    def __init__(self, tmp_dir: Path, chunk_size: int) -> None:
         self.tmp_dir = tmp_dir
         self._names = itertools.count()
         self._token = uuid.uuid4().hex[:8]
         self._direct = hasattr(os, "O_DIRECT")
-        self._buffers: list[mmap.mmap] = []
-        self._buffers_lock = threading.Lock()
+        self.landing = LandingBuffers(chunk_size)  # the aligned memory of O_DIRECT writes
 
     def remove_stale(self) -> None:
         """Delete temp files whose writer process is gone; only ``tmp/`` is listed."""
@@ -74,7 +69,7 @@ class AtomicWriter:
         # writer, keeps them apart from a dead process that had the same pid.
         return self.tmp_dir / f"{os.getpid()}-{next(self._names)}-{self._token}.tmp"
 
-    def write(self, path: Path, header: bytes, data: bytes) -> None:
+    def write(self, path: Path, header: bytes, data: bytes | memoryview) -> None:
         """Create ``path`` holding ``header + data``; it must not exist yet."""
         if self._direct:
             try:
@@ -105,29 +100,24 @@ class AtomicWriter:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
 
-    def _write_direct(self, path: Path, header: bytes, data: bytes) -> None:
+    def _write_direct(self, path: Path, header: bytes, data: bytes | memoryview) -> None:
         """Write header + data bypassing the page cache: an aligned, padded write, then the
-        file is cut to its exact length."""
+        file is cut to its exact length. Data received into a landing buffer is written
+        from where it lies; any other is copied into one first."""
         size = len(header) + len(data)
-        padded = -(-size // _DIRECT_ALIGN) * _DIRECT_ALIGN
-        with self._buffers_lock:
-            usable = [b for b in self._buffers if len(b) >= padded]
-            buffer = usable[0] if usable else mmap.mmap(-1, padded)
-            if usable:
-                self._buffers.remove(buffer)
+        whole = self.landing.in_place(header, data)
+        if whole is None:
+            view = self.landing.take(len(data))
+            view[:] = data
+            whole = self.landing.in_place(header, view)
+            assert whole is not None  # a view take() just gave
         try:
-            buffer[: len(header)] = header
-            buffer[len(header) : size] = data
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
             try:
-                if os.write(fd, memoryview(buffer)[:padded]) != padded:
+                if os.write(fd, whole) != len(whole):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
                 os.ftruncate(fd, size)
             finally:
                 os.close(fd)
         finally:
-            with self._buffers_lock:
-                if len(self._buffers) < _DIRECT_BUFFERS:
-                    self._buffers.append(buffer)
-                else:
-                    buffer.close()
+            whole.release()

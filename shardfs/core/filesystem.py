@@ -255,7 +255,7 @@ class ShardFileSystem:
         return self.reader.block_size if isinstance(self.reader, CachedReader) else 1 << 20
 
     def watch_local_blocks(
-        self, callback: Callable[[ShardInfo, int, int, bytes | None], None] | None
+        self, callback: Callable[[ShardInfo, int, int, bytes | memoryview | None], None] | None
     ) -> None:
         """Have ``callback(shard, start, end, block)`` told when a block of bytes becomes
         local (once per block; ``block`` holds its bytes when they were just fetched, else

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 _PUSH_RETRY_S = 0.05
 _PUSH_RETRIES = 5
 _PUSH_QUEUE_BLOCKS = 8  # blocks whose bytes may wait in memory for the pusher
-_PushItem = tuple[ShardInfo, int, int, bytes | None] | int | None
+_PushItem = tuple[ShardInfo, int, int, bytes | memoryview | None] | int | None
 
 
 class KernelPusher:
@@ -68,7 +68,9 @@ class KernelPusher:
             self._batch = hot_path.batch_push(target(), self.in_kernel, self._known, self._waiting)
         self._thread.start()
 
-    def block_local(self, shard: ShardInfo, start: int, end: int, block: bytes | None) -> None:
+    def block_local(
+        self, shard: ShardInfo, start: int, end: int, block: bytes | memoryview | None
+    ) -> None:
         if block is not None and self._queue.qsize() >= _PUSH_QUEUE_BLOCKS:
             block = None  # the pusher is behind: do not hold more blocks in memory
         self._queue.put((shard, start, end, block))

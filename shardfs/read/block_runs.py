@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..cache import BlockCache, BlockKey
+from ..store.responses import Landing
 from ..store.shards import ShardInfo
-from .fills import Arrivals, Fetch
+from .fills import Arrivals, Block, BlockFetch
 
 RUN_BLOCKS = 4
 """Consecutive blocks of a shard that readahead fetches with one GET: a server that reads
@@ -21,10 +22,12 @@ class RunOwner(Protocol):
     block_size: int
     coming: Arrivals
 
-    def get_pieces(self, shard: ShardInfo, start: int, end: int, piece: int) -> list[bytes]: ...
+    def get_pieces(
+        self, shard: ShardInfo, start: int, end: int, piece: int, land: Landing | None = ...
+    ) -> list[Block]: ...
 
     def prefetch_one(
-        self, shard: ShardInfo, skey: str, index: int, fetch: Fetch, evict_before: float
+        self, shard: ShardInfo, skey: str, index: int, fetch: BlockFetch, evict_before: float
     ) -> bool: ...
 
 
@@ -47,7 +50,7 @@ class BlockRun:
         self.skey = skey
         self.indices = indices
         self.evict_before = evict_before
-        self._got: dict[int, bytes] = {}  # blocks the last GET brought, not yet stored
+        self._got: dict[int, Block] = {}  # blocks the last GET brought, not yet stored
 
     def _stretch_end(self, index: int) -> int:
         """The end of the bytes worth one GET from block ``index``."""
@@ -64,17 +67,17 @@ class BlockRun:
             end += 1
         return min(self.shard.size, end * size)
 
-    def _fetcher(self, index: int) -> Fetch:
+    def _fetcher(self, index: int) -> BlockFetch:
         reader, size = self.reader, self.reader.block_size
 
-        def fetch_range(lo: int, hi: int) -> bytes:
+        def fetch_range(lo: int, hi: int) -> Block:
             block = self._got.pop(index, None)
             if block is None:
                 start, end = index * size, self._stretch_end(index)
                 # Reads of the later blocks wait for this GET and their store, rather
                 # than fetch the same bytes again.
                 reader.coming.expect(self.skey, range(index + 1, -(-end // size)))
-                pieces = reader.get_pieces(self.shard, start, end, size)
+                pieces = reader.get_pieces(self.shard, start, end, size, reader.cache.landing)
                 self._got.clear()
                 self._got.update(enumerate(pieces, start=index))
                 block = self._got.pop(index)

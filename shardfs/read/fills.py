@@ -31,6 +31,9 @@ from ..stats import Stats
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[int, int], bytes]
+# A whole block fetched ahead: in landing memory (``BlockCache.landing``) or bytes.
+Block = bytes | memoryview
+BlockFetch = Callable[[int, int], Block]
 """Bytes ``[lo, hi)`` of one block, from the store (offsets within the block)."""
 
 Completion = Callable[[], bytes | None]
@@ -169,8 +172,13 @@ class BlockFills:
                 return None
 
     def prefetch(
-        self, key: BlockKey, block_len: int, fetch: Fetch, *, evict_before: float = EVICT_NONE
-    ) -> bytes | None:
+        self,
+        key: BlockKey,
+        block_len: int,
+        fetch: BlockFetch,
+        *,
+        evict_before: float = EVICT_NONE,
+    ) -> bytes | memoryview | None:
         """Fetch a whole block ahead of need; returns it if stored. Fetches nothing when the
         block is cached or in flight, when it would not fit without evicting a block used
         since ``evict_before`` (by default: without evicting anything), or while caching is

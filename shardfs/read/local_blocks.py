@@ -16,7 +16,7 @@ from ..store.shards import ShardInfo
 
 log = logging.getLogger(__name__)
 
-BlockListener = Callable[[ShardInfo, int, int, bytes | None], None]
+BlockListener = Callable[[ShardInfo, int, int, bytes | memoryview | None], None]
 """Told ``(shard, start, end, block)``: bytes ``[start, end)`` of ``shard`` are local;
 ``block`` holds them when they were just fetched, else None. Runs on the reading thread,
 so it must only queue work."""
@@ -46,7 +46,9 @@ class LocalBlocks:
         with self._lock:
             self._listeners = ()
 
-    def publish(self, shard: ShardInfo, start: int, end: int, block: bytes | None) -> None:
+    def publish(
+        self, shard: ShardInfo, start: int, end: int, block: bytes | memoryview | None
+    ) -> None:
         """Tell every listener. A listener's failure is logged and costs neither the read
         that published nor the other listeners."""
         for listener in self._listeners:

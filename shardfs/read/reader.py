@@ -17,10 +17,11 @@ from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey,
 from ..cache.block_cache import VerifiedBlock
 from ..stats import Stats
 from ..store.remote import Store
+from ..store.responses import Landing
 from ..store.shards import ShardInfo
 from .block_runs import RUN_BLOCKS, BlockRun
 from .files_ahead import FilesAhead
-from .fills import Arrivals, BlockFills, ColdClock, Completion, Fetch
+from .fills import Arrivals, Block, BlockFetch, BlockFills, ColdClock, Completion, Fetch
 from .local_blocks import LocalBlocks
 from .readahead import MemoryReadahead, Prefetcher
 
@@ -104,7 +105,7 @@ class CachedReader:
         self.coming = Arrivals(store.config.read_timeout)
 
     def _announce(
-        self, shard: ShardInfo, skey: str, index: int, block: bytes | None = None
+        self, shard: ShardInfo, skey: str, index: int, block: Block | None = None
     ) -> None:
         """Publish that a block is local, once per block (while anyone listens)."""
         if not self.local_blocks.listening or (skey, index) in self._announced:
@@ -131,20 +132,17 @@ class CachedReader:
     def _fetch_range(self, shard: ShardInfo, index: int) -> Fetch:
         base = index * self.block_size
 
-        def fetch(start: int, end: int) -> bytes:
-            return self._get(shard, base + start, base + end)
-
-        return fetch
+        return lambda start, end: self._get(shard, base + start, base + end)
 
     def _get(self, shard: ShardInfo, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` from the store (``get_pieces``), in one piece."""
-        pieces = self.get_pieces(shard, start, end, max(1, end - start))
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        """Bytes ``[start, end)`` from the store in one piece (a join of one is no copy)."""
+        return b"".join(self.get_pieces(shard, start, end, max(1, end - start)))
 
-    def get_pieces(self, shard: ShardInfo, start: int, end: int, piece: int) -> list[bytes]:
-        """One GET from the store, as pieces; a whole shard the server sent instead (it
-        ignores Range) is offered to the cache, every block of it."""
-        got = self.store.fetch(shard, start, end, piece, retries=self.retries)
+    def get_pieces(
+        self, shard: ShardInfo, start: int, end: int, piece: int, land: Landing | None = None
+    ) -> list[Block]:
+        """One GET as pieces (into ``land`` memory if given); a whole shard sent is cached."""
+        got = self.store.fetch(shard, start, end, piece, retries=self.retries, land=land)
         if got.whole is not None:
             self._keep_whole(shard, got.whole)
         return got.pieces
@@ -479,7 +477,7 @@ class CachedReader:
         return len(blocks)
 
     def prefetch_one(
-        self, shard: ShardInfo, skey: str, index: int, fetch: Fetch, evict_before: float
+        self, shard: ShardInfo, skey: str, index: int, fetch: BlockFetch, evict_before: float
     ) -> bool:
         block_len = self._block_len(shard, index)
         key = BlockKey(skey, index)

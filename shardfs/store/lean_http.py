@@ -12,6 +12,7 @@ issue 21). Everything here raises ``OSError`` (timeouts, resets, refused connect
 
 from __future__ import annotations
 
+import io
 import socket
 import ssl
 import threading
@@ -41,7 +42,7 @@ class Headers(dict[str, str]):
 class _Connection:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.file: BinaryIO = sock.makefile("rb")
+        self.file: io.BufferedReader = sock.makefile("rb")
 
     def close(self) -> None:
         self.file.close()
@@ -89,6 +90,37 @@ class LeanResponse:
         elif not data:
             self._done = True
         return data
+
+    def readinto(self, view: memoryview) -> int:
+        """Fill ``view`` from the body (less only where the body ends); the bytes filled."""
+        conn = self._conn
+        if conn is None or self._done or not len(view):
+            return 0
+        if self._chunked:  # rare for a ranged GET: read, then copy
+            filled = 0
+            while filled < len(view):
+                data = self._read_chunked(conn.file, len(view) - filled)
+                if not data:
+                    break
+                view[filled : filled + len(data)] = data
+                filled += len(data)
+            return filled
+        want = len(view) if self._left is None else min(len(view), self._left)
+        filled = 0
+        while filled < want:
+            got = conn.file.readinto(view[filled:want])
+            if not got:
+                break
+            filled += got
+        if self._left is not None:
+            self._left -= filled
+            self._done = self._left == 0
+            if filled < want:
+                self._keep = False  # cut short: the connection is spent
+                self._done = True
+        elif filled < want:
+            self._done = True
+        return filled
 
     def _read_chunked(self, file: BinaryIO, n: int) -> bytes:
         if self._chunk_left == 0:

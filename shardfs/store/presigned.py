@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .lean_http import HTTPFailure, LeanPool
-from .responses import TransientError, check_answer, check_length, checks_etag
+from .responses import Landing, TransientError, check_answer, check_length, checks_etag
 
 _URL_LIFETIME_S = 3600
 _RENEW_BEFORE_S = 300
@@ -54,13 +54,22 @@ class PresignedRanges:
             raise TransientError(str(exc) or type(exc).__name__) from exc
 
     def get(
-        self, path: str, start: int, end: int, size: int, etag: str, deadline: float, piece: int
-    ) -> list[bytes]:
+        self,
+        path: str,
+        start: int,
+        end: int,
+        size: int,
+        etag: str,
+        deadline: float,
+        piece: int,
+        land: Landing | None = None,
+    ) -> list[bytes | memoryview]:
         """Bytes ``[start, end)`` of the object at ``path`` as indexed (``size``, ``etag``),
         by ``deadline`` (``time.monotonic()``) or a TransientError; as consecutive pieces of
         ``piece`` bytes (the last may be shorter), each read from the socket on its own so
         that no piece is a copy cut from a larger buffer. A server that ignores Range (a
-        200) gives the whole object, as one piece: the caller keeps it (``store.Store``)."""
+        200) gives the whole object, as one piece: the caller keeps it (``store.Store``).
+        ``land(n)`` gives memory for each piece of a 206 to be received into."""
         headers = {"Range": f"bytes={start}-{end - 1}"}
         if checks_etag(etag):
             headers["If-Match"] = f'"{etag}"'
@@ -83,7 +92,7 @@ class PresignedRanges:
                 etag=etag,
             )
             if response.status == 206:
-                pieces = _read_pieces(response, end - start, piece, deadline)
+                pieces = _read_pieces(response, end - start, piece, deadline, land)
                 check_length(what, 206, sum(map(len, pieces)), start, end, size)
             else:  # the whole object (a server that ignores Range)
                 whole = b"".join(_read_pieces(response, size, size, deadline))
@@ -102,14 +111,23 @@ def _discard(response: Any) -> None:
     response.release_conn()
 
 
-def _read_pieces(response: Any, length: int, piece: int, deadline: float) -> list[bytes]:
+def _read_pieces(
+    response: Any, length: int, piece: int, deadline: float, land: Landing | None = None
+) -> list[bytes | memoryview]:
     """Up to ``length`` body bytes in pieces of ``piece``, the deadline checked between
-    pieces. Read undecoded: the range is over the stored bytes, whatever their encoding."""
-    pieces = []
+    pieces; each piece received into memory from ``land`` when given. Read undecoded: the
+    range is over the stored bytes, whatever their encoding."""
+    pieces: list[bytes | memoryview] = []
     left = length
     try:
         while left > 0:
-            data = response.read(min(piece, left), decode_content=False)
+            data: bytes | memoryview
+            if land is not None:
+                data = land(min(piece, left))
+                got = response.readinto(data)
+                data = data if got == len(data) else data[:got]
+            else:
+                data = response.read(min(piece, left), decode_content=False)
             if not data:
                 break
             pieces.append(data)

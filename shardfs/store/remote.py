@@ -21,7 +21,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -32,7 +31,7 @@ from ..config import SourceConfig, format_bytes
 from ..errors import ShardChangedError, ShardfsError, StoreReadError
 from ..stats import Stats
 from ..store.shards import Readable
-from . import http_ranges, s3_ranges
+from . import http_ranges, responses, s3_ranges
 from .client import S3_PROTOCOLS, open_filesystem, protocol_of, translate_errors, version_of
 from .listing import ShardListing
 from .local_files import read_local_file
@@ -64,17 +63,7 @@ _PROGRAMMING_ERRORS: tuple[type[Exception], ...] = (
     RecursionError,
 )
 
-__all__ = ["SHARD_SUFFIX", "Fetched", "ShardInfo", "Store", "translate_errors"]
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched:
-    """What ``Store.fetch`` brought: the bytes asked for, as pieces, and the whole shard
-    when the server sent all of it for this GET (it ignores ``Range``), for the caller to
-    keep (the block cache stores all its blocks)."""
-
-    pieces: list[bytes]
-    whole: bytes | None = None
+__all__ = ["SHARD_SUFFIX", "ShardInfo", "Store", "translate_errors"]
 
 
 class Store:
@@ -210,12 +199,11 @@ class Store:
         up to ``retries`` attempts and within ``read_timeout`` seconds; then StoreReadError.
         A shard that is another version or gone raises ShardChangedError at once.
         """
-        pieces = self.read_pieces(shard, start, end, max(1, end - start), retries=retries)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return b"".join(self.read_pieces(shard, start, end, max(1, end - start), retries=retries))
 
     def read_pieces(
         self, shard: ShardInfo, start: int, end: int, piece: int, *, retries: int = 4
-    ) -> list[bytes]:
+    ) -> responses.Pieces:
         """``read_range`` in one GET, as consecutive pieces of ``piece`` bytes (the last may
         be shorter): on S3 each piece comes from the socket on its own, so a GET for several
         blocks yields the blocks without cutting them out of one buffer."""
@@ -230,26 +218,35 @@ class Store:
         *,
         retries: int = 4,
         scan: bool = False,
-    ) -> Fetched:
-        """``read_pieces``, and the whole shard where the server sent it (``Fetched``).
+        land: responses.Landing | None = None,
+    ) -> responses.Fetched:
+        """``read_pieces`` (each piece received into ``land(n)`` memory where the GET can),
+        and the whole shard where the server sent it (``Fetched``).
 
         Each GET and the bytes its answer carried are counted in ``stats`` (``scan``: as an
         index scan's too). Once the server has ignored Range, shards it sent whole are kept
         in memory (``whole_shards``) and reads of them are cut from the copy."""
         if start >= end:
-            return Fetched([b""])
+            return responses.Fetched([b""])
         whole = self._whole
         if whole is None:
-            return self._fetch(shard, start, end, piece, retries, scan)
+            return self._fetch(shard, start, end, piece, retries, scan, land)
         with whole.lock(shard):  # readers of one shard wait for its one GET
             body = whole.get(shard)
             if body is not None:
-                return Fetched(pieces_of(body[start:end], piece))
-            return self._fetch(shard, start, end, piece, retries, scan)
+                return responses.Fetched(pieces_of(body[start:end], piece))
+            return self._fetch(shard, start, end, piece, retries, scan, land)
 
     def _fetch(
-        self, shard: ShardInfo, start: int, end: int, piece: int, retries: int, scan: bool
-    ) -> Fetched:
+        self,
+        shard: ShardInfo,
+        start: int,
+        end: int,
+        piece: int,
+        retries: int,
+        scan: bool,
+        land: responses.Landing | None = None,
+    ) -> responses.Fetched:
         path = self._path(shard.name)
         deadline = time.monotonic() + self.config.read_timeout
         delay = 0.1
@@ -258,15 +255,15 @@ class Store:
             attempt += 1
             try:
                 self.stats.add(store_requests=1, scan_requests=int(scan))
-                pieces = self._get_pieces(path, shard, start, end, deadline, piece)
+                pieces = self._get_pieces(path, shard, start, end, deadline, piece, land)
                 got = sum(map(len, pieces))
                 self.stats.add(bytes_fetched=got, scan_bytes=got if scan else 0)
                 if got == end - start:
-                    return Fetched(pieces)
+                    return responses.Fetched(pieces)
                 # The answers' checks let only the range or the whole shard through.
-                body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                body = b"".join(pieces)  # one piece of bytes: itself
                 self._range_ignored(shard, body)
-                return Fetched(pieces_of(body[start:end], piece), body)
+                return responses.Fetched(pieces_of(body[start:end], piece), body)
             except PreconditionFailed as exc:
                 raise ShardChangedError(f"{shard.name}: changed in the store ({exc})") from exc
             except FileNotFoundError as exc:
@@ -325,8 +322,15 @@ class Store:
             log.debug("could not check %s against the store: %s", shard.name, exc)
 
     def _get_pieces(
-        self, path: str, shard: ShardInfo, start: int, end: int, deadline: float, piece: int
-    ) -> list[bytes]:
+        self,
+        path: str,
+        shard: ShardInfo,
+        start: int,
+        end: int,
+        deadline: float,
+        piece: int,
+        land: responses.Landing | None = None,
+    ) -> responses.Pieces:
         """One checked ranged GET, as pieces: a presigned URL on S3 when that path works,
         else s3fs; a local file directly; any other store through fsspec. A server that
         ignored Range gives the whole shard instead, as one piece."""
@@ -345,7 +349,7 @@ class Store:
                 )
             else:
                 try:
-                    pieces = fast.get(path, start, end, shard.size, shard.etag, deadline, piece)
+                    got = fast.get(path, start, end, shard.size, shard.etag, deadline, piece, land)
                 except (PreconditionFailed, TransientError, FileNotFoundError):
                     raise  # another version, a failure to retry, or gone for both paths
                 except Exception as exc:
@@ -358,7 +362,7 @@ class Store:
                     self._fast_path_failed(exc)
                 else:
                     self._fast_failures = 0
-                    return pieces
+                    return got
         return pieces_of(data, piece) if len(data) == end - start else [data]
 
     def _fast_path_failed(self, exc: Exception) -> None:
@@ -414,7 +418,7 @@ class Store:
             got = self.fetch(shard, start, end, max(1, end - start), scan=True)
             if got.whole is not None:
                 return got.whole[start:]  # the rest of the shard: nothing more is asked for
-            return got.pieces[0] if len(got.pieces) == 1 else b"".join(got.pieces)
+            return b"".join(got.pieces)  # one piece of bytes: itself
 
         stream = ShardStream(fetch, shard.size, block_size)
         try:

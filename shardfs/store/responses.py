@@ -10,6 +10,11 @@ Only ``store.Store`` and the modules it drives use this module.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Landing = Callable[[int], memoryview]  # memory to receive a piece of n bytes into
+Pieces = list[bytes | memoryview]  # a GET's body: bytes, or views of ``Landing`` memory
 
 
 class PreconditionFailed(Exception):
@@ -141,8 +146,18 @@ def check_length(what: str, status: int, length: int, start: int, end: int, size
         raise WrongLengthError(f"{what}: {length} bytes for an object of {size}")
 
 
-def pieces_of(data: bytes, piece: int) -> list[bytes]:
+def pieces_of(data: bytes, piece: int) -> Pieces:
     """``data`` as consecutive pieces of ``piece`` bytes (itself when it is one piece)."""
     if len(data) <= piece:
         return [data]
     return [data[i : i + piece] for i in range(0, len(data), piece)]
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What ``Store.fetch`` brought: the bytes asked for, as pieces, and the whole shard
+    when the server sent all of it for this GET (it ignores ``Range``), for the caller to
+    keep (the block cache stores all its blocks)."""
+
+    pieces: Pieces  # views of ``Landing`` memory only where the caller gave it
+    whole: bytes | None = None

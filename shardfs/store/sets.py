@@ -22,7 +22,8 @@ from ..errors import UsageError
 from ..stats import Stats
 from ..store.shards import Readable
 from .client import S3_PROTOCOLS
-from .remote import Fetched, Store
+from .remote import Store
+from .responses import Fetched, Landing, Pieces
 from .shards import ShardInfo
 
 
@@ -124,7 +125,7 @@ class StoreSet(Store):
 
     def read_pieces(
         self, shard: ShardInfo, start: int, end: int, piece: int, *, retries: int = 4
-    ) -> list[bytes]:
+    ) -> Pieces:
         part, own = self._owner(shard)
         return part.read_pieces(own, start, end, piece, retries=retries)
 
@@ -137,9 +138,10 @@ class StoreSet(Store):
         *,
         retries: int = 4,
         scan: bool = False,
+        land: Landing | None = None,
     ) -> Fetched:
         part, own = self._owner(shard)
-        return part.fetch(own, start, end, piece, retries=retries, scan=scan)
+        return part.fetch(own, start, end, piece, retries=retries, scan=scan, land=land)
 
     @property
     def checks_identity(self) -> bool:

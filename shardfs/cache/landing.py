@@ -1,0 +1,97 @@
+"""Landing buffers: fetched blocks received straight into the memory they are written from.
+
+A block is written to the cache with ``O_DIRECT`` (``writer.py``), which needs its header
+and data contiguous in page-aligned memory. Received as ``bytes``, every block was copied
+once more into such a buffer, and the fresh ``bytes`` cost page faults besides. A landing
+buffer is a page-aligned mapping with room for the block's header in front: the socket
+fills the data part (``take``), the writer puts the header before it and writes the whole
+mapping as it is (``in_place``).
+
+A buffer goes back to use only when nothing refers to it any more: the data part is handed
+on as a ``memoryview``, and every view of a mapping keeps a reference to it (the pusher's
+queue, a reader's slice). Idle buffers are kept up to ``keep`` bytes (as many 1 MiB
+blocks as 8 MiB ones fill), the rest unmapped: a fresh mapping costs a page fault per page.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+import threading
+
+from .block_format import header_len
+
+PAGE = 4096
+KEEP_BYTES = 64 << 20  # idle buffers kept for reuse
+# References to a free mapping while ``_free_map`` looks at it: the list, the loop's name,
+# and getrefcount's own argument.
+_UNUSED_REFS = 3
+
+
+def _address(buffer: mmap.mmap | memoryview) -> int:
+    """The address of a writable buffer's first byte."""
+    probe = ctypes.c_char.from_buffer(buffer)
+    try:
+        return ctypes.addressof(probe)
+    finally:
+        del probe  # releases the export at once
+
+
+class LandingBuffers:
+    """Page-aligned mappings of block size plus header room, reused once unreferenced."""
+
+    def __init__(self, chunk_size: int, keep: int = KEEP_BYTES) -> None:
+        self.chunk_size = chunk_size
+        self.keep = keep
+        self._maps: list[mmap.mmap] = []
+        self._bases: dict[int, int] = {}  # id(mapping) -> address
+        self._lock = threading.Lock()
+
+    def take(self, length: int) -> memoryview:
+        """A writable view of ``length`` bytes to receive a block's data into, placed just
+        after the room its header needs."""
+        lead = header_len(length, self.chunk_size)
+        size = -(-(lead + length) // PAGE) * PAGE
+        with self._lock:
+            found = self._free_map(size)
+            if found is None:
+                found = mmap.mmap(-1, size)
+                self._maps.append(found)
+                self._bases[id(found)] = _address(found)
+        return memoryview(found)[lead : lead + length]
+
+    def in_place(self, header: bytes, data: bytes | memoryview) -> memoryview | None:
+        """When ``data`` is a view that ``take`` gave, with ``header`` of the length made
+        room for: the header written in front of it, and a view of header + data padded to
+        whole pages (for an ``O_DIRECT`` write). Else None."""
+        if not isinstance(data, memoryview) or not isinstance(data.obj, mmap.mmap) or not data:
+            return None
+        with self._lock:
+            base = self._bases.get(id(data.obj))
+        if base is None or data.readonly or not data.contiguous:
+            return None
+        lead = _address(data) - base
+        if lead != len(header) or lead != header_len(len(data), self.chunk_size):
+            return None
+        whole = memoryview(data.obj)
+        whole[:lead] = header
+        return whole[: -(-(lead + len(data)) // PAGE) * PAGE]
+
+    def _free_map(self, size: int) -> mmap.mmap | None:
+        """An unreferenced mapping of at least ``size`` bytes; idle ones past ``keep`` bytes
+        are unmapped on the way (under the lock)."""
+        found = None
+        idle = 0
+        for mapping in list(self._maps):
+            if sys.getrefcount(mapping) > _UNUSED_REFS + 1:  # + the copied list
+                continue
+            if found is None and len(mapping) >= size:
+                found = mapping
+                continue
+            idle += len(mapping)
+            if idle > self.keep:
+                self._maps.remove(mapping)
+                self._bases.pop(id(mapping), None)
+                mapping.close()
+        return found

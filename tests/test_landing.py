@@ -1,0 +1,66 @@
+"""Landing buffers: blocks received into the memory their O_DIRECT write is made from."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+
+from shardfs.cache.block_format import header_len
+from shardfs.cache.landing import PAGE, LandingBuffers
+
+CHUNK = 64 << 10
+
+
+def test_a_taken_view_is_written_in_place_after_its_header() -> None:
+    landing = LandingBuffers(CHUNK)
+    length = 300_000
+    view = landing.take(length)
+    assert len(view) == length and not view.readonly
+    view[:] = bytes(range(256)) * (length // 256) + bytes(length % 256)
+    lead = header_len(length, CHUNK)
+    header = bytes([7]) * lead
+    whole = landing.in_place(header, view)
+    assert whole is not None
+    assert len(whole) % PAGE == 0 and len(whole) >= lead + length
+    assert bytes(whole[:lead]) == header
+    assert bytes(whole[lead : lead + length]) == bytes(view)
+
+
+def test_other_data_or_a_header_of_another_length_is_not_in_place() -> None:
+    landing = LandingBuffers(CHUNK)
+    view = landing.take(10_000)
+    lead = header_len(10_000, CHUNK)
+    assert landing.in_place(bytes(lead), bytes(10_000)) is None  # plain bytes
+    assert landing.in_place(bytes(lead + 8), view) is None  # not the room made
+    assert landing.in_place(bytes(lead), view[8:]) is None  # not where take() put it
+    foreign = memoryview(mmap.mmap(-1, PAGE * 4))[lead : lead + 10_000]
+    assert landing.in_place(bytes(lead), foreign) is None  # a mapping of someone else's
+    assert landing.in_place(bytes(lead), view) is not None
+
+
+def test_a_buffer_is_reused_only_once_nothing_refers_to_it() -> None:
+    landing = LandingBuffers(CHUNK, keep=2 * 64 << 10)
+    first = landing.take(50_000)
+    first[:4] = b"keep"
+    held = first[:10]  # a slice still refers to the mapping
+    del first
+    second = landing.take(50_000)
+    assert bytes(held[:4]) == b"keep"  # a new buffer: the held one is untouched
+    second[:4] = b"next"
+    assert bytes(held[:4]) == b"keep"
+    address = id(second.obj)
+    del second
+    gc.collect()
+    third = landing.take(50_000)
+    assert id(third.obj) == address  # unreferenced: taken again, no new mapping
+    del held, third
+
+
+def test_idle_buffers_beyond_keep_are_unmapped() -> None:
+    landing = LandingBuffers(CHUNK, keep=28 << 10)  # one idle 24 KiB buffer
+    views = [landing.take(20_000) for _ in range(4)]
+    assert len(landing._maps) == 4
+    del views
+    taken = landing.take(20_000)  # one reused, one kept idle, the other two unmapped
+    assert len(landing._maps) == 2
+    assert sum(m is taken.obj for m in landing._maps) == 1
