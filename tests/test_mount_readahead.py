@@ -335,8 +335,14 @@ def test_files_fetched_before_the_kernel_knew_them_are_pushed_once_listed(
     before = stats(mountpoint)
     assert before["bytes_pushed"] == every
     assert wrong_files(mountpoint, dataset, names) == []
-    after = stats(mountpoint)
-    assert after["bytes_served"] == before["bytes_served"], (before, after)  # all from the kernel
+    # All from the kernel, but for at most one file (one run in about 20 served one: a pushed
+    # file the kernel read again); without pushes of straddling files, all of those are READs.
+    served = stats(mountpoint)["bytes_served"] - before["bytes_served"]
+    assert (
+        served
+        <= max(map(len, dataset.files.values()))
+        < sum(len(dataset.files[n]) for n in straddling)
+    )
     umount(mountpoint)
 
 
