@@ -67,6 +67,23 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def core_seconds(cpus: frozenset[int] | set[int]) -> dict[str, float]:
+    """Time ``cpus`` spent so far (/proc/stat), summed, by kind: ``user`` (nice included),
+    ``system``, ``irq`` (hard and soft interrupts), ``idle`` (iowait included: nothing to
+    run, e.g. readers waiting on the network or on the daemon) and ``steal``."""
+    total = {"user": 0, "system": 0, "irq": 0, "idle": 0, "steal": 0}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            user, nice, system, idle, iowait, irq, softirq, steal = map(int, rest.split()[:8])
+            total["user"] += user + nice
+            total["system"] += system
+            total["irq"] += irq + softirq
+            total["idle"] += idle + iowait
+            total["steal"] += steal
+    return {kind: ticks / CLOCK_TICKS for kind, ticks in total.items()}
+
+
 def page_cache_drops() -> int:
     """Writes to /proc/sys/vm/drop_caches so far, by anyone on this machine (a drop by
     another process makes warm reads and kernel pushes pay twice)."""

@@ -31,6 +31,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -47,6 +48,7 @@ from pinning import Pinning  # noqa: E402
 from procs import (  # noqa: E402
     DaemonProbe,
     EpochRunner,
+    core_seconds,
     cpu_seconds,
     drop_page_cache,
     force_unmount,
@@ -184,7 +186,12 @@ class StreamingBench:
         store_pid = self.server.pid
         store_before = cpu_seconds(store_pid) if store_pid is not None else None
         before = query(self.mnt) if pid else {}
+        cores_before = core_seconds(self.pinning.readers)
+        began = time.monotonic()
         reply = self.runner.run(request)
+        ended = time.monotonic()
+        cores = core_seconds(self.pinning.readers)
+        cores = {kind: cores[kind] - cores_before[kind] for kind in cores}
         after = query(self.mnt) if pid else {}
         store_cpu = None
         if store_pid is not None and store_before is not None:
@@ -200,6 +207,11 @@ class StreamingBench:
             "counters": {key: after[key] - before[key] for key in COUNTERS} if pid else {},
             # The store's share of its core over the epoch: near 1.0, the store is the limit.
             "store_busy": None if store_cpu is None else store_cpu / reply["seconds"],
+            # The readers' cores' time by kind (seconds); idle: nothing to run, readers
+            # waiting on the store or the daemon.
+            "readers_cores": cores,
+            "monotonic": [began, ended],  # to line the epoch up with a profile
+            "readers_idle": cores["idle"] / (reply["seconds"] * len(self.pinning.readers)),
             **probe.stop(),
         }
         if reply["images"] != self.tree.images:
@@ -210,7 +222,8 @@ class StreamingBench:
             f"round {fields['round']} {fields['contender']:<10} {fields['epoch']:<5} "
             f"{fields.get('cache', ''):<5} "
             f"{'shaped' if fields.get('shaped') else '':<6} {record['images_per_s']:5.0f} img/s"
-            f" egress {record['egress_ratio']:.2f}x"
+            f" egress {record['egress_ratio']:.2f}x idle {record['readers_idle']:.2f}"
+            f" cores {' '.join(f'{k} {v:.1f}' for k, v in cores.items())}"
             + (f" daemon {cpu:.1f} s CPU {record['counters']}" if cpu is not None else "")
         )
         return record
@@ -219,6 +232,31 @@ class StreamingBench:
         request = {"kind": "imagefolder", "root": str(self.tree.root), "seed": round_}
         for epoch in ("dropped", "warm"):  # the dropped epoch leaves the tree page-cached
             self.epoch(request, {"contender": "local", "epoch": epoch, "round": round_})
+
+    def run_floor(self, round_: int) -> None:
+        """What any cold epoch must add on the readers' core, measured now: curl receiving
+        every shard (webdataset's pipes; user + system CPU) and the page-cache fill of the
+        same bytes (a tmpfs write, system CPU), both pinned where the readers run. A cold
+        epoch's best is a warm epoch plus this: the limit its ratios are set against."""
+        from per_file import children_cpu, run_probe
+
+        command = ["curl", "--silent", "--show-error", "--fail", "--parallel",
+                   "--parallel-max", "4"]  # fmt: skip
+        for url in self.urls:
+            command += ["--output", os.devnull, url]
+        settled_counts(self.server, timeout=120)
+        self.server.reset_counts()
+        before = children_cpu()
+        subprocess.run(command, check=True, capture_output=True)
+        curl = sum(after - was for was, after in zip(before, children_cpu(), strict=True))
+        got = settled_counts(self.server, timeout=120)["get_object_bytes"]
+        if got != self.dataset_bytes:
+            raise RuntimeError(f"curl fetched {got} bytes, expected {self.dataset_bytes}")
+        fill = run_probe("tmpfs", str(self.tree.image_bytes), self.args.tmpfs)["write_sys_s"]
+        record = {"contender": "floor", "epoch": "-", "round": round_, "curl_cpu_s": curl,
+                  "fill_cpu_s": fill, "floor_s": curl + fill}  # fmt: skip
+        self.records.append(record)
+        log(f"round {round_} floor: curl {curl:.2f} s + page-cache fill {fill:.2f} s CPU")
 
     def run_pair(self, sampler: str, round_: int, shaped: bool) -> None:
         """Cold epochs at ``--small`` and ``--full``, same seed, the order swapped by round."""
@@ -249,6 +287,7 @@ class StreamingBench:
         phases = [False] if self.args.no_shaped else [False, True]
         for round_ in range(self.args.rounds):
             self.run_local(round_)
+            self.run_floor(round_)
             for shaped in phases:
                 if shaped:
                     self.server.shape(**shaping)
@@ -298,10 +337,17 @@ def round_ratios(result: dict[str, Any]) -> dict[str, dict[int, float]]:
         if top is not None and bottom:
             ratios.setdefault(name, {})[round_] = top / bottom
 
+    images = result["dataset"]["images"]
     for round_ in range(result["rounds"]):
         warm = rate(round_, contender="local", epoch="warm")
         dropped = rate(round_, contender="local", epoch="dropped")
         put("local dropped / warm", round_, dropped, warm)
+        floor = _find(epochs, round_, contender="floor")
+        limit = None
+        if floor is not None and warm:
+            # The best a cold epoch can do: the warm epoch's time plus the floor's CPU.
+            limit = 1 / (1 + floor["floor_s"] * warm / images)
+            put("limit: cold / local warm", round_, limit, 1.0)
         for shaped in (False, True):
             tag = " shaped" if shaped else ""
             for sampler in SAMPLERS:
@@ -309,6 +355,8 @@ def round_ratios(result: dict[str, Any]) -> dict[str, dict[int, float]]:
                 full = rate(round_, contender=sampler, cache="full", shaped=shaped)
                 put(f"{sampler} small / full{tag}", round_, small, full)
                 put(f"{sampler} full / local warm{tag}", round_, full, warm)
+                if limit is not None and full is not None and warm:
+                    put(f"{sampler} full / limit{tag}", round_, full / warm, limit)
                 put(f"{sampler} full / local dropped{tag}", round_, full, dropped)
             wds = rate(round_, contender="webdataset", shaped=shaped)
             put(f"webdataset / local warm{tag}", round_, wds, warm)
@@ -362,6 +410,8 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Medians per (contender, cache, shaped, epoch), in run order."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in result["epochs"]:
+        if r["contender"] == "floor":
+            continue
         key = (r["contender"], r.get("cache", "-"), bool(r.get("shaped")), r["epoch"])
         groups.setdefault(key, []).append(r)
     rows = []
@@ -413,6 +463,17 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {_num(row['blocks_evicted'], 0)} "
             f"| {_num(None if unread is None else unread / 1e6, 1)} | {row['n']} |"
         )
+    floors = [r for r in result["epochs"] if r["contender"] == "floor"]
+    if floors:
+        curl = statistics.median(r["curl_cpu_s"] for r in floors)
+        fill = statistics.median(r["fill_cpu_s"] for r in floors)
+        lines += [
+            "",
+            f"Floor, per round on the readers' core: curl receiving every shard {curl:.2f} s "
+            f"CPU + the page-cache fill of the same bytes (tmpfs write) {fill:.2f} s "
+            "(medians). A cold epoch cannot beat a warm one plus this; `limit: cold / local "
+            "warm` is that bound, and `X full / limit` each full-cache ratio over it.",
+        ]
     lines += ["", "| ratio (per round) | median | min-max | n |", "|---|---|---|---|"]
     for name, by_round in result["ratios"].items():
         s = _spread(list(by_round.values()))
@@ -470,6 +531,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--shardfs-arg", action="append", default=[], help="extra mount argument (repeatable)"
+    )
+    parser.add_argument(
+        "--tmpfs", default="/dev/shm", help="a tmpfs folder for the page-cache fill (/dev/shm)"
     )
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "tmp")
     parser.add_argument("--out", type=Path, default=ROOT / "results")

@@ -82,3 +82,28 @@ def test_cold_epochs_are_paired_with_both_local_baselines_and_shared_rows_kept_a
     assert against_disk["goal"] == ">= 1.0" and against_disk["met"] is False  # 2 pairs of 5
     # Context rows for contenders that did not run are left out, not shown empty.
     assert not any(name.startswith("decode w2 webdataset") for name in checks)
+
+
+def test_streaming_ratios_are_set_against_the_floor_measured_in_their_round() -> None:
+    """bench/streaming.py: a round's floor (curl + page-cache fill CPU on the readers' core)
+    bounds its cold ratios: a warm epoch of 10 s plus a 0.5 s floor allows at most 10/10.5,
+    and a full-cache epoch at 0.9 of warm is 0.945 of that limit; a round without a floor
+    gets neither ratio."""
+    from streaming import round_ratios
+
+    def epoch(round_: int, contender: str, rate: float, **fields: Any) -> dict[str, Any]:
+        return {"round": round_, "contender": contender, "images_per_s": rate, **fields}
+
+    epochs = [
+        epoch(0, "local", 300.0, epoch="warm"),
+        epoch(0, "local", 250.0, epoch="dropped"),
+        {"round": 0, "contender": "floor", "epoch": "-", "floor_s": 0.5},
+        epoch(0, "shard", 270.0, epoch="cold", cache="full", shaped=False),
+        epoch(1, "local", 300.0, epoch="warm"),
+        epoch(1, "shard", 240.0, epoch="cold", cache="full", shaped=False),
+    ]
+    result = {"rounds": 2, "epochs": epochs, "dataset": {"images": 3000}}
+    ratios = round_ratios(result)
+    assert ratios["limit: cold / local warm"] == {0: pytest.approx(10 / 10.5)}
+    assert ratios["shard full / local warm"] == {0: 0.9, 1: 0.8}
+    assert ratios["shard full / limit"] == {0: pytest.approx(0.9 * 10.5 / 10)}
