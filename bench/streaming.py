@@ -428,6 +428,7 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "egress_ratio": med(lambda r: r["egress_ratio"]),
             "daemon_cpu_s": med(lambda r: r["daemon_cpu_s"]),
             "store_busy": med(lambda r: r.get("store_busy")),
+            "readers_idle": med(lambda r: r.get("readers_idle")),
         }  # fmt: skip
         for counter in COUNTERS:
             row[counter] = med(lambda r, c=counter: r["counters"].get(c))
@@ -449,8 +450,9 @@ def markdown(result: dict[str, Any]) -> str:
         "the shard bytes; counters are `shardfs stats` differences over the epoch.",
         "",
         "| contender | cache | shaped | epoch | images/s | egress | daemon CPU s | store core busy "
-        "| waited on net | fetched ahead | range reads | blocks evicted | evicted unread MB | n |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| readers' core idle | waited on net | fetched ahead | range reads | blocks evicted "
+        "| evicted unread MB | n |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in _rows(result):
         unread = row["evicted_unread_bytes"]
@@ -458,6 +460,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {row['contender']} | {row['cache']} | {'yes' if row['shaped'] else 'no'} "
             f"| {row['epoch']} | {_num(row['images_per_s'], 0)} | {_num(row['egress_ratio'])}x "
             f"| {_num(row['daemon_cpu_s'], 1)} | {_num(row['store_busy'])} "
+            f"| {_num(row['readers_idle'])} "
             f"| {_num(row['reads_waited_on_network'], 0)} "
             f"| {_num(row['files_fetched_ahead'], 0)} | {_num(row['range_reads'], 0)} "
             f"| {_num(row['blocks_evicted'], 0)} "
