@@ -179,35 +179,3 @@ def test_an_ioctl_that_is_not_the_hint_is_not_ours(view: View) -> None:
     node = view.lookup("d/f.bin")
     ops.ioctl(1, node.ino, 0x5401, 0, None, 0, 0, 0, 0)
     assert lib.only(1) == ("err", errno.ENOTTY)
-
-
-class RecordingWorkers:
-    """Stands in for the read workers: records what would run, runs nothing."""
-
-    def __init__(self) -> None:
-        self.submitted: list[tuple[Any, ...]] = []
-
-    def submit(self, fn: Any, *args: Any) -> None:
-        self.submitted.append((fn.__name__, *args))
-
-
-def test_a_read_that_raced_a_push_does_not_publish_the_block_being_pushed(view: View) -> None:
-    """A READ answered from a block whose files the pusher is about to store leaves the
-    block unpublished (publishing reads the whole block back from disk, for READs the push
-    makes unnecessary); once the push is over, the next READ publishes it."""
-    from shardfs.fuse.pushes import KernelPusher
-
-    ops, lib = operations(view)
-    pusher = KernelPusher(ops.core)  # not started: what is queued stays queued
-    ops.pusher = pusher
-    workers = RecordingWorkers()
-    ops.workers = workers  # type: ignore[assignment]
-    node = ops.core.node(lookup_ino(ops, lib, lookup_ino(ops, lib, ROOT_INO, b"d", 1), b"f.bin", 2))
-    shard = ops.core.view.shards[node.shard]
-    start = node.offset - node.offset % ops.core.block_size
-    pusher.block_local(shard, start, shard.size, None)
-    ops._publish_soon(node)
-    assert workers.submitted == []
-    pusher._pushed(shard, start)  # the pusher is done with it
-    ops._publish_soon(node)
-    assert [name for name, *_ in workers.submitted] == ["_publish"]

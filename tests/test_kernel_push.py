@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import itertools
-import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -338,46 +337,3 @@ def test_edge_files_drop_the_oldest_incomplete_file_beyond_their_bound() -> None
     assert edges.held == 50  # the first's second part
     assert edges.add([node(6, 0, 2000)], 0, bytes(100)) == []  # larger than max_file
     assert edges.held == 50
-
-
-class HeldSession(FakeSession):
-    """Holds the pusher inside its first push until ``release`` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def notify_store(
-        self, ino: int, offset: int, data: bytes, start: int = 0, length: int | None = None
-    ) -> int:
-        self.entered.set()
-        assert self.release.wait(10), "the test never released the push"
-        return super().notify_store(ino, offset, data, start, length)
-
-
-def test_a_block_counts_as_being_pushed_from_its_queueing_until_its_files_are_pushed(
-    core: AllLocal,
-) -> None:
-    """``pushing`` (what keeps a READ that raced the push from reading the block back to
-    publish it) holds while the block waits in the queue and while its files are stored,
-    and ends once they are."""
-    inodes = _inodes(core)
-    shard_id = core.view.shard_ids[_shard(core)]
-    session = HeldSession()
-    pusher = _pusher(core, session)
-    try:
-        for ino in inodes.values():
-            pusher.inode_known(ino)
-        assert not pusher.pushing(shard_id, 0)
-        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
-        assert pusher.pushing(shard_id, 0)
-        wait_for(session.entered.is_set, "the push to start")
-        assert pusher.pushing(shard_id, 0)
-        assert not pusher.pushing(shard_id, 1)  # another block of the shard
-        session.release.set()
-        wait_for(lambda: not pusher.pushing(shard_id, 0), "the block's push to end")
-        assert sorted(session.stored) == sorted((inodes[n], d) for n, d in FILES.items())
-    finally:
-        session.release.set()
-        pusher.stop()

@@ -259,10 +259,6 @@ class FuseOperations:
         key = (node.shard, node.offset // self.core.block_size)
         if key in self._publishing or self.workers is None or self.core.hints.watched[node.ino]:
             return
-        if self.pusher is not None and self.pusher.pushing(*key):
-            # the block's files are on their way into the kernel (a READ raced the push):
-            # reading it back from disk to publish it would serve no later READ
-            return
         self._publishing.add(key)
         self.workers.submit(self._publish, node, key)
 

@@ -53,9 +53,6 @@ class KernelPusher:
         self._buffer: mmap.mmap | None = None  # a block read for its files (this thread's)
         self._batch: hot_path.BatchPush | None = None  # a block's files in one C call
         self._edges = EdgeFiles()  # parts of files crossing block edges (this thread's)
-        # Blocks queued or being pushed, as (shard id, block index) -> how many times.
-        self._pending: dict[tuple[int, int], int] = {}
-        self._pending_lock = threading.Lock()
         self._abort = False
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
@@ -76,25 +73,7 @@ class KernelPusher:
     ) -> None:
         if block is not None and self._queue.qsize() >= _PUSH_QUEUE_BLOCKS:
             block = None  # the pusher is behind: do not hold more blocks in memory
-        key = self._block_key(shard, start)
-        with self._pending_lock:
-            self._pending[key] = self._pending.get(key, 0) + 1
         self._queue.put((shard, start, end, block))
-
-    def pushing(self, shard_id: int, index: int) -> bool:
-        """Whether block ``index`` of shard ``shard_id`` is queued or being pushed: its files
-        are about to reach the kernel, so a READ of one of them now only raced the push."""
-        return (shard_id, index) in self._pending
-
-    def _block_key(self, shard: ShardInfo, start: int) -> tuple[int, int]:
-        return (self.core.view.shard_ids[shard], start // self.core.block_size)
-
-    def _pushed(self, shard: ShardInfo, start: int) -> None:
-        key = self._block_key(shard, start)
-        with self._pending_lock:
-            left = self._pending.pop(key, 1) - 1
-            if left > 0:
-                self._pending[key] = left
 
     def inode_known(self, ino: int, *, push_waiting: bool = True) -> None:
         """The kernel was just given ``ino``; push the file if its block was waiting for it.
@@ -127,13 +106,10 @@ class KernelPusher:
                         # one verified read of the block for all its files, into one
                         # reused buffer (no fresh pages), instead of one read per file
                         block = self._read_block(shard, start)
-                    try:
-                        self._push_files(files, start, block)
-                        if across and block is not None:
-                            for node, data in self._edges.add(across, start, block):
-                                self._push_files([node], node.offset, data)
-                    finally:
-                        self._pushed(shard, start)
+                    self._push_files(files, start, block)
+                    if across and block is not None:
+                        for node, data in self._edges.add(across, start, block):
+                            self._push_files([node], node.offset, data)
                 elif item >= 0:
                     self._push_files([self.core.node(item)])
                 self._push_retries()
