@@ -41,6 +41,7 @@ from .mountpoints import (
     diagnose_fuse_failure,
     make_mountpoint,
 )
+from .watchdog import start_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,7 @@ class Mount:
         assert self.dataset is not None
         mountpoint = self.settings.mount.mountpoint
         pid_file(mountpoint).write_text(str(os.getpid()))
+        start_watchdog(os.getpid(), os.path.abspath(mountpoint))
         log.info("mounted %s at %s", self.settings.source.describe(), mountpoint)
         view = self.dataset.view
         self.channel.send("ready", f"{view.report.files} {view.layout} {images_line(view.report)}")
