@@ -55,7 +55,7 @@ def daemon_dead(pid: int) -> bool:
 
 def abort_connection(device: int) -> bool:
     """Abort the FUSE connection of ``device`` if it still exists; whether it did."""
-    name = str(os.minor(device)) if os.major(device) == 0 else str(device)
+    name = str(os.major(device) << 20 | os.minor(device))  # the kernel's dev_t, as fusectl names it
     if not (CONNECTIONS / name).exists() and not any(CONNECTIONS.iterdir()):
         # fusectl is not mounted: mount it (root only; otherwise nothing can be done here)
         subprocess.run(
