@@ -18,7 +18,8 @@ Each round runs, in this order:
   (``--latency-ms`` 20, ``--bandwidth-mb`` 100 per response: tests/support/moto_counting.py).
 
 Per epoch: images/s, egress at the server over the shard bytes (mount's own fetches apart),
-the daemon's CPU and the mount's counters (``shardfs stats``) that tell why a read waited.
+the bytes the server sent twice (offsets within a shard already sent that epoch), the
+daemon's CPU and the mount's counters (``shardfs stats``) that tell why a read waited.
 Per round: ratios small / full, full / local, webdataset / local, and each shaped ratio's
 difference to the unshaped one of the same round; the targets are checked on their median
 (and min-max) over the rounds. Writes streaming.json and streaming.md to ``--out``.
@@ -64,10 +65,16 @@ from report import summary_lines as target_summary  # noqa: E402
 from report import target_row as _check  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
+from shardfs.config import ReadaheadConfig  # noqa: E402
+
 BUCKET = "stream"
 PREFIX = "data/train"
 SAMPLERS = ("shard", "uniform", "random")  # random: DataLoader(shuffle=True)
 MIN_BLOCKS = 4  # the mount refuses a cache under 4 blocks
+# Samplers whose small-cache epochs are replayed to find the store's ceiling (one GET per
+# file: the store's cost per request, not its bandwidth, bounds them).
+CEILING_FOR = ("uniform",)
+STREAMS = ReadaheadConfig().streams  # the mount's concurrent fetches, by default
 # The mount's counters kept per epoch (differences over the epoch): why a read waited.
 COUNTERS = ("reads_waited_on_network", "files_fetched_ahead", "files_ahead_read",
             "blocks_evicted", "evicted_unread_bytes", "range_reads", "blocks_not_admitted",
@@ -124,6 +131,7 @@ class StreamingBench:
         keys = sorted(fs.glob(f"{BUCKET}/{PREFIX}/*.tar"))
         self.dataset_bytes = sum(fs.size(key) for key in keys)
         self.urls = presigned_urls(self.server, keys)
+        self.url_of = dict(zip(keys, self.urls, strict=True))  # "bucket/key" -> its URL
         self.meta = {
             "images": self.tree.images,
             "classes": self.tree.classes,
@@ -204,6 +212,8 @@ class StreamingBench:
             "egress_bytes": counts["get_object_bytes"],
             "egress_requests": counts["get_object_requests"],
             "egress_ratio": counts["get_object_bytes"] / self.dataset_bytes,
+            # Bytes whose offsets in their shard were already sent this epoch: paid twice.
+            "refetched_bytes": counts.get("get_object_refetched_bytes"),
             "counters": {key: after[key] - before[key] for key in COUNTERS} if pid else {},
             # The store's share of its core over the epoch: near 1.0, the store is the limit.
             "store_busy": None if store_cpu is None else store_cpu / reply["seconds"],
@@ -222,7 +232,8 @@ class StreamingBench:
             f"round {fields['round']} {fields['contender']:<10} {fields['epoch']:<5} "
             f"{fields.get('cache', ''):<5} "
             f"{'shaped' if fields.get('shaped') else '':<6} {record['images_per_s']:5.0f} img/s"
-            f" egress {record['egress_ratio']:.2f}x idle {record['readers_idle']:.2f}"
+            f" egress {record['egress_ratio']:.2f}x twice {record['refetched_bytes'] or 0} B"
+            f" idle {record['readers_idle']:.2f}"
             f" cores {' '.join(f'{k} {v:.1f}' for k, v in cores.items())}"
             + (f" daemon {cpu:.1f} s CPU {record['counters']}" if cpu is not None else "")
         )
@@ -274,6 +285,56 @@ class StreamingBench:
                           "round": round_, "shaped": shaped,
                           "mount_egress_bytes": mount_egress}  # fmt: skip
                 self.epoch(request, fields, pid)
+                gets = self.server.ranges_sent() if sampler in CEILING_FOR else []
+            if cache == "small" and gets:
+                self.run_ceiling(gets, {**fields, "contender": f"{sampler} ceiling"})
+
+    def run_ceiling(self, gets: list[list[Any]], fields: dict[str, Any]) -> None:
+        """The store's ceiling for an epoch's own requests: the same ranged GETs, in the same
+        order, replayed by curl (``STREAMS`` at a time, as many as the mount's fetch
+        streams) with no reader, no decode and no daemon; images over its seconds is the
+        best any reader could do against this store with those requests."""
+        config = self.run_dir / "replay.curl"
+        lines, expected = [], 0
+        for key, start, end, _ in gets:
+            lines += [f'url = "{self.url_of[key]}"', f'range = "{start}-{end - 1}"',
+                      'output = "/dev/null"', "fail", "next"]  # fmt: skip
+            expected += end - start
+        config.write_text("\n".join(lines[:-1]) + "\n")
+        settled_counts(self.server, timeout=120)
+        self.server.reset_counts()
+        store_pid = self.server.pid
+        store_before = cpu_seconds(store_pid) if store_pid is not None else None
+        began = time.monotonic()
+        subprocess.run(["curl", "--silent", "--show-error", "--parallel", "--parallel-max",
+                        str(STREAMS), "--config", str(config)],
+                       check=True, capture_output=True)  # fmt: skip
+        seconds = time.monotonic() - began
+        store_cpu = None
+        if store_pid is not None and store_before is not None:
+            store_cpu = cpu_seconds(store_pid) - store_before
+        counts = settled_counts(self.server, timeout=120)
+        if counts["get_object_bytes"] != expected:
+            raise RuntimeError(f"replay fetched {counts['get_object_bytes']} of {expected} bytes")
+        record = {
+            **fields,
+            "epoch": "replay",
+            "images": self.tree.images,
+            "seconds": seconds,
+            "images_per_s": self.tree.images / seconds,
+            "egress_bytes": counts["get_object_bytes"],
+            "egress_requests": counts["get_object_requests"],
+            "egress_ratio": counts["get_object_bytes"] / self.dataset_bytes,
+            "refetched_bytes": counts["get_object_refetched_bytes"],
+            "store_busy": None if store_cpu is None else store_cpu / seconds,
+            "counters": {},
+            "daemon_cpu_s": None,
+        }
+        self.records.append(record)
+        shaped = " shaped" if fields.get("shaped") else ""
+        log(f"round {fields['round']} {fields['contender']}{shaped}: {len(gets)} GETs "
+            f"replayed in {seconds:.1f} s, {record['images_per_s']:.0f} img/s, "
+            f"store core {record['store_busy'] or 0:.2f} busy")  # fmt: skip
 
     def run_webdataset(self, round_: int, shaped: bool) -> None:
         request = {"kind": "webdataset", "urls": self.urls, "cache_dir": None, "seed": round_}
@@ -354,6 +415,9 @@ def round_ratios(result: dict[str, Any]) -> dict[str, dict[int, float]]:
                 small = rate(round_, contender=sampler, cache="small", shaped=shaped)
                 full = rate(round_, contender=sampler, cache="full", shaped=shaped)
                 put(f"{sampler} small / full{tag}", round_, small, full)
+                ceiling = rate(round_, contender=f"{sampler} ceiling", shaped=shaped)
+                put(f"{sampler} small / store ceiling{tag}", round_, small, ceiling)
+                put(f"{sampler} store ceiling / full{tag}", round_, ceiling, full)
                 put(f"{sampler} full / local warm{tag}", round_, full, warm)
                 if limit is not None and full is not None and warm:
                     put(f"{sampler} full / limit{tag}", round_, full / warm, limit)
@@ -389,9 +453,15 @@ def targets(result: dict[str, Any], ratios: dict[str, dict[int, float]]) -> list
         worst = max(egress) if egress else None
         name = f"{sampler} mode, cache 0.15x: egress / dataset (worst epoch)"
         checks.append(_check(name, worst, None, "<= 1.0", None if worst is None else worst <= 1.0))
+        again = [r["refetched_bytes"] for r in result["epochs"]
+                 if r["contender"] == sampler and r.get("cache") == "small"
+                 and r.get("refetched_bytes") is not None]  # fmt: skip
+        most = max(again) if again else None
+        name = f"{sampler} mode, cache 0.15x: bytes fetched twice (worst epoch)"
+        checks.append(_check(name, most, None, "0", None if most is None else most == 0))
     for name in sorted(ratios):
-        if not name.endswith(" shaped") or " / limit" in name:
-            continue  # a ratio over the limit moves as the one over local warm does
+        if not name.endswith(" shaped") or " / limit" in name or "ceiling" in name:
+            continue  # a ratio over a limit moves as the one it is made of does
         unshaped = name.removesuffix(" shaped")
         base = ratios.get(unshaped, {})
         gap = _spread([ratio - base[r] for r, ratio in ratios[name].items() if r in base])
@@ -426,6 +496,7 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "n": len(records),
             "images_per_s": med(lambda r: r["images_per_s"]),
             "egress_ratio": med(lambda r: r["egress_ratio"]),
+            "refetched_bytes": med(lambda r: r.get("refetched_bytes")),
             "daemon_cpu_s": med(lambda r: r["daemon_cpu_s"]),
             "store_busy": med(lambda r: r.get("store_busy")),
             "readers_idle": med(lambda r: r.get("readers_idle")),
@@ -449,16 +520,18 @@ def markdown(result: dict[str, Any]) -> str:
         f"bytes{shaped}. Medians over {result['rounds']} rounds; egress at the server over "
         "the shard bytes; counters are `shardfs stats` differences over the epoch.",
         "",
-        "| contender | cache | shaped | epoch | images/s | egress | daemon CPU s | store core busy "
+        "| contender | cache | shaped | epoch | images/s | egress | fetched twice MB "
+        "| daemon CPU s | store core busy "
         "| readers' core idle | waited on net | fetched ahead | range reads | blocks evicted "
         "| evicted unread MB | n |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in _rows(result):
-        unread = row["evicted_unread_bytes"]
+        unread, twice = row["evicted_unread_bytes"], row["refetched_bytes"]
         lines.append(
             f"| {row['contender']} | {row['cache']} | {'yes' if row['shaped'] else 'no'} "
             f"| {row['epoch']} | {_num(row['images_per_s'], 0)} | {_num(row['egress_ratio'])}x "
+            f"| {_num(None if twice is None else twice / 1e6, 2)} "
             f"| {_num(row['daemon_cpu_s'], 1)} | {_num(row['store_busy'])} "
             f"| {_num(row['readers_idle'])} "
             f"| {_num(row['reads_waited_on_network'], 0)} "

@@ -1517,3 +1517,27 @@ def test_a_block_received_into_landing_memory_is_written_from_it(
         assert cache.put(claim, data)
     assert takes == [BLOCK]  # copied into an aligned buffer first
     assert cache.peek(BlockKey(KEY, 1), 0, BLOCK, BLOCK) == data
+
+
+def test_room_held_for_a_gets_later_blocks_is_handed_to_their_store(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    """One GET bringing several blocks holds room for the later ones until each is stored:
+    room counted once, by nobody else meanwhile, and given back when not used."""
+    from shardfs.cache import EVICT_NONE
+
+    cache = open_cache(size=str(4 * ENCODED))
+    shares = cache.hold([BLOCK] * 6, EVICT_NONE)
+    assert shares == [ENCODED] * 4  # the leading blocks that fit
+    assert not cache.room_for(BLOCK)  # another fetch finds none
+    with cache.reserving(BLOCK, EVICT_NONE) as reserved:
+        assert not reserved
+    with cache.reserving(BLOCK, EVICT_NONE, held=shares[0]) as reserved:
+        assert reserved  # the held share became this store's reservation
+        assert not cache.room_for(BLOCK)
+    # Nothing was stored: leaving gave that share back. Three blocks free, one kept spare:
+    cache.release(sum(shares[1:3]))
+    assert cache.hold([BLOCK] * 3, EVICT_NONE, spare=ENCODED) == [ENCODED] * 2
+    cache.release(2 * ENCODED + shares[3])
+    assert cache.hold([BLOCK] * 5, EVICT_NONE) == [ENCODED] * 4  # all given back
+    assert cache.hold([BLOCK], EVICT_ANY) == [0]  # evicting anything: nothing to hold

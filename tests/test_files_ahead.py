@@ -84,3 +84,19 @@ def test_the_budget_bounds_what_is_held() -> None:
     ahead.clear()
     assert ahead.held == 0
     assert ahead.claim("s", 600, 1200)
+
+
+def test_a_claim_narrows_to_what_is_still_missing_before_its_fetch() -> None:
+    ahead, calls = FilesAhead(), []
+    assert ahead.claim("s", 100, 600)
+    assert ahead.claim("s", 700, 800)
+    assert not ahead.narrow("s", 100, 50, 600)  # only inside the claim
+    assert not ahead.narrow("s", 100, 700, 800)
+    assert ahead.narrow("s", 100, 400, 600)  # its first part got cached meanwhile
+    assert ahead.held == 300
+    assert ahead.take("s", 100, 400) is None  # no longer held: the cache serves it
+    assert ahead.fill("s", 400, lambda: fetcher(calls, 400, 600))
+    assert not ahead.narrow("s", 400, 450, 600)  # its fetch ran: too late
+    assert ahead.take("s", 400, 600) == DATA[400:600]
+    assert ahead.held == 100 and calls == [(400, 600)]
+    assert not ahead.narrow("s", 100, 200, 300)  # gone

@@ -8,10 +8,11 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from shardfs.cache import BlockCache, BlockKey
+from shardfs.cache import RETIRED_BEFORE, BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.read.fills import BlockFills
 from shardfs.read.reader import CachedReader
@@ -259,3 +260,61 @@ def test_the_live_set_counts_blocks_between_their_first_and_last_read() -> None:
     assert _most_live([0, 1, 5, 2], [2, 3, 5, 4], 6) == 3  # a, b and d at position 2
     assert _most_live([0, 3], [2, 5], 6) == 1  # one after the other
     assert _most_live([], [], 0) == 0
+
+
+class _InlinePrefetcher:
+    """Runs each scheduled task at once, in order (what ``Prefetcher`` does on threads)."""
+
+    def schedule(self, tasks: Iterator[Any] | list[Any], *, hinted: bool = False) -> int:
+        count = 0
+        for task in tasks:
+            task()
+            count += 1
+        return count
+
+    def run_soon(self, task: Any) -> None:
+        task()
+
+
+def test_a_file_fetched_ahead_leaves_out_the_block_the_cache_holds(
+    tmp_path: Path, folder: Path
+) -> None:
+    """A hinted file straddling a cached block and a missing one, with the cache full, is
+    fetched ahead for the missing block's part alone: no byte is paid for twice, and its
+    read takes the two parts from the cache and from memory."""
+    shards = make_shards(folder)
+    stats = Stats()
+    store = CountingStore(str(folder), stats)
+    cache = open_cache(tmp_path, 0.25, stats)
+    reader = CachedReader(
+        store,
+        cache,
+        stats,
+        retries=1,
+        dataset_bytes=data_bytes(store),
+    )
+    try:
+        by_name = {s.name: s for s in store.list_shards()}
+        shard = by_name["s1.tar"]
+        # The cache filled by reads (no readahead yet): s1 from block 5 on, then s0.
+        blocks = [(shard, i) for i in range(5, BLOCKS_PER_SHARD)]
+        blocks += [(by_name["s0.tar"], i) for i in range(BLOCKS_PER_SHARD)]
+        for info, index in blocks:
+            if not cache.room_for(BLOCK, RETIRED_BEFORE):
+                break
+            reader.read(info, index * BLOCK, index * BLOCK + 1, None)
+        reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
+        assert reader.wants_files_ahead()
+        skey = reader.shard_key(shard)
+        assert not cache.contains(BlockKey(skey, 4)) and cache.contains(BlockKey(skey, 5))
+        start, end = 5 * BLOCK - 200, 5 * BLOCK + 100
+        before = store.fetched
+        assert reader.prefetch_files([(shard, start, end)]) == 1
+        assert store.fetched - before == 200  # the missing block's part, nothing more
+        assert reader.read(shard, start, end, end) == shards["s1.tar"][start:end]
+        assert store.fetched - before == 200
+        assert stats.files_ahead_read == 1
+        # A file the cache holds whole is not fetched ahead at all.
+        assert reader.prefetch_files([(shard, 6 * BLOCK, 6 * BLOCK + 300)]) == 0
+    finally:
+        cache.close()

@@ -60,6 +60,53 @@ def test_ranged_get_counts_only_bytes_sent(s3_server: S3Server) -> None:
     assert counts["get_object_bytes_by_key"] == {"support-ranged/dir/blob.bin": 11000}
 
 
+def test_refetched_bytes_are_the_offsets_sent_twice(s3_server: S3Server) -> None:
+    s3_server.create_bucket("support-refetch")
+    fs = s3_server.filesystem()
+    fs.pipe_file("support-refetch/a", bytes(10_000))
+    fs.pipe_file("support-refetch/b", bytes(10_000))
+    s3_server.reset_counts()
+    fs.cat_file("support-refetch/a", start=0, end=1000)
+    fs.cat_file("support-refetch/a", start=1000, end=2000)  # touches, no overlap
+    fs.cat_file("support-refetch/b", start=500, end=1500)  # another key: no overlap
+    assert s3_server.counts()["get_object_refetched_bytes"] == 0
+    fs.cat_file("support-refetch/a", start=1500, end=2500)  # 500 bytes again
+    assert s3_server.counts()["get_object_refetched_bytes"] == 500
+    fs.cat_file("support-refetch/a")  # the whole object: 2,500 of its bytes again
+    assert s3_server.counts()["get_object_refetched_bytes"] == 3000
+    s3_server.reset_counts()
+    fs.cat_file("support-refetch/a", start=0, end=100)
+    assert s3_server.counts()["get_object_refetched_bytes"] == 0
+
+
+@pytest.mark.parametrize(
+    ("runs", "expected"),
+    [
+        ([(0, 10), (20, 30), (5, 25)], 10),  # spans the hole between two runs
+        ([(0, 10), (10, 20), (0, 20)], 20),  # touching runs merged, then covered
+        ([(50, 60), (0, 10), (100, 110), (0, 200)], 30),
+        ([(0, 10), (30, 40), (15, 20), (12, 28)], 5),
+    ],
+)
+def test_counters_refetched_overlap(runs: list[tuple[int, int]], expected: int) -> None:
+    from support.moto_counting import Counters
+
+    counters = Counters()
+    for start, end in runs:
+        counters.add_bytes("GET", "get_object", end - start, "k", start)
+    counters.add_bytes("GET", "get_object", 1000, "k", None)  # offset unknown: unchecked
+    assert counters.snapshot()["get_object_refetched_bytes"] == expected
+
+
+def test_body_offset_reads_status_and_content_range() -> None:
+    from support.moto_counting import body_offset
+
+    assert body_offset("200 OK", []) == 0
+    assert body_offset("206 Partial Content", [("Content-Range", "bytes 42-99/1000")]) == 42
+    assert body_offset("206 Partial Content", []) is None
+    assert body_offset("404 Not Found", [("Content-Range", "bytes 1-2/3")]) is None
+
+
 def test_presigned_get_is_counted_as_get_object(s3_server: S3Server) -> None:
     import urllib.request
 
@@ -104,6 +151,7 @@ def test_control_endpoint_is_not_counted_and_reset_zeroes(s3_server: S3Server) -
         "list_requests": 0,
         "get_object_requests_by_key": {},
         "get_object_bytes_by_key": {},
+        "get_object_refetched_bytes": 0,
     }
     assert s3_server.counts() == zero
     assert s3_server.counts() == zero

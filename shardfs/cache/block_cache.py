@@ -170,11 +170,21 @@ class BlockCache:
         return not self._health.is_bad(path) and not os.path.lexists(path)
 
     def reserving(
-        self, block_len: int, evict_before: float
+        self, block_len: int, evict_before: float, held: int = 0
     ) -> contextlib.AbstractContextManager[bool]:
         """Hold room for a block while it is fetched and stored (``Space.reserving``):
-        yields whether room was found; ``EVICT_ANY`` always finds it."""
-        return self._space.reserving(block_len, evict_before)
+        yields whether room was found; ``EVICT_ANY`` always finds it. ``held``: room that
+        ``hold`` kept for this block, handed over."""
+        return self._space.reserving(block_len, evict_before, held)
+
+    def hold(self, block_lens: list[int], evict_before: float, spare: int = 0) -> list[int]:
+        """Room for the further blocks of one GET, held until each is stored
+        (``Space.hold``): the bytes held per leading block that fits."""
+        return self._space.hold(block_lens, evict_before, spare)
+
+    def release(self, held: int) -> None:
+        """Give back room ``hold`` kept for blocks that will not be stored."""
+        self._space.release(held)
 
     @property
     def degraded(self) -> bool:

@@ -48,16 +48,43 @@ class Space:
         incoming = encoded_size(block_len, self.chunk_size)
         return self._room(incoming + self._reserved, evict_before)
 
+    def hold(self, block_lens: list[int], evict_before: float, spare: int = 0) -> list[int]:
+        """Hold room for the next blocks one GET brings besides the block reserving now, as
+        many leading ones as fit with ``spare`` bytes still free after them; returns the
+        bytes held per block held. Each share goes to the ``reserving`` that stores its
+        block (``held``), or back through ``release``."""
+        if evict_before == EVICT_ANY:
+            return [0] * len(block_lens)
+        shares: list[int] = []
+        with self._room_lock:
+            for block_len in block_lens:
+                incoming = encoded_size(block_len, self.chunk_size)
+                if not self._room(incoming + spare + self._reserved, evict_before):
+                    break
+                self._reserved += incoming
+                shares.append(incoming)
+        return shares
+
+    def release(self, held: int) -> None:
+        """Give back room held (``hold``) for blocks that will not be stored."""
+        if held:
+            with self._room_lock:
+                self._reserved -= held
+
     @contextlib.contextmanager
-    def reserving(self, block_len: int, evict_before: float) -> Iterator[bool]:
+    def reserving(self, block_len: int, evict_before: float, held: int = 0) -> Iterator[bool]:
         """Hold room for a block while it is fetched and stored, so that concurrent fetches
         in this process never count the same free bytes (one of them would be fetched and
-        then not kept). Yields whether room was found; ``EVICT_ANY`` always finds it."""
+        then not kept). Yields whether room was found; ``EVICT_ANY`` always finds it.
+        ``held``: room ``hold`` kept for this block, handed over here (given back if the
+        block finds no room after all)."""
         if evict_before == EVICT_ANY:
+            self.release(held)
             yield True
             return
         incoming = encoded_size(block_len, self.chunk_size)
         with self._room_lock:
+            self._reserved -= held
             if not self._room(incoming + self._reserved, evict_before):
                 reserved = 0
             else:

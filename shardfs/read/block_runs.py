@@ -27,7 +27,13 @@ class RunOwner(Protocol):
     ) -> list[Block]: ...
 
     def prefetch_one(
-        self, shard: ShardInfo, skey: str, index: int, fetch: BlockFetch, evict_before: float
+        self,
+        shard: ShardInfo,
+        skey: str,
+        index: int,
+        fetch: BlockFetch,
+        evict_before: float,
+        held: int = ...,
     ) -> bool: ...
 
 
@@ -51,21 +57,25 @@ class BlockRun:
         self.indices = indices
         self.evict_before = evict_before
         self._got: dict[int, Block] = {}  # blocks the last GET brought, not yet stored
+        self._held: dict[int, int] = {}  # room held for those blocks (bytes, per block)
 
     def _stretch_end(self, index: int) -> int:
-        """The end of the bytes worth one GET from block ``index``."""
+        """The end of the bytes worth one GET from block ``index`` (which holds its own
+        room): the following blocks of the run that are missing, as far as room for them is
+        held now, with a run's worth still free after them, until each is stored. A block
+        fetched without held room could find it taken by another fetch meanwhile, and its
+        bytes would be fetched for nothing."""
         cache, size = self.reader.cache, self.reader.block_size
         end = index + 1
         while end <= self.indices[-1]:
             key = BlockKey(self.skey, end)
             if cache.contains(key) or cache.in_flight(key):
                 break
-            # Room for this stretch and a run more: near a full cache a block of the
-            # stretch could lose its room to a read meanwhile and be fetched for nothing.
-            if not cache.room_for((end - index + 1 + RUN_BLOCKS) * size, self.evict_before):
-                break
             end += 1
-        return min(self.shard.size, end * size)
+        lens = [min(size, self.shard.size - i * size) for i in range(index + 1, end)]
+        shares = cache.hold(lens, self.evict_before, spare=(1 + RUN_BLOCKS) * size)
+        self._held.update(zip(range(index + 1, end), shares, strict=False))
+        return min(self.shard.size, (index + 1 + len(shares)) * size)
 
     def _fetcher(self, index: int) -> BlockFetch:
         reader, size = self.reader, self.reader.block_size
@@ -93,10 +103,15 @@ class BlockRun:
             for index in self.indices:
                 try:
                     fetch = self._fetcher(index)
-                    stored |= reader.prefetch_one(self.shard, skey, index, fetch, self.evict_before)
+                    held = self._held.pop(index, 0)
+                    stored |= reader.prefetch_one(
+                        self.shard, skey, index, fetch, self.evict_before, held
+                    )
                 finally:
                     reader.coming.arrived(skey, index)
         finally:
             reader.coming.arrived(skey, *self.indices)  # a failed GET: nobody waits any more
             self._got.clear()
+            reader.cache.release(sum(self._held.values()))
+            self._held.clear()
         return stored

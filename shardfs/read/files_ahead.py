@@ -54,6 +54,22 @@ class FilesAhead:
             self._held += end - start
             return True
 
+    def narrow(self, shard: str, start: int, new_start: int, new_end: int) -> bool:
+        """Shrink a claimed extent whose fetch has not started to ``[new_start, new_end)``
+        inside it (part of it got cached meanwhile); False if it is no longer held."""
+        with self._lock:
+            extents = self._extents.get(shard, {})
+            entry = extents.get(start)
+            if entry is None or entry.started or not start <= new_start < new_end <= entry.end:
+                return False
+            if new_start != start and new_start in extents:
+                return False
+            del extents[start]
+            self._held -= (entry.end - start) - (new_end - new_start)
+            entry.end = new_end
+            extents[new_start] = entry
+            return True
+
     def fill(self, shard: str, start: int, fetch: Callable[[], bytes]) -> bool:
         """Run the fetch for a claimed extent, unless a read took the claim over first;
         a failure drops it (the read fetches it). Returns whether it fetched."""

@@ -178,14 +178,17 @@ class BlockFills:
         fetch: BlockFetch,
         *,
         evict_before: float = EVICT_NONE,
+        held: int = 0,
     ) -> bytes | memoryview | None:
         """Fetch a whole block ahead of need; returns it if stored. Fetches nothing when the
         block is cached or in flight, when it would not fit without evicting a block used
         since ``evict_before`` (by default: without evicting anything), or while caching is
-        paused. A failure is the task's own: waiters fetch the block themselves."""
+        paused. A failure is the task's own: waiters fetch the block themselves. ``held``:
+        room already held for this block (``BlockCache.hold``), used or given back."""
         if not self.cache.accepts(key):
+            self.cache.release(held)
             return None
-        with self.cache.reserving(block_len, evict_before) as reserved:
+        with self.cache.reserving(block_len, evict_before, held) as reserved:
             if not reserved:
                 return None
             claim = self.cache.claim(key, wait=False)
@@ -258,6 +261,10 @@ class Arrivals:
         for event in events:
             if event is not None:
                 event.set()
+
+    def expected(self, skey: str, index: int) -> bool:
+        """Whether a running GET is bringing block ``index`` of ``skey``."""
+        return bool(self._coming) and (skey, index) in self._coming
 
     def wait(self, skey: str, index: int) -> None:
         if not self._coming:

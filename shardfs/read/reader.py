@@ -251,12 +251,21 @@ class CachedReader:
         if evict_before == EVICT_ANY:
             return False
         for index in range(first, last + 1):
-            key = BlockKey(skey, index)
-            if self.cache.contains(key) or self.cache.in_flight(key):
+            if self._coming_or_cached(skey, index):
                 continue
             if not self.cache.room_for(self._block_len(shard, index), evict_before):
                 return True
         return False
+
+    def _coming_or_cached(self, skey: str, index: int) -> bool:
+        """Whether block ``index`` is cached, or being fetched to be (by a read's fill or a
+        readahead GET): its bytes are paid for already, not to be fetched as a range."""
+        key = BlockKey(skey, index)
+        return (
+            self.cache.contains(key)
+            or self.cache.in_flight(key)
+            or self.coming.expected(skey, index)
+        )
 
     def _read_uncached(
         self,
@@ -285,6 +294,7 @@ class CachedReader:
             block_start = index * size
             lo, hi = max(start, block_start), min(end, block_start + size)
             key = BlockKey(skey, index)
+            self.coming.wait(skey, index)  # a readahead GET brings it: no second fetch
             data = self.cache.peek(
                 key, lo - block_start, hi - block_start, self._block_len(shard, index)
             )
@@ -335,23 +345,39 @@ class CachedReader:
         if not extents or self.prefetcher is None or not self.wants_files_ahead():
             return 0
         tasks = []
-        size = self.block_size
         for shard, start, end in extents:
+            if start >= end:
+                continue
             skey = self.shard_key(shard)
-            cached = all(
-                self.cache.contains(BlockKey(skey, index))
-                for index in range(start // size, (end - 1) // size + 1)
-            )
-            if start < end and not cached and self._ahead.claim(skey, start, end):
-                tasks.append(functools.partial(self._fetch_file_ahead, shard, skey, start, end))
+            span = self._missing_span(skey, start, end)
+            if span is not None and self._ahead.claim(skey, *span):
+                tasks.append(functools.partial(self._fetch_file_ahead, shard, skey, *span))
         return self.prefetcher.schedule(tasks, hinted=True)
+
+    def _missing_span(self, skey: str, start: int, end: int) -> tuple[int, int] | None:
+        """The part of ``[start, end)`` from its first to its last block that is neither
+        cached nor coming (a read takes the rest from the cache); None if there is none."""
+        size = self.block_size
+        missing = [
+            index
+            for index in range(start // size, (end - 1) // size + 1)
+            if not self._coming_or_cached(skey, index)
+        ]
+        if not missing:
+            return None
+        return max(start, missing[0] * size), min(end, (missing[-1] + 1) * size)
 
     def _fetch_file_ahead(self, shard: ShardInfo, skey: str, start: int, end: int) -> None:
         size = self.block_size
         first, last = start // size, (end - 1) // size
-        if not self._over_budget(shard, skey, first, last, self._tick(0)):
+        span = self._missing_span(skey, start, end)
+        if span is None or not self._over_budget(shard, skey, first, last, self._tick(0)):
             self._ahead.take(skey, start, end)  # not started: dropped, the cache serves it
             return
+        if span != (start, end):  # a block of it was cached since the claim
+            if not self._ahead.narrow(skey, start, *span):
+                return  # a read took the claim over
+            start, end = span
 
         def fetch() -> bytes:
             data = self._get(shard, start, end)
@@ -477,13 +503,21 @@ class CachedReader:
         return len(blocks)
 
     def prefetch_one(
-        self, shard: ShardInfo, skey: str, index: int, fetch: BlockFetch, evict_before: float
+        self,
+        shard: ShardInfo,
+        skey: str,
+        index: int,
+        fetch: BlockFetch,
+        evict_before: float,
+        held: int = 0,
     ) -> bool:
+        """Fetch and store one block ahead of need (``Fills.prefetch``; ``held``: room held
+        for it, used or given back); whether it was stored."""
         block_len = self._block_len(shard, index)
         key = BlockKey(skey, index)
         with self._lock:  # before the store: a read may come as soon as it lands
             self._unread_prefetched.add((skey, index))
-        block = self._fills.prefetch(key, block_len, fetch, evict_before=evict_before)
+        block = self._fills.prefetch(key, block_len, fetch, evict_before=evict_before, held=held)
         stored = block is not None
         if stored:
             self.stats.add(prefetched_bytes=block_len)

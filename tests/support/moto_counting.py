@@ -3,9 +3,14 @@
 Run as ``python tests/support/moto_counting.py --host 127.0.0.1 --port PORT``.
 
 ``GET /_counts`` returns the counters as JSON and ``POST /_counts/reset`` zeroes
-them; neither is counted. Body bytes are counted from the iterable the app
+them; neither is counted. ``GET /_counts/ranges`` lists every GetObject body sent since the
+reset, in order, as ``[key, first offset, end offset, bytes sent before]`` (to tell which
+fetch paid twice). Body bytes are counted from the iterable the app
 returns, so a ranged GET counts only the bytes of its range. GetObject requests
 and bytes are also counted per ``bucket/key`` (``get_object_*_by_key``).
+``get_object_refetched_bytes`` counts the GetObject body bytes whose offsets in their object
+were already sent since the last reset (each response's first offset from its
+Content-Range): a byte paid for twice, whatever the total says.
 
 Shaping (a store with latency): ``--latency-ms MS`` holds each S3 response until MS after
 its request arrived (first-byte latency), ``--bandwidth-mb MB`` sends each response body at
@@ -19,8 +24,10 @@ off), as ``POST /_delay`` slows single keys.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -42,6 +49,7 @@ DELAY_PATH = "/_delay"  # POST ?key=SUBSTRING&seconds=S: slow GetObject on match
 SHAPE_PATH = "/_shape"  # POST ?latency_ms=MS&bandwidth_mb=MB: shape every S3 response
 COUNTS_PATH = "/_counts"
 RESET_PATH = "/_counts/reset"
+RANGES_PATH = "/_counts/ranges"
 LATENCY_ENV = "MOTO_COUNTING_LATENCY_MS"
 BANDWIDTH_ENV = "MOTO_COUNTING_BANDWIDTH_MB"
 # A body is paced in pieces this large: at 100 MB/s one piece is 0.66 ms on the wire.
@@ -68,6 +76,9 @@ _LIST_PARAMS = frozenset(
 
 # A presigned URL carries its signature in the query (SigV4: X-Amz-*; SigV2: these three).
 _PRESIGN_V2_PARAMS = frozenset({"AWSAccessKeyId", "Signature", "Expires"})
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/")
 
 
 def _is_presign(param: str) -> bool:
@@ -107,6 +118,11 @@ class Counters:
             # "bucket/key" -> GetObject requests / body bytes, to tell shard reads apart.
             self.get_object_requests_by_key: dict[str, int] = {}
             self.get_object_bytes_by_key: dict[str, int] = {}
+            self.get_object_refetched_bytes = 0
+            # "bucket/key" -> the offsets sent, as sorted disjoint [start, end) runs.
+            self._sent: dict[str, tuple[list[int], list[int]]] = {}
+            # Each response's body: [key, start, end, of those bytes already sent before].
+            self.ranges: list[list[Any]] = []
 
     def add_request(self, method: str, kind: str | None, key: str = "") -> None:
         with self._lock:
@@ -119,13 +135,49 @@ class Counters:
             elif kind == "list":
                 self.list_requests += 1
 
-    def add_bytes(self, method: str, kind: str | None, n: int, key: str = "") -> None:
+    def add_bytes(
+        self,
+        method: str,
+        kind: str | None,
+        n: int,
+        key: str = "",
+        offset: int | None = None,
+        body: list[Any] | None = None,
+    ) -> None:
+        """``n`` body bytes sent; for a GetObject, ``offset`` is where they start in the
+        object (None: unknown, not checked for refetches) and ``body`` the response's entry
+        in ``ranges`` (created on its first bytes, then extended)."""
         with self._lock:
             self.bytes[method] = self.bytes.get(method, 0) + n
             if kind == "get_object":
                 self.get_object_bytes += n
                 by_key = self.get_object_bytes_by_key
                 by_key[key] = by_key.get(key, 0) + n
+                if offset is not None and n:
+                    again = self._mark_sent(key, offset, offset + n)
+                    self.get_object_refetched_bytes += again
+                    if body is not None:
+                        if not body:
+                            body[:] = [key, offset, offset, 0]
+                            self.ranges.append(body)
+                        body[2] += n
+                        body[3] += again
+
+    def _mark_sent(self, key: str, start: int, end: int) -> int:
+        """Record ``[start, end)`` of ``key`` as sent; how many of its bytes already were."""
+        starts, ends = self._sent.setdefault(key, ([], []))
+        first = bisect.bisect_left(ends, start)  # runs ending at or before start stay apart
+        last = bisect.bisect_right(starts, end)  # runs starting at or after end stay apart
+        overlap = sum(max(0, min(end, ends[i]) - max(start, starts[i])) for i in range(first, last))
+        if first < last:  # merge the runs that touch or overlap into one
+            start, end = min(start, starts[first]), max(end, ends[last - 1])
+        starts[first:last] = [start]
+        ends[first:last] = [end]
+        return overlap
+
+    def ranges_sent(self) -> list[list[Any]]:
+        with self._lock:
+            return [list(entry) for entry in self.ranges]
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -137,6 +189,7 @@ class Counters:
                 "list_requests": self.list_requests,
                 "get_object_requests_by_key": dict(self.get_object_requests_by_key),
                 "get_object_bytes_by_key": dict(self.get_object_bytes_by_key),
+                "get_object_refetched_bytes": self.get_object_refetched_bytes,
             }
 
 
@@ -182,6 +235,21 @@ class Shaping:
                 yield bytes(piece)
 
 
+def body_offset(status: str, headers: list[tuple[str, str]]) -> int | None:
+    """Where a GetObject response's body starts in its object: 0 for a whole object, the
+    first offset of its Content-Range for a 206, None for anything else (an error)."""
+    code = status.split(" ", 1)[0]
+    if code == "200":
+        return 0
+    if code != "206":
+        return None
+    for name, value in headers:
+        if name.lower() == "content-range":
+            match = _CONTENT_RANGE.match(value.strip())
+            return int(match.group(1)) if match else None
+    return None
+
+
 class CountingMiddleware:
     """Wrap a WSGI app, counting each request and the body bytes handed to the server."""
 
@@ -195,7 +263,7 @@ class CountingMiddleware:
         arrived = time.monotonic()
         method = str(environ.get("REQUEST_METHOD", "GET")).upper()
         path = str(environ.get("PATH_INFO", ""))
-        if path in (COUNTS_PATH, RESET_PATH):
+        if path in (COUNTS_PATH, RESET_PATH, RANGES_PATH):
             return self._serve_counts(method, path, start_response)
         if path == DELAY_PATH:
             return self._set_delay(str(environ.get("QUERY_STRING", "")), start_response)
@@ -209,23 +277,38 @@ class CountingMiddleware:
             if key and part in key:
                 time.sleep(seconds)  # counted first, so a test can see the request waiting
         shaping = self.shaping  # one setting for the whole response
-        body = self.app(environ, start_response)
+        offset: list[int | None] = [None]  # where the body starts in the object
+
+        def starting(status: str, headers: list[tuple[str, str]], *rest: Any) -> Any:
+            offset[0] = body_offset(status, headers)
+            return start_response(status, headers, *rest)
+
+        body = self.app(environ, starting if kind == "get_object" else start_response)
         # werkzeug sends the status line with the first body bytes; moto has built the whole
         # response by now, so holding here delays every byte of it.
         shaping.hold_first_byte(arrived)
         if method == "HEAD":
             # werkzeug never writes a body for HEAD, whatever the app returns.
             return body
-        return self._count_body(shaping.paced(body), method, kind, key, body)
+        return self._count_body(shaping.paced(body), method, kind, key, body, offset[0])
 
     def _count_body(
-        self, chunks: Iterable[bytes], method: str, kind: str | None, key: str, body: object
+        self,
+        chunks: Iterable[bytes],
+        method: str,
+        kind: str | None,
+        key: str,
+        body: object,
+        offset: int | None,
     ) -> Iterator[bytes]:
+        entry: list[Any] = []  # this body's line in ``ranges``
         try:
             for chunk in chunks:
                 # Count before yielding so the counters are current by the time
                 # the client has the bytes in hand.
-                self.counters.add_bytes(method, kind, len(chunk), key)
+                self.counters.add_bytes(method, kind, len(chunk), key, offset, entry)
+                if offset is not None:
+                    offset += len(chunk)
                 yield chunk
         finally:
             close = getattr(body, "close", None)  # the app's own iterable (WSGI)
@@ -260,6 +343,8 @@ class CountingMiddleware:
             payload = b'{"reset": true}'
         elif path == COUNTS_PATH and method == "GET":
             payload = json.dumps(self.counters.snapshot()).encode()
+        elif path == RANGES_PATH and method == "GET":
+            payload = json.dumps(self.counters.ranges_sent()).encode()
         else:
             start_response("405 Method Not Allowed", [("Content-Length", "0")])
             return [b""]

@@ -233,6 +233,12 @@ class S3Server:
         result: dict[str, Any] = self._control("GET", "/_counts")
         return result
 
+    def ranges_sent(self) -> list[list[Any]]:
+        """Every GetObject body since the last reset, in order: [key, start, end, bytes of
+        it sent before] (moto_counting.py)."""
+        result: list[list[Any]] = self._control("GET", "/_counts/ranges")
+        return result
+
     def reset_counts(self) -> None:
         self._control("POST", "/_counts/reset")
 
