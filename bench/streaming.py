@@ -306,8 +306,10 @@ class StreamingBench:
         store_pid = self.server.pid
         store_before = cpu_seconds(store_pid) if store_pid is not None else None
         began = time.monotonic()
-        subprocess.run(["curl", "--silent", "--show-error", "--parallel", "--parallel-max",
-                        str(STREAMS), "--config", str(config)],
+        # --parallel-immediate: over HTTP/1.1, curl otherwise waits to multiplex and runs
+        # the transfers one by one (200 GETs at 20 ms: 4.4 s, against 0.7 s with it).
+        subprocess.run(["curl", "--silent", "--show-error", "--parallel", "--parallel-immediate",
+                        "--parallel-max", str(STREAMS), "--config", str(config)],
                        check=True, capture_output=True)  # fmt: skip
         seconds = time.monotonic() - began
         store_cpu = None
