@@ -63,7 +63,7 @@ from report import num as _num  # noqa: E402
 from report import spread_of as _spread  # noqa: E402
 from report import summary_lines as target_summary  # noqa: E402
 from report import target_row as _check  # noqa: E402
-from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
+from support.s3 import REGION, S3Server, repeats, settled_counts  # noqa: E402
 
 from shardfs.config import ReadaheadConfig  # noqa: E402
 
@@ -214,6 +214,10 @@ class StreamingBench:
             "egress_ratio": counts["get_object_bytes"] / self.dataset_bytes,
             # Bytes whose offsets in their shard were already sent this epoch: paid twice.
             "refetched_bytes": counts.get("get_object_refetched_bytes"),
+            # Which fetches those were, with the earlier ones they overlap (a few).
+            "refetched": repeats(self.server.ranges_sent())[:10]
+            if counts.get("get_object_refetched_bytes")
+            else [],
             "counters": {key: after[key] - before[key] for key in COUNTERS} if pid else {},
             # The store's share of its core over the epoch: near 1.0, the store is the limit.
             "store_busy": None if store_cpu is None else store_cpu / reply["seconds"],

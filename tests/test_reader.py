@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -417,3 +418,32 @@ def test_a_failing_listener_costs_neither_the_read_nor_the_block(
     assert block_cache.stats.cache_write_errors == 0 and not block_cache.degraded
     assert reader.read(shard, 0, BLOCK) == data[:BLOCK]
     assert block_cache.stats.store_requests == 1  # read back from disk, not fetched again
+
+
+def test_a_read_spanning_two_blocks_one_get_brings_waits_for_both(
+    block_cache: BlockCache,
+) -> None:
+    """A readahead GET brings blocks 0 and 1 and stores them one after the other. A read
+    spanning both waits for each to be stored, not only the first: fetching the second
+    itself meanwhile would pay its bytes twice."""
+    data = payload()
+    store = memory_store({"s.tar": data}, block_cache.stats)
+    shard = only_shard(store)
+    reader = CachedReader(store, block_cache, block_cache.stats, retries=1)
+    skey = reader.shard_key(shard)
+    reader.coming.expect(skey, range(0, 2))
+
+    def bring() -> None:  # what a BlockRun does with the blocks its GET brought
+        for index, delay in ((0, 0.1), (1, 0.3)):
+            time.sleep(delay)
+            block = data[index * BLOCK : (index + 1) * BLOCK]
+            reader.prefetch_one(shard, skey, index, lambda lo, hi, b=block: b[lo:hi], 0.0)
+            reader.coming.arrived(skey, index)
+
+    thread = threading.Thread(target=bring)
+    thread.start()
+    try:
+        assert reader.read(shard, BLOCK - 10, BLOCK + 10) == data[BLOCK - 10 : BLOCK + 10]
+    finally:
+        thread.join()
+    assert block_cache.stats.snapshot()["store_requests"] == 0

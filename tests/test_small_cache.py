@@ -23,7 +23,7 @@ import pytest
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import drop_page_cache, mount, new_bucket, umount
 from support.processes import run_shardfs
-from support.s3 import S3Server, settled_counts, until_quiet
+from support.s3 import S3Server, repeats, settled_counts, until_quiet
 
 from shardfs.mount.control import query
 
@@ -85,17 +85,6 @@ class Epoch:
     twice: str = ""  # which fetches those were, and the earlier ones they repeated
 
 
-def twice_report(ranges: list[list[Any]]) -> str:
-    """Each GetObject body that repeated bytes, with the earlier bodies it overlaps."""
-    lines = []
-    for number, (key, start, end, again) in enumerate(ranges):
-        if again:
-            before = [f"#{n} [{s}, {e})" for n, (k, s, e, _) in enumerate(ranges[:number])
-                      if k == key and s < end and start < e]  # fmt: skip
-            lines.append(f"#{number} {key} [{start}, {end}): {again} again, of {', '.join(before)}")
-    return "\n".join(lines[:20])
-
-
 def through_daemon(mountpoint: Path) -> int:
     """Bytes the daemon has served to readers or pushed into the page cache so far."""
     stats = query(mountpoint)
@@ -130,7 +119,7 @@ def read_epoch(server: S3Server, data: Dataset, mountpoint: Path, order: Iterabl
         n for key, n in counts["get_object_bytes_by_key"].items() if key.startswith(data.key_prefix)
     )
     refetched = counts["get_object_refetched_bytes"]
-    twice = twice_report(server.ranges_sent()) if refetched else ""
+    twice = "\n".join(repeats(server.ranges_sent())[:20]) if refetched else ""
     return Epoch(egress, egress / data.shard_bytes, refetched, twice)
 
 

@@ -22,7 +22,7 @@ from support.datagen import (
     split_sizes,
 )
 from support.processes import is_mounted
-from support.s3 import S3Server
+from support.s3 import S3Server, repeats
 
 # -- moto server and its counters ---------------------------------------------
 
@@ -72,6 +72,14 @@ def test_refetched_bytes_are_the_offsets_sent_twice(s3_server: S3Server) -> None
     assert s3_server.counts()["get_object_refetched_bytes"] == 0
     fs.cat_file("support-refetch/a", start=1500, end=2500)  # 500 bytes again
     assert s3_server.counts()["get_object_refetched_bytes"] == 500
+    sent = s3_server.ranges_sent()
+    assert sent == [
+        ["support-refetch/a", 0, 1000, 0],
+        ["support-refetch/a", 1000, 2000, 0],
+        ["support-refetch/b", 500, 1500, 0],
+        ["support-refetch/a", 1500, 2500, 500],
+    ]
+    assert repeats(sent) == ["#3 support-refetch/a [1500, 2500): 500 again, of #1 [1000, 2000)"]
     fs.cat_file("support-refetch/a")  # the whole object: 2,500 of its bytes again
     assert s3_server.counts()["get_object_refetched_bytes"] == 3000
     s3_server.reset_counts()

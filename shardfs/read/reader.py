@@ -181,9 +181,12 @@ class CachedReader:
             block_start = index * size
             block_len = self._block_len(shard, index)
             key = BlockKey(skey, index)
-            if not waited and not self.cache.contains(key):
-                waited = True
-                self.stats.add(reads_waited_on_network=1)
+            if not self.cache.contains(key):
+                if not waited:
+                    waited = True
+                    self.stats.add(reads_waited_on_network=1)
+                # Every block a readahead GET brings, not only the first: a read spanning
+                # two blocks of one GET would otherwise fetch the second again meanwhile.
                 self.coming.wait(skey, index)
             self._first_read(skey, index, block_len)
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)

@@ -85,6 +85,18 @@ def settled_counts(server: S3Server, quiet: float = 0.5, timeout: float = 60.0) 
     )
 
 
+def repeats(ranges: list[list[Any]]) -> list[str]:
+    """One line per GetObject body that repeated bytes (``S3Server.ranges_sent()``), with
+    the earlier bodies of the same object it overlaps: which fetch paid twice."""
+    lines = []
+    for number, (key, start, end, again) in enumerate(ranges):
+        if again:
+            before = [f"#{n} [{s}, {e})" for n, (k, s, e, _) in enumerate(ranges[:number])
+                      if k == key and s < end and start < e]  # fmt: skip
+            lines.append(f"#{number} {key} [{start}, {end}): {again} again, of {', '.join(before)}")
+    return lines
+
+
 class S3Server:
     """Run ``moto_counting.py`` on a free port for the life of a ``with`` block.
 
