@@ -19,10 +19,11 @@ import shardfs.cache.claims
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.errors import ShardChangedError
+from shardfs.read.block_runs import RUN_BLOCKS
 from shardfs.read.direct import DirectReader
 from shardfs.read.local_blocks import LocalBlocks
 from shardfs.read.readahead import Prefetcher
-from shardfs.read.reader import RUN_BLOCKS, CachedReader, RangeReader
+from shardfs.read.reader import CachedReader, RangeReader
 from shardfs.stats import Stats
 from shardfs.store.remote import Store
 from shardfs.store.shards import ShardInfo

@@ -15,6 +15,22 @@ the whole object for every ranged GET (moto does) pays a quarter as often, and o
 GET moves more bytes per round trip (see docs/design.md, "Block size")."""
 
 
+def runs_of(blocks: list[tuple[ShardInfo, int]]) -> list[tuple[ShardInfo, list[int]]]:
+    """The blocks, in their order, as runs of consecutive blocks of a shard (at most
+    ``RUN_BLOCKS`` each), one GET per run. An order hint interleaves shards: a block joins
+    its shard's open run when it continues it, wherever the run started in the order."""
+    runs: list[tuple[ShardInfo, list[int]]] = []
+    open_runs: dict[ShardInfo, list[int]] = {}  # per shard, the run still growing
+    for shard, index in blocks:
+        run = open_runs.get(shard)
+        if run is not None and run[-1] + 1 == index and len(run) < RUN_BLOCKS:
+            run.append(index)
+        else:
+            run = open_runs[shard] = [index]
+            runs.append((shard, run))
+    return runs
+
+
 class RunOwner(Protocol):
     """What a run needs of its reader (``CachedReader``)."""
 

@@ -9,12 +9,29 @@ fetched once, and the readers find their files already local.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_BUDGET = 64 << 20
 """Bytes held at most: enough for a few hundred typical images ahead of the readers."""
+
+
+def missing_span(
+    start: int, end: int, block_size: int, held: Callable[[int], bool]
+) -> tuple[int, int] | None:
+    """The part of ``[start, end)`` from its first to its last block that ``held`` (by
+    block index: cached, or coming) says is not held, which is all a fetch ahead needs (a
+    read takes the rest from the cache); None if every block is held."""
+    missing = [
+        index
+        for index in range(start // block_size, (end - 1) // block_size + 1)
+        if not held(index)
+    ]
+    if not missing:
+        return None
+    return max(start, missing[0] * block_size), min(end, (missing[-1] + 1) * block_size)
 
 
 @dataclass
@@ -53,6 +70,37 @@ class FilesAhead:
             extents[start] = _Entry(end)
             self._held += end - start
             return True
+
+    def claim_missing(
+        self, shard: str, start: int, end: int, held: Callable[[int], bool], block_size: int
+    ) -> tuple[int, int] | None:
+        """Claim the part of ``[start, end)`` whose blocks ``held`` (by index) does not
+        cover (``missing_span``); the span claimed, or None."""
+        span = missing_span(start, end, block_size, held) if start < end else None
+        return span if span is not None and self.claim(shard, *span) else None
+
+    def fetch_claimed(
+        self,
+        shard: str,
+        start: int,
+        end: int,
+        held: Callable[[int], bool],
+        block_size: int,
+        needed: Callable[[], bool],
+        fetch: Callable[[int, int], bytes],
+    ) -> None:
+        """Run a claim's fetch, narrowed to its blocks still not held; or drop the claim
+        (its read fetches nothing ahead) when none is missing any more or ``needed`` says
+        the cache can take them whole."""
+        span = missing_span(start, end, block_size, held)
+        if span is None or not needed():
+            self.take(shard, start, end)  # not started: dropped, the cache serves it
+            return
+        if span != (start, end):  # a block of it was cached since the claim
+            if not self.narrow(shard, start, *span):
+                return  # a read took the claim over
+            start, end = span
+        self.fill(shard, start, functools.partial(fetch, start, end))
 
     def narrow(self, shard: str, start: int, new_start: int, new_end: int) -> bool:
         """Shrink a claimed extent whose fetch has not started to ``[new_start, new_end)``

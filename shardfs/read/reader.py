@@ -19,7 +19,7 @@ from ..stats import Stats
 from ..store.remote import Store
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
-from .block_runs import RUN_BLOCKS, BlockRun
+from .block_runs import BlockRun, runs_of
 from .files_ahead import FilesAhead
 from .fills import Arrivals, Block, BlockFetch, BlockFills, ColdClock, Completion, Fetch
 from .local_blocks import LocalBlocks
@@ -185,9 +185,7 @@ class CachedReader:
                 if not waited:
                     waited = True
                     self.stats.add(reads_waited_on_network=1)
-                # Every block a readahead GET brings, not only the first: a read spanning
-                # two blocks of one GET would otherwise fetch the second again meanwhile.
-                self.coming.wait(skey, index)
+                self.coming.wait(skey, index)  # each one a GET brings, not only the first
             self._first_read(skey, index, block_len)
             lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
             hi -= block_start
@@ -261,14 +259,11 @@ class CachedReader:
         return False
 
     def _coming_or_cached(self, skey: str, index: int) -> bool:
-        """Whether block ``index`` is cached, or being fetched to be (by a read's fill or a
-        readahead GET): its bytes are paid for already, not to be fetched as a range."""
+        """Block ``index`` is cached, or being fetched to be (a read's fill, a readahead
+        GET): its bytes are paid for already, not to be fetched as a range."""
         key = BlockKey(skey, index)
-        return (
-            self.cache.contains(key)
-            or self.cache.in_flight(key)
-            or self.coming.expected(skey, index)
-        )
+        held = self.cache.contains(key) or self.cache.in_flight(key)
+        return held or self.coming.expected(skey, index)
 
     def _read_uncached(
         self,
@@ -349,45 +344,26 @@ class CachedReader:
             return 0
         tasks = []
         for shard, start, end in extents:
-            if start >= end:
-                continue
             skey = self.shard_key(shard)
-            span = self._missing_span(skey, start, end)
-            if span is not None and self._ahead.claim(skey, *span):
+            held = functools.partial(self._coming_or_cached, skey)
+            span = self._ahead.claim_missing(skey, start, end, held, self.block_size)
+            if span is not None:
                 tasks.append(functools.partial(self._fetch_file_ahead, shard, skey, *span))
         return self.prefetcher.schedule(tasks, hinted=True)
 
-    def _missing_span(self, skey: str, start: int, end: int) -> tuple[int, int] | None:
-        """The part of ``[start, end)`` from its first to its last block that is neither
-        cached nor coming (a read takes the rest from the cache); None if there is none."""
-        size = self.block_size
-        missing = [
-            index
-            for index in range(start // size, (end - 1) // size + 1)
-            if not self._coming_or_cached(skey, index)
-        ]
-        if not missing:
-            return None
-        return max(start, missing[0] * size), min(end, (missing[-1] + 1) * size)
-
     def _fetch_file_ahead(self, shard: ShardInfo, skey: str, start: int, end: int) -> None:
         size = self.block_size
-        first, last = start // size, (end - 1) // size
-        span = self._missing_span(skey, start, end)
-        if span is None or not self._over_budget(shard, skey, first, last, self._tick(0)):
-            self._ahead.take(skey, start, end)  # not started: dropped, the cache serves it
-            return
-        if span != (start, end):  # a block of it was cached since the claim
-            if not self._ahead.narrow(skey, start, *span):
-                return  # a read took the claim over
-            start, end = span
 
-        def fetch() -> bytes:
-            data = self._get(shard, start, end)
+        def needed() -> bool:  # its blocks cannot be cached without evicting ones in use
+            return self._over_budget(shard, skey, start // size, (end - 1) // size, self._tick(0))
+
+        def fetch(lo: int, hi: int) -> bytes:
+            data = self._get(shard, lo, hi)
             self.stats.add(files_fetched_ahead=1)
             return data
 
-        self._ahead.fill(skey, start, fetch)
+        held = functools.partial(self._coming_or_cached, skey)
+        self._ahead.fetch_claimed(skey, start, end, held, size, needed, fetch)
 
     def read_local(
         self, shard: ShardInfo, start: int, end: int, *, quiet: bool = False
@@ -484,23 +460,12 @@ class CachedReader:
         """Queue the blocks in this order, consecutive blocks of a shard in runs of up to
         ``RUN_BLOCKS`` fetched with one GET each; returns how many blocks were queued."""
         assert self.prefetcher is not None
-        runs: list[tuple[ShardInfo, list[int]]] = []
-        open_runs: dict[ShardInfo, list[int]] = {}  # per shard, the run still growing
-        for shard, index in blocks:
-            # An order hint interleaves shards: a block joins its shard's open run when it
-            # continues it, wherever the run started in the order.
-            run = open_runs.get(shard)
-            if run is not None and run[-1] + 1 == index and len(run) < RUN_BLOCKS:
-                run.append(index)
-            else:
-                run = open_runs[shard] = [index]
-                runs.append((shard, run))
         # A hint's blocks may take the room of retired ones (read by now); other
         # readahead only uses free room.
         evict_before = RETIRED_BEFORE if hinted else EVICT_NONE
         tasks = (
             BlockRun(self, shard, self.shard_key(shard), run, evict_before).task
-            for shard, run in runs
+            for shard, run in runs_of(blocks)
         )
         self.prefetcher.schedule(tasks, hinted=hinted)
         return len(blocks)
