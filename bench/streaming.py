@@ -289,8 +289,9 @@ class StreamingBench:
                           "round": round_, "shaped": shaped,
                           "mount_egress_bytes": mount_egress}  # fmt: skip
                 self.epoch(request, fields, pid)
-                gets = self.server.ranges_sent() if sampler in CEILING_FOR else []
-            if cache == "small" and gets:
+                replay = cache == "small" and sampler in CEILING_FOR
+                gets = self.server.ranges_sent() if replay else []
+            if gets:
                 self.run_ceiling(gets, {**fields, "contender": f"{sampler} ceiling"})
 
     def run_ceiling(self, gets: list[list[Any]], fields: dict[str, Any]) -> None:
