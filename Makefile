@@ -95,6 +95,15 @@ bench-files: bench-deps
 bench-scale: bench-deps writers
 	$(BIN)/python bench/scale.py --out results/scale.json
 
+.PHONY: bench-ceiling
+# The daemon's ceiling in files/s (issue 21), for a machine with many cores: ~100 KB files in
+# tar shards in a local folder (no store server), read raw by 1, 4 and 16 reader processes,
+# cold (fresh cache), warm and recached (page cache dropped, blocks cached), with and
+# without the compiled hot path, next to the same files on local disk. No pinning: run it
+# where cores are plenty. Writes ceiling.json and .md (CEILING_ARGS, e.g. "--out DIR").
+bench-ceiling: setup
+	$(BIN)/python bench/ceiling.py $(CEILING_ARGS)
+
 .PHONY: bench-stream
 # Streaming through a small cache (issue 21), the store pinned to the last core: cold epochs
 # (a fresh mount over an empty cache each, page cache dropped first) of ShardSampler shard
