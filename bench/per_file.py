@@ -91,6 +91,29 @@ def process_cpu(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
+def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
+    """(CPU seconds, of which user) of ``pid``'s threads so far, summed by family: a
+    thread's name without its number (``prefetch-3`` and ``prefetch-0`` are ``prefetch``).
+    The CPU time is the scheduler's, in ns (/proc/PID/task/TID/schedstat): per-thread clock
+    ticks would lose up to a tick per thread. The user share comes from the ticks."""
+    out: dict[str, tuple[float, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ran = int((task / "schedstat").read_text().split()[0]) / 1e9
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
+        family = name.rstrip("0123456789").rstrip("-_") or name
+        total, user = out.get(family, (0.0, 0.0))
+        out[family] = (total + ran, user + int(fields[11]) / CLOCK_TICKS)
+    return out
+
+
+def per_file_us(before: tuple[float, float], after: tuple[float, float], files: int) -> list[float]:
+    return [(now - was) / files * 1e6 for was, now in zip(before, after, strict=True)]
+
+
 def minor_faults(pid: int) -> int:
     """Page faults of ``pid`` served without I/O (fresh anonymous pages among them)."""
     return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[7])
@@ -282,9 +305,9 @@ class PerFileBench:
     def phase(self, pid: int, paths: list[Path], buffering: int) -> dict[str, Any]:
         """One read phase: files/s, and the daemon's user and system CPU per file (us)."""
         drops, faults = page_cache_drops(), minor_faults(pid)
-        before = process_cpu(pid)
+        before, threads_before = process_cpu(pid), thread_cpu(pid)
         seconds, got = read_files(paths, self.args.threads, buffering)
-        after = process_cpu(pid)
+        after, threads_after = process_cpu(pid), thread_cpu(pid)
         faults = minor_faults(pid) - faults
         drops = page_cache_drops() - drops
         user, system = (b - a for a, b in zip(before, after, strict=True))
@@ -299,6 +322,12 @@ class PerFileBench:
             "daemon_total_us": (user + system) / files * 1e6,
             "daemon_faults_per_file": faults / files,
             "page_cache_drops_by_others": drops,
+            # by thread family, (CPU, of which user) us per file; threads that ended
+            # meanwhile are in the process's figures only
+            "threads_us": {
+                family: per_file_us(threads_before.get(family, (0.0, 0.0)), spent, files)
+                for family, spent in sorted(threads_after.items())
+            },
         }
 
     def mount_round(self, variant: str, seed: int) -> dict[str, Any]:
@@ -552,6 +581,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "cold: fresh cache, page cache dropped; warm: the same files again; recached: blocks "
         "cached, page cache dropped (every file a READ answered from cache blocks).",
+        *thread_table(result),
         "",
         "| the ioctl of isatty() on a mount file, per call (us) | wall | daemon user "
         "| daemon sys |",
@@ -588,6 +618,43 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {check['target']} | {check['value']:.2f} | {check['goal']} | {met} |")
     lines += ["", f"Command: `{result['command']}` ({result['total_s'] / 60:.1f} min)."]
     return "\n".join(lines) + "\n"
+
+
+def thread_table(result: dict[str, Any]) -> list[str]:
+    """Where the daemon's CPU per file went, by thread family: medians over rounds of the
+    cold and recached phases of each variant (user / system us per file)."""
+    rounds = result["rounds"]
+    columns = [(variant, phase) for variant in VARIANTS if variant in rounds[0]
+               for phase in ("cold", "recached")]  # fmt: skip
+    families = sorted({family for r in rounds for variant, phase in columns
+                       for family in r[variant][phase].get("threads_us", {})})  # fmt: skip
+    if not families:
+        return []
+    lines = [
+        "",
+        "The daemon's CPU per file by thread, medians, us: user and system (the scheduler's "
+        "ns) / of which user (clock ticks, which lose up to a tick per thread). "
+        "`shardfs-fuse` answers requests, `shardfs-push` pushes into the kernel, `prefetch` "
+        "fetches and stores blocks, `shardfs-read` answers the READs Python waits on, "
+        "`shardfs-disk` those C waits on, `shardfs-hot` sweeps:",
+        "",
+        "| thread | " + " | ".join(f"{v} {p}" for v, p in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for family in families:
+        cells = []
+        for variant, phase in columns:
+            pairs = [r[variant][phase].get("threads_us", {}).get(family) for r in rounds]
+            pairs = [pair for pair in pairs if pair is not None]
+            if not pairs:
+                cells.append("-")
+                continue
+            total = statistics.median(pair[0] for pair in pairs)
+            user = statistics.median(pair[1] for pair in pairs)
+            cells.append(f"{total:.1f} / {user:.1f}")
+        if any(cell not in ("-", "0.0 / 0.0") for cell in cells):
+            lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_reports(result: dict[str, Any], out: Path) -> dict[str, Any]:

@@ -5,7 +5,10 @@
  * table with ctypes, then puts these handlers in four of its slots; each falls back to the
  * Python handler it replaced for anything it does not answer itself:
  *   - read: a file Python has *published* (its bytes lie wholly in one cache block file
- *     whose every chunk Python verified) is answered with one pread; else Python.
+ *     whose every chunk Python verified) is answered with one pread; else Python. A pread
+ *     that would wait on the disk (the block file's pages are not in memory) is queued for
+ *     this module's disk readers, threads that read it, check it and answer it, so neither
+ *     the session's thread nor the interpreter waits on the disk for it.
  *   - ioctl: every ioctl but the order hint's is answered ENOTTY here, as Python did. The
  *     TCGETS of a default-buffered open() of a file the kernel holds whole, while an order
  *     hint follows that file, is then queued for a Python thread (``opened``): the hint
@@ -70,6 +73,16 @@ struct hot_counters {
     uint64_t dropped_blocks;  /* published blocks found removed from the cache */
     uint64_t checksum_failures; /* reads whose chunks no longer matched: Python re-reads */
     uint64_t not_in_memory;     /* reads left to Python: their pages were not cached */
+    uint64_t disk_reads;        /* reads the disk readers answered (pages not cached) */
+};
+
+/* A READ whose pages were not in memory, waiting for a disk reader. */
+struct miss {
+    struct miss *next;
+    req_t req;
+    uint64_t ino;
+    size_t size;
+    int64_t off;
 };
 
 struct ctx {
@@ -93,6 +106,11 @@ struct ctx {
     size_t buffer_size;
     pthread_mutex_t lock;
     struct hot_counters counters;
+    struct miss *miss_head, *miss_tail; /* READs queued for the disk readers */
+    pthread_cond_t miss_ready;
+    pthread_t *disk_threads;
+    unsigned disk_count; /* disk readers running; 0: misses go to Python */
+    int disk_stop;
     int opened_fd; /* an eventfd told when ``opened`` gets its first inode; -1: none */
     unsigned opened_count;
     uint64_t opened[MAX_OPENED]; /* inodes whose opens Python has yet to take */
@@ -149,22 +167,33 @@ static void drop_block_locked(struct ctx *c, unsigned index) {
     b->count = 0;
 }
 
-/* Answer a READ from a published file; 0 when it is not one (Python answers it). */
-static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
-    int answered = 0;
-    pthread_mutex_lock(&c->lock);
+/* Where a READ of a published file lies: the whole checked chunks that hold it (``len``
+ * bytes at ``at`` in the block file) and what to reply (``n`` bytes from ``skip`` in them). */
+struct span {
+    unsigned block; /* index into blocks */
+    int32_t generation;
+    int64_t size;   /* the file's */
+    int64_t first;  /* its first chunk */
+    int64_t at, len, skip;
+    size_t n;
+};
+
+/* Find the READ's span (under the lock); 0 when the file is not published, or its block
+ * was removed from the cache since (then its disk space is let go of here). */
+static int locate_locked(struct ctx *c, uint64_t ino, size_t size, int64_t off,
+                         struct span *out) {
     struct slot s = c->slots[ino];
     if (!s.block)
-        goto out;
+        return 0;
     struct block *b = &c->blocks[s.block - 1];
     if (b->fd < 0 || b->generation != s.generation)
-        goto out;
+        return 0;
     struct stat st;
     if (fstat(b->fd, &st) != 0 || st.st_nlink == 0) {
         /* evicted or cleared since: hold its disk space no longer */
         drop_block_locked(c, (unsigned)(s.block - 1));
         c->counters.dropped_blocks++;
-        goto out;
+        return 0;
     }
     size_t n = 0;
     if (off >= 0 && off < s.size)
@@ -177,48 +206,150 @@ static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, i
         int64_t span_end = (last + 1) * b->chunk;
         span_len = (span_end < b->data_len ? span_end : b->data_len) - span_start;
     }
-    if ((size_t)span_len > c->buffer_size) {
-        char *grown = realloc(c->buffer, (size_t)span_len);
-        if (grown == NULL)
-            goto out;
-        c->buffer = grown;
-        c->buffer_size = (size_t)span_len;
-    }
-    if (span_len > 0) {
-        /* never wait on the disk here, the one thread that answers requests: a block
-         * not in the page cache is read by Python's worker threads */
-        struct iovec iov = {c->buffer, (size_t)span_len};
-        if (preadv2(b->fd, &iov, 1, b->data_pos + span_start, RWF_NOWAIT) != span_len) {
-            c->counters.not_in_memory++;
-            goto out;
-        }
-        for (int64_t at = 0; at < span_len; at += b->chunk) {
-            int64_t len = span_len - at < b->chunk ? span_len - at : b->chunk;
-            if (chunk_sum((unsigned char *)c->buffer + at, (size_t)len) !=
-                b->sums[first + at / b->chunk]) {
-                /* changed on disk since it was verified: Python reads it again, checks
-                 * the block format's sums, and fetches the block anew */
-                drop_block_locked(c, (unsigned)(s.block - 1));
-                c->counters.checksum_failures++;
-                goto out;
-            }
+    *out = (struct span){(unsigned)(s.block - 1), s.generation, s.size, first,
+                         b->data_pos + span_start, span_len, start - span_start, n};
+    return 1;
+}
+
+/* Whether ``data`` (the span's bytes, read without the lock) still matches the block's
+ * sums, the block unchanged meanwhile (under the lock). A mismatch drops the block: Python
+ * reads it again, checks the block format's sums, and fetches the block anew. */
+static int verified_locked(struct ctx *c, const struct span *sp, const unsigned char *data) {
+    struct block *b = &c->blocks[sp->block];
+    if (b->fd < 0 || b->generation != sp->generation)
+        return 0; /* dropped or replaced while it was read */
+    for (int64_t at = 0; at < sp->len; at += b->chunk) {
+        int64_t len = sp->len - at < b->chunk ? sp->len - at : b->chunk;
+        if (chunk_sum(data + at, (size_t)len) != b->sums[sp->first + at / b->chunk]) {
+            drop_block_locked(c, sp->block);
+            c->counters.checksum_failures++;
+            return 0;
         }
     }
-    c->reply_buf(req, c->buffer + (start - span_start), n);
-    answered = 1;
-    b->used = 1;
+    return 1;
+}
+
+/* Count a READ answered here (under the lock). */
+static void answered_locked(struct ctx *c, uint64_t ino, int64_t off, const struct span *sp) {
+    c->blocks[sp->block].used = 1;
     c->counters.reads++;
-    c->counters.bytes += n;
-    if (off == 0 && (int64_t)n == s.size && c->in_kernel != NULL)
+    c->counters.bytes += sp->n;
+    if (off == 0 && (int64_t)sp->n == sp->size && c->in_kernel != NULL)
         c->in_kernel[ino] = 1;
     uint8_t bit = (uint8_t)(1u << (ino & 7));
     if (!(c->delivered[ino >> 3] & bit)) {
         c->delivered[ino >> 3] |= bit;
-        c->counters.delivered_bytes += (uint64_t)s.size;
+        c->counters.delivered_bytes += (uint64_t)sp->size;
     }
+}
+
+/* Hand a READ whose pages are not in memory to the disk readers (under the lock); 0 when
+ * none run (Python answers it). */
+static int queue_miss_locked(struct ctx *c, req_t req, uint64_t ino, size_t size,
+                             int64_t off) {
+    if (c->disk_count == 0 || c->disk_stop)
+        return 0;
+    struct miss *m = malloc(sizeof *m);
+    if (m == NULL)
+        return 0;
+    *m = (struct miss){NULL, req, ino, size, off};
+    if (c->miss_tail != NULL)
+        c->miss_tail->next = m;
+    else
+        c->miss_head = m;
+    c->miss_tail = m;
+    pthread_cond_signal(&c->miss_ready);
+    return 1;
+}
+
+/* Answer a READ from a published file; 0 when it is not one (Python answers it). */
+static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
+    int answered = 0;
+    struct span sp;
+    pthread_mutex_lock(&c->lock);
+    if (!locate_locked(c, ino, size, off, &sp))
+        goto out;
+    if ((size_t)sp.len > c->buffer_size) {
+        char *grown = realloc(c->buffer, (size_t)sp.len);
+        if (grown == NULL)
+            goto out;
+        c->buffer = grown;
+        c->buffer_size = (size_t)sp.len;
+    }
+    if (sp.len > 0) {
+        /* never wait on the disk here, the one thread that answers requests: a block
+         * not in the page cache is read by the disk readers (or Python's workers) */
+        struct iovec iov = {c->buffer, (size_t)sp.len};
+        if (preadv2(c->blocks[sp.block].fd, &iov, 1, sp.at, RWF_NOWAIT) != sp.len) {
+            answered = queue_miss_locked(c, req, ino, size, off);
+            if (!answered)
+                c->counters.not_in_memory++;
+            goto out;
+        }
+        if (!verified_locked(c, &sp, (unsigned char *)c->buffer))
+            goto out;
+    }
+    c->reply_buf(req, c->buffer + sp.skip, sp.n);
+    answered = 1;
+    answered_locked(c, ino, off, &sp);
 out:
     pthread_mutex_unlock(&c->lock);
     return answered;
+}
+
+/* A disk reader: answers queued READs with a pread that may wait on the disk, checked as
+ * the session thread checks its own; what it cannot answer goes to Python's handler
+ * (which may be called from any thread). Drains the queue before it stops. */
+static void *disk_reader(void *arg) {
+    struct ctx *c = arg;
+    unsigned char *buffer = NULL;
+    size_t capacity = 0;
+    pthread_setname_np(pthread_self(), "shardfs-disk");
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        while (c->miss_head == NULL && !c->disk_stop)
+            pthread_cond_wait(&c->miss_ready, &c->lock);
+        struct miss *m = c->miss_head;
+        if (m == NULL)
+            break;
+        c->miss_head = m->next;
+        if (c->miss_head == NULL)
+            c->miss_tail = NULL;
+        struct span sp;
+        int ok = locate_locked(c, m->ino, m->size, m->off, &sp);
+        int fd = ok ? c->blocks[sp.block].fd : -1;
+        if (ok && (size_t)sp.len > capacity) {
+            unsigned char *grown = realloc(buffer, (size_t)sp.len);
+            ok = grown != NULL;
+            if (ok) {
+                buffer = grown;
+                capacity = (size_t)sp.len;
+            }
+        }
+        pthread_mutex_unlock(&c->lock);
+        /* Without the lock: the block may be dropped meanwhile and its descriptor closed
+         * (even reused); verified_locked then sees its generation changed, or a sum that
+         * no longer matches, and nothing read here is served. */
+        if (ok && sp.len > 0)
+            ok = pread(fd, buffer, (size_t)sp.len, sp.at) == sp.len;
+        pthread_mutex_lock(&c->lock);
+        if (ok)
+            ok = verified_locked(c, &sp, buffer);
+        if (ok) {
+            answered_locked(c, m->ino, m->off, &sp);
+            c->counters.disk_reads++;
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (ok)
+            c->reply_buf(m->req, (const char *)buffer + sp.skip, sp.n);
+        else
+            c->py_read(m->req, m->ino, m->size, m->off, NULL);
+        free(m);
+        pthread_mutex_lock(&c->lock);
+    }
+    pthread_mutex_unlock(&c->lock);
+    free(buffer);
+    return NULL;
 }
 
 /* libfuse's fuse_req_userdata: the same function for every session of the process. */
@@ -319,7 +450,37 @@ struct ctx *hot_new(void **fns, uint64_t hint_ino, unsigned hint_cmd, uint64_t n
         c->blocks[i].fd = -1;
     c->opened_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->miss_ready, NULL);
     return c;
+}
+
+/* Start ``count`` disk readers for the READs whose pages are not in memory; returns how
+ * many started (0: such READs go to Python, as before). Call once, before requests come. */
+unsigned hot_start_disk_readers(struct ctx *c, unsigned count) {
+    c->disk_threads = calloc(count ? count : 1, sizeof *c->disk_threads);
+    if (c->disk_threads == NULL)
+        return 0;
+    unsigned started = 0;
+    for (; started < count; started++)
+        if (pthread_create(&c->disk_threads[started], NULL, disk_reader, c) != 0)
+            break;
+    pthread_mutex_lock(&c->lock);
+    c->disk_count = started;
+    pthread_mutex_unlock(&c->lock);
+    return started;
+}
+
+/* Stop the disk readers once they have answered every READ queued. */
+static void stop_disk_readers(struct ctx *c) {
+    pthread_mutex_lock(&c->lock);
+    unsigned count = c->disk_count;
+    c->disk_stop = 1;
+    pthread_cond_broadcast(&c->miss_ready);
+    pthread_mutex_unlock(&c->lock);
+    for (unsigned i = 0; i < count; i++)
+        pthread_join(c->disk_threads[i], NULL);
+    free(c->disk_threads);
+    c->disk_threads = NULL;
 }
 
 /* Queue the opens the ioctl handler sees, telling eventfd ``fd`` (-1: call Python at once,
@@ -443,7 +604,9 @@ void hot_counters(struct ctx *c, struct hot_counters *out) {
 void hot_free(struct ctx *c) {
     if (c == NULL)
         return;
+    stop_disk_readers(c);
     hot_clear(c);
+    pthread_cond_destroy(&c->miss_ready);
     pthread_mutex_destroy(&c->lock);
     free(c->buffer);
     free(c->slots);

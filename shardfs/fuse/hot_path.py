@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _HANDLERS = ("read", "ioctl", "forget", "forget_multi")
 _COUNTERS = (
     "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
-    "not_in_memory",
+    "not_in_memory", "disk_reads",
 )  # fmt: skip
 OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 # How often published blocks are checked for removal from the cache: what they may hold
@@ -43,6 +43,10 @@ OPENED_BATCH_S = 0.01
 # hold what it returns, so a page keeps that to the file's own pages (a 98 KB file at a
 # random offset: about 102 KB, against 162 KB with the block format's 64 KiB chunks).
 SUM_CHUNK = 4096
+# Threads of C's that answer READs of published files whose pages are not in memory (the
+# page cache dropped, a dataset larger than RAM): they wait on the disk, so that the session
+# thread never does and no such READ goes through the interpreter. Idle ones cost nothing.
+DISK_READERS = 8
 
 
 class _Counters(ctypes.Structure):
@@ -82,6 +86,8 @@ def _load() -> ctypes.CDLL | None:
     lib.hot_max_blocks.restype = ctypes.c_uint
     lib.hot_free.argtypes = [ctypes.c_void_p]
     lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.hot_start_disk_readers.restype = ctypes.c_uint
+    lib.hot_start_disk_readers.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.hot_queue_opened.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.hot_take_opened.restype = ctypes.c_uint
     lib.hot_take_opened.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
@@ -188,6 +194,9 @@ class HotPath:
         if not ctx:
             raise MemoryError("the FUSE hot path's tables")
         self._ctx = ctx
+        if self._lib.hot_start_disk_readers(ctx, DISK_READERS) < DISK_READERS:
+            log.warning("C's disk readers did not all start: READs of pages not in memory "
+                        "may go to Python")  # fmt: skip
         self._sweeper.start()
         self._opened_fd = os.eventfd(0, os.EFD_CLOEXEC)
         self._lib.hot_queue_opened(ctx, self._opened_fd)
@@ -278,6 +287,7 @@ class HotPath:
             "hot_path_reads": counts["reads"],
             "files_published": counts["published"],
             "hot_path_not_in_memory": counts["not_in_memory"],
+            "hot_path_disk_reads": counts["disk_reads"],
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
             "checksum_failures": counts["checksum_failures"],

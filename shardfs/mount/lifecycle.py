@@ -32,7 +32,7 @@ from ..read.direct import DirectReader
 from ..read.readahead import Prefetcher
 from ..read.reader import CachedReader, RangeReader
 from ..stats import Stats
-from . import allocator
+from . import allocator, thread_names
 from .control import ControlServer, lock_mountpoint, pid_file, remove_created_mountpoint
 from .daemon import ReadyChannel, note_both, warn_both
 from .mountpoints import (
@@ -319,6 +319,7 @@ def run_foreground(
     """Be the daemon: take the mountpoint, check it (making it when missing), and serve a
     Mount until unmounted; a mountpoint that shardfs made is removed as the daemon ends."""
     mountpoint = settings.mount.mountpoint
+    thread_names.install()
     # Held until this process exits (the descriptor is never closed): a second mount of
     # this mountpoint fails at once while this one scans or serves.
     lock_mountpoint(mountpoint)
