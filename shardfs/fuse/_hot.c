@@ -43,7 +43,11 @@ typedef void (*ioctl_fn)(req_t, uint64_t, unsigned, void *, void *, unsigned, co
                          size_t, size_t);
 typedef void (*opened_fn)(uint64_t);
 
-#define MAX_BLOCKS 256 /* published block files held open at once, oldest dropped first */
+/* Published block files held open at once, oldest dropped first: at most this many, and at
+ * most what hot_limit_blocks allows (each holds a descriptor and its sums, 16 KiB for an
+ * 8 MiB block). A dataset whose blocks outnumber them publishes blocks again and again, each
+ * time reading a whole block back; 4096 8 MiB blocks are 32 GiB. */
+#define MAX_BLOCKS 4096
 #define MAX_OPENED 4096 /* opens queued for Python at once; past that, Python is called */
 
 struct slot {
@@ -102,6 +106,7 @@ struct ctx {
     struct slot *slots;
     struct block blocks[MAX_BLOCKS];
     unsigned next_block;
+    unsigned max_blocks; /* blocks used, oldest dropped first: 1 .. MAX_BLOCKS */
     char *buffer;
     size_t buffer_size;
     pthread_mutex_t lock;
@@ -448,6 +453,7 @@ struct ctx *hot_new(void **fns, uint64_t hint_ino, unsigned hint_cmd, uint64_t n
     c->delivered = delivered;
     for (unsigned i = 0; i < MAX_BLOCKS; i++)
         c->blocks[i].fd = -1;
+    c->max_blocks = MAX_BLOCKS;
     c->opened_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_cond_init(&c->miss_ready, NULL);
@@ -468,6 +474,15 @@ unsigned hot_start_disk_readers(struct ctx *c, unsigned count) {
     c->disk_count = started;
     pthread_mutex_unlock(&c->lock);
     return started;
+}
+
+/* Publish at most ``count`` blocks at once (1 .. MAX_BLOCKS): what the process's descriptor
+ * limit leaves for them. Call before the first hot_publish. */
+void hot_limit_blocks(struct ctx *c, unsigned count) {
+    pthread_mutex_lock(&c->lock);
+    c->max_blocks = count < 1 ? 1 : count > MAX_BLOCKS ? MAX_BLOCKS : count;
+    c->next_block %= c->max_blocks;
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* Stop the disk readers once they have answered every READ queued. */
@@ -530,7 +545,7 @@ int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int6
     }
     pthread_mutex_lock(&c->lock);
     unsigned index = c->next_block;
-    c->next_block = (index + 1) % MAX_BLOCKS;
+    c->next_block = (index + 1) % c->max_blocks;
     drop_block_locked(c, index);
     struct block *b = &c->blocks[index];
     b->fd = own;

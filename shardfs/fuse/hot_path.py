@@ -16,6 +16,7 @@ import ctypes
 import functools
 import logging
 import os
+import resource
 import threading
 from array import array
 from collections.abc import Callable
@@ -47,6 +48,9 @@ SUM_CHUNK = 4096
 # page cache dropped, a dataset larger than RAM): they wait on the disk, so that the session
 # thread never does and no such READ goes through the interpreter. Idle ones cost nothing.
 DISK_READERS = 8
+# Of the process's descriptor limit, the share published blocks may hold (each keeps its
+# block file open); the rest stays for sockets, the cache and the index.
+PUBLISHED_FD_SHARE = 0.5
 
 
 class _Counters(ctypes.Structure):
@@ -86,6 +90,7 @@ def _load() -> ctypes.CDLL | None:
     lib.hot_max_blocks.restype = ctypes.c_uint
     lib.hot_free.argtypes = [ctypes.c_void_p]
     lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.hot_limit_blocks.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.hot_start_disk_readers.restype = ctypes.c_uint
     lib.hot_start_disk_readers.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.hot_queue_opened.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -98,6 +103,15 @@ def _load() -> ctypes.CDLL | None:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
     ]  # fmt: skip
     return lib
+
+
+def publish_limit(most: int) -> int:
+    """How many blocks may be published at once: ``most``, or a share of the descriptors
+    this process may open (``RLIMIT_NOFILE``), whichever is less."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return most
+    return max(1, min(most, int(soft * PUBLISHED_FD_SHARE)))
 
 
 def available() -> bool:
@@ -194,6 +208,7 @@ class HotPath:
         if not ctx:
             raise MemoryError("the FUSE hot path's tables")
         self._ctx = ctx
+        self._lib.hot_limit_blocks(ctx, publish_limit(self._lib.hot_max_blocks()))
         if self._lib.hot_start_disk_readers(ctx, DISK_READERS) < DISK_READERS:
             log.warning("C's disk readers did not all start: READs of pages not in memory "
                         "may go to Python")  # fmt: skip

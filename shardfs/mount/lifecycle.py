@@ -32,7 +32,7 @@ from ..read.direct import DirectReader
 from ..read.readahead import Prefetcher
 from ..read.reader import CachedReader, RangeReader
 from ..stats import Stats
-from . import allocator, thread_names
+from . import allocator, process_limits, thread_names
 from .control import ControlServer, lock_mountpoint, pid_file, remove_created_mountpoint
 from .daemon import ReadyChannel, note_both, warn_both
 from .mountpoints import (
@@ -320,6 +320,7 @@ def run_foreground(
     Mount until unmounted; a mountpoint that shardfs made is removed as the daemon ends."""
     mountpoint = settings.mount.mountpoint
     thread_names.install()
+    process_limits.raise_open_files()
     # Held until this process exits (the descriptor is never closed): a second mount of
     # this mountpoint fails at once while this one scans or serves.
     lock_mountpoint(mountpoint)

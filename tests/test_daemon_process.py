@@ -1,12 +1,17 @@
-"""The daemon's threads carry their Python names natively (shardfs/mount/thread_names.py)."""
+"""The daemon process: its threads carry their Python names natively (mount/thread_names.py),
+and its open files limit is raised (mount/process_limits.py)."""
 
 from __future__ import annotations
 
 import ast
+import resource
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from shardfs.fuse import hot_path
 from shardfs.mount.thread_names import native_name
 
 
@@ -39,3 +44,30 @@ def test_native_names_are_at_most_15_bytes_of_utf8() -> None:
     assert native_name("shardfs-fuse") == b"shardfs-fuse"
     assert native_name("x" * 40) == b"x" * 15
     assert len(native_name("é" * 10)) == 15
+
+
+def test_the_open_files_limit_is_raised_within_the_hard_limit() -> None:
+    code = textwrap.dedent(
+        """
+        import resource
+        from shardfs.mount import process_limits
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        now = process_limits.raise_open_files(4096)
+        print(now, resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    now, soft, hard = (int(value) for value in out.stdout.split())
+    assert now == soft
+    assert soft == (4096 if hard < 0 or hard >= 4096 else hard)
+
+
+def test_published_blocks_take_at_most_half_the_descriptors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (1024, 4096))
+    assert hot_path.publish_limit(4096) == 512
+    assert hot_path.publish_limit(100) == 100
+    monkeypatch.setattr(resource, "getrlimit", lambda kind: (resource.RLIM_INFINITY,) * 2)
+    assert hot_path.publish_limit(4096) == 4096
