@@ -107,3 +107,36 @@ def test_a_published_block_damaged_on_disk_is_never_served(
     umount(mountpoint)
     assert after["checksum_failures"] > before["checksum_failures"]
     assert s3_server.counts()["get_object_requests"] > 0  # fetched again, not served damaged
+
+
+def test_a_read_only_slice_of_fetched_bytes_is_handed_to_c_in_place() -> None:
+    import ctypes
+
+    fetched = bytes(range(256)) * 64
+    block = memoryview(fetched)[4096:8192]  # a block cut from a larger GET
+    address, held = hot_path._data_address(block)
+    assert held is block  # no copy made
+    base, _ = hot_path._data_address(fetched)
+    assert address == base + 4096
+    assert ctypes.string_at(address, len(block)) == fetched[4096:8192]
+
+
+@pytest.mark.integration
+def test_blocks_pushed_from_memory_are_published_without_reading_them_back(
+    dataset: Dataset, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    mount(dataset.url, mountpoint, tmp_path / "cache", "--block-size", BLOCK_FLAG, env=env)
+    assert wrong_files(mountpoint, dataset) == []  # cold: blocks fetched, files pushed
+    cold = stats(mountpoint)
+    drop_page_cache()
+    assert wrong_files(mountpoint, dataset, threads=4) == []  # every file a READ again
+    after = stats(mountpoint)
+    umount(mountpoint)
+    assert cold["files_published"] > 0
+    # The second read found the blocks published already: none was read back whole to
+    # publish it, and the READs of their files waited on the disk in C.
+    assert after["publish_read_backs"] == cold["publish_read_backs"]
+    assert after["hot_path_disk_reads"] > cold["hot_path_disk_reads"]
+    assert after["checksum_failures"] == 0

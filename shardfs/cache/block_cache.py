@@ -232,6 +232,18 @@ class BlockCache:
                 log.warning("cannot read cached block %s: %s", path, exc)
         return None
 
+    def opened(self, key: BlockKey, block_len: int) -> tuple[int, int] | None:
+        """A cached block's file, its header verified and its data not read: a duplicate
+        descriptor the caller owns (and must close) and where the data starts; or None."""
+        path = self._block_path(key)
+        if self._health.is_bad(path):
+            return None
+        with self._open.pinned(path):
+            block = self._acquire(path, key, block_len)
+            if block is None:
+                return None
+            return os.dup(block.fd), block.header.header_len
+
     def touch(self, key: BlockKey) -> None:
         """Reads were answered from the block without this cache (the compiled FUSE path):
         it counts as used now for eviction."""

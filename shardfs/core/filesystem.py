@@ -303,6 +303,22 @@ class ShardFileSystem:
         files = self.view.files_within(node.shard, start, min(start + size, shard.size))
         return found, [(f.ino, f.offset - start, f.size) for f in files]
 
+    def block_in_memory(
+        self, shard: ShardInfo, start: int, data: bytes | memoryview
+    ) -> VerifiedBlock | None:
+        """``published_block``'s block for a cached block whose verified bytes the caller
+        holds already (the pusher's: just fetched, or read for its pushes): its file opened
+        (the caller owns the descriptor), its data not read again. None when ``start`` is no
+        block's start or the block is not cached."""
+        reader = self.reader
+        if not isinstance(reader, CachedReader) or start % reader.block_size or not data:
+            return None
+        opened = reader.opened_block(shard, start // reader.block_size)
+        if opened is None:
+            return None
+        fd, data_at = opened
+        return VerifiedBlock(fd, data_at, memoryview(data))
+
     def block_used(self, shard: int, index: int) -> None:
         """Reads of files in block ``index`` of shard ``shard`` were answered without this
         core (``published_block``): the block cache counts them for its recency."""

@@ -9,6 +9,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 from ..core.filesystem import ShardFileSystem
 from ..store.shards import ShardInfo
@@ -54,6 +55,10 @@ class KernelPusher:
         self._batch: hot_path.BatchPush | None = None  # a block's files in one C call
         self._edges = EdgeFiles()  # parts of files crossing block edges (this thread's)
         self._abort = False
+        # Told of each block pushed from memory, with its files: the compiled path
+        # publishes it from those bytes (FuseOperations._publish_pushed).
+        self.publish: Callable[[ShardInfo, int, bytes | memoryview, list[Node]], None] | None
+        self.publish = None
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
     @property
@@ -107,6 +112,8 @@ class KernelPusher:
                         # reused buffer (no fresh pages), instead of one read per file
                         block = self._read_block(shard, start)
                     self._push_files(files, start, block)
+                    if block is not None and files and self.publish is not None:
+                        self.publish(shard, start, block, files)
                     if across and block is not None:
                         for node, data in self._edges.add(across, start, block):
                             self._push_files([node], node.offset, data)
