@@ -356,14 +356,20 @@ class PerFileBench:
             cold["daemon_after_reads_us"] = tail / len(paths) * 1e6
             cold["egress_ratio"] = counts["get_object_bytes"] / self.shard_bytes
             for key in ("bytes_pushed", "bytes_served", "reads_waited_on_network",
-                        "files_published", "hot_path_reads"):  # fmt: skip
+                        "files_published", "hot_path_reads", "publish_read_backs",
+                        "hot_path_disk_reads"):  # fmt: skip
                 cold[key] = stats[key] - stats_before[key]
             warm = self.phase(pid, paths, buffering)
             # Blocks cached, page cache dropped: every file is a READ answered from cache
             # blocks (no network, no push: the daemon already pushed them once).
             drop_page_cache()
+            before_recached = query(self.mnt)
             with self.profiled(pid, f"{variant}-recached-{seed}"):
                 recached = self.phase(pid, paths, buffering)
+            after_recached = query(self.mnt)
+            for key in ("bytes_served", "hot_path_reads", "publish_read_backs",
+                        "hot_path_disk_reads"):  # fmt: skip
+                recached[key] = after_recached[key] - before_recached[key]
             ioctl = self.ioctl_phase(pid, paths[0])
         return {"variant": variant, "cold": cold, "warm": warm, "recached": recached,
                 "ioctl": ioctl}  # fmt: skip

@@ -18,7 +18,7 @@ import os
 import shutil
 import sqlite3
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
@@ -215,11 +215,7 @@ class BlockCache:
     ) -> VerifiedBlock | None:
         """A cached block's file and its data, read into ``buffer`` and every chunk verified
         just now, or None. The descriptor is a duplicate the caller owns (and must close)."""
-        path = self._block_path(key)
-        if self._health.is_bad(path):
-            return None
-        with self._open.pinned(path):
-            block = self._acquire(path, key, block_len)
+        with self._pinned_block(key, block_len) as (path, block):
             if block is None:
                 return None
             header = block.header
@@ -235,14 +231,21 @@ class BlockCache:
     def opened(self, key: BlockKey, block_len: int) -> tuple[int, int] | None:
         """A cached block's file, its header verified and its data not read: a duplicate
         descriptor the caller owns (and must close) and where the data starts; or None."""
+        with self._pinned_block(key, block_len) as (_, block):
+            return None if block is None else (os.dup(block.fd), block.header.header_len)
+
+    @contextlib.contextmanager
+    def _pinned_block(
+        self, key: BlockKey, block_len: int
+    ) -> Iterator[tuple[str, OpenBlock | None]]:
+        """The block's path and its open, header-verified file, pinned while the block is
+        used (None: missing, damaged, or on a path the disk's health skips)."""
         path = self._block_path(key)
         if self._health.is_bad(path):
-            return None
+            yield path, None
+            return
         with self._open.pinned(path):
-            block = self._acquire(path, key, block_len)
-            if block is None:
-                return None
-            return os.dup(block.fd), block.header.header_len
+            yield path, self._acquire(path, key, block_len)
 
     def touch(self, key: BlockKey) -> None:
         """Reads were answered from the block without this cache (the compiled FUSE path):

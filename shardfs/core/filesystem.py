@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from .. import placement
 from ..cache.block_cache import VerifiedBlock
+from ..cache.block_format import BlockKey
 from ..config import ReadConfig
 from ..errors import IsADirError, NoSuchAttributeError, NotADirError, NotFoundError
 from ..formats.codecs import raw_span
@@ -313,7 +314,8 @@ class ShardFileSystem:
         reader = self.reader
         if not isinstance(reader, CachedReader) or start % reader.block_size or not data:
             return None
-        opened = reader.opened_block(shard, start // reader.block_size)
+        key = BlockKey(reader.shard_key(shard), start // reader.block_size)
+        opened = reader.cache.opened(key, len(data))  # the caller holds the whole block
         if opened is None:
             return None
         fd, data_at = opened

@@ -62,6 +62,11 @@ class KernelPusher:
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
     @property
+    def behind(self) -> bool:
+        """Whether blocks wait in the queue: the pusher may be about to publish them."""
+        return not self._queue.empty()
+
+    @property
     def retrying(self) -> int:
         """Pushes the kernel refused so far that will be tried again shortly."""
         return len(self._retries)

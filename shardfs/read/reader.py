@@ -406,12 +406,6 @@ class CachedReader:
         key = BlockKey(self.shard_key(shard), index)
         return self.cache.verified_copy(key, self._block_len(shard, index), buffer)
 
-    def opened_block(self, shard: ShardInfo, index: int) -> tuple[int, int] | None:
-        """Block ``index`` of ``shard`` in the cache, opened, its data not read
-        (``BlockCache.opened``: a descriptor the caller closes, and where the data starts)."""
-        key = BlockKey(self.shard_key(shard), index)
-        return self.cache.opened(key, self._block_len(shard, index))
-
     def block_used(self, shard: ShardInfo, index: int) -> None:
         """Reads were answered from a cached block without this reader (``BlockCache.touch``)."""
         self.cache.touch(BlockKey(self.shard_key(shard), index))
