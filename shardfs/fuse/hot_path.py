@@ -296,10 +296,14 @@ class HotPath:
         checksums of its own, taken from ``block.data``, and checks them at every read;
         ``token`` names the block to ``used``."""
         assert self._ctx is not None
-        inos = array("Q", (ino for ino, _, _ in files))
-        positions = array("q", (at for _, at, _ in files))
-        sizes = array("q", (size for _, _, size in files))
-        address, _held = _data_address(block.data) if block.data else (None, None)
+        try:
+            inos = array("Q", (ino for ino, _, _ in files))
+            positions = array("q", (at for _, at, _ in files))
+            sizes = array("q", (size for _, _, size in files))
+            address, _held = _data_address(block.data) if block.data else (None, None)
+        except BaseException:
+            os.close(block.fd)  # taken over: never left open, even when C never got it
+            raise
         result = self._lib.hot_publish(
             self._ctx, block.fd, block.data_at, len(block.data), SUM_CHUNK, address,
             len(files), _buffer(inos), _buffer(positions), _buffer(sizes),

@@ -292,10 +292,14 @@ class FuseOperations:
         hot, first = self.hot, files[0].ino
         if hot is None or self.core.hints.watched[first] or hot.published(first):
             return
-        found = self.core.block_in_memory(shard, start, block)
-        if found is not None:
-            token = (self.core.view.shard_ids[shard], start // self.core.block_size)
-            hot.publish(found, [(f.ino, f.offset - start, f.size) for f in files], token=token)
+        try:
+            found = self.core.block_in_memory(shard, start, block)
+            if found is not None:
+                token = (self.core.view.shard_ids[shard], start // self.core.block_size)
+                files_at = [(f.ino, f.offset - start, f.size) for f in files]
+                hot.publish(found, files_at, token=token)
+        except Exception:  # the pushes go on; READs of these files go to Python
+            log.exception("publishing a pushed block failed")
 
     def _block_used(self, key: tuple[int, int]) -> None:
         self.core.block_used(*key)
