@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import platform
@@ -92,24 +93,11 @@ def make_data(work: Path, files: int, size: int, shards: int) -> tuple[list[str]
                 local = work / "local" / name
                 local.parent.mkdir(exist_ok=True)
                 local.write_bytes(data)
-                tar.addfile(info, _Bytes(data))
+                tar.addfile(info, io.BytesIO(data))
                 names.append(name)
                 sums[name] = hashlib.sha256(data).hexdigest()
     manifest.write_text(json.dumps({"params": wanted, "names": names, "sums": sums}))
     return names, sums
-
-
-class _Bytes:
-    """A file-like over bytes for ``tarfile.addfile``."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self.data) if size < 0 else self.pos + size
-        chunk = self.data[self.pos : end]
-        self.pos += len(chunk)
-        return chunk
 
 
 def read_with_processes(slices: list[list[str]]) -> tuple[float, int, int]:

@@ -262,7 +262,7 @@ class FuseOperations:
         key = (node.shard, node.offset // self.core.block_size)
         if key in self._publishing or self.workers is None or self.core.hints.watched[node.ino]:
             return
-        if self.pusher is not None and self.pusher.publish is not None and self.pusher.behind:
+        if self.pusher is not None and self.pusher.behind:
             return  # it may hold this block in memory and publish it: a later READ asks again
         self._publishing.add(key)
         self.workers.submit(self._publish, node, key)
