@@ -357,8 +357,8 @@ class PerFileBench:
             cold["egress_ratio"] = counts["get_object_bytes"] / self.shard_bytes
             for key in ("bytes_pushed", "bytes_served", "reads_waited_on_network",
                         "files_published", "hot_path_reads", "publish_read_backs",
-                        "hot_path_disk_reads"):  # fmt: skip
-                cold[key] = stats[key] - stats_before[key]
+                        "hot_path_disk_reads", "hot_path_memory_reads"):  # fmt: skip
+                cold[key] = stats.get(key, 0) - stats_before.get(key, 0)
             warm = self.phase(pid, paths, buffering)
             # Blocks cached, page cache dropped: every file is a READ answered from cache
             # blocks (no network, no push: the daemon already pushed them once).
@@ -368,8 +368,8 @@ class PerFileBench:
                 recached = self.phase(pid, paths, buffering)
             after_recached = query(self.mnt)
             for key in ("bytes_served", "hot_path_reads", "publish_read_backs",
-                        "hot_path_disk_reads"):  # fmt: skip
-                recached[key] = after_recached[key] - before_recached[key]
+                        "hot_path_disk_reads", "hot_path_memory_reads"):  # fmt: skip
+                recached[key] = after_recached.get(key, 0) - before_recached.get(key, 0)
             ioctl = self.ioctl_phase(pid, paths[0])
         return {"variant": variant, "cold": cold, "warm": warm, "recached": recached,
                 "ioctl": ioctl}  # fmt: skip

@@ -46,6 +46,7 @@ class Stats:
     hot_path_not_in_memory: int = 0  # READs C left to Python: the block's pages were not in memory
     publish_read_backs: int = 0  # blocks read back whole from disk to publish them to C
     hot_path_disk_reads: int = 0  # of hot_path_reads, READs waiting on the disk in C's readers
+    hot_path_memory_reads: int = 0  # of hot_path_reads, READs of fetched blocks before their push
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
     _sources: list[Callable[[], dict[str, int]]] = field(

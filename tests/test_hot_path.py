@@ -3,8 +3,11 @@ reader receives through it is the source's bytes, damage on disk included."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import test_mount_cache as cache_tests
@@ -110,8 +113,6 @@ def test_a_published_block_damaged_on_disk_is_never_served(
 
 
 def test_a_read_only_slice_of_fetched_bytes_is_handed_to_c_in_place() -> None:
-    import ctypes
-
     fetched = bytes(range(256)) * 64
     block = memoryview(fetched)[4096:8192]  # a block cut from a larger GET
     address, held = hot_path._data_address(block)
@@ -140,3 +141,110 @@ def test_blocks_pushed_from_memory_are_published_without_reading_them_back(
     assert after["publish_read_backs"] == cold["publish_read_backs"]
     assert after["hot_path_disk_reads"] > cold["hot_path_disk_reads"]
     assert after["checksum_failures"] == 0
+
+
+class _FakeFuse:
+    """libfuse's reply functions as C callbacks that record what C answered, for driving
+    the compiled READ handler without a kernel; its fallback records what reached Python."""
+
+    _REPLY_BUF = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+    _REPLY_ERR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+    _REPLY_NONE = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    _USERDATA = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+    _READ = ctypes.CFUNCTYPE(
+        None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, ctypes.c_void_p
+    )
+    _IOCTL = ctypes.CFUNCTYPE(
+        None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_uint, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.replies: list[bytes] = []
+        self.to_python: list[tuple[int, int, int]] = []  # (ino, size, offset)
+        self.ctx = 0
+        self.fuse_reply_buf = self._REPLY_BUF(self._reply)
+        self.fuse_reply_err = self._REPLY_ERR(lambda _req, _err: 0)
+        self.fuse_reply_none = self._REPLY_NONE(lambda _req: None)
+        self.fuse_req_userdata = self._USERDATA(lambda _req: self.ctx)
+        self.python_read = self._READ(self._python_read)
+        self.python_ioctl = self._IOCTL(lambda *_: None)
+
+    def _reply(self, _req: int, data: int, size: int) -> int:
+        self.replies.append(ctypes.string_at(data, size) if size else b"")
+        return 0
+
+    def _python_read(self, _req: int, ino: int, size: int, offset: int, _fi: int) -> None:
+        self.to_python.append((ino, size, offset))
+
+
+@pytest.fixture
+def compiled() -> Iterator[tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]]]:
+    """A hot path over ``_FakeFuse`` for 8 inodes, and its READ handler to call."""
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    fuse = _FakeFuse()
+    in_kernel, watched, delivered = bytearray(8), bytearray(8), bytearray(1)
+    hot = hot_path.create(
+        fuse, hint_ino=7, hint_cmd=1, inodes=8, in_kernel=in_kernel, watched=watched,
+        delivered=delivered, opened=lambda _ino: None, used=lambda _token: None,
+    )  # fmt: skip
+    assert hot is not None
+    ops = SimpleNamespace(
+        read=ctypes.cast(fuse.python_read, ctypes.c_void_p).value,
+        ioctl=ctypes.cast(fuse.python_ioctl, ctypes.c_void_p).value,
+        forget=None, forget_multi=None,
+    )  # fmt: skip
+    fuse.ctx = hot.install(ops)
+    handler = _FakeFuse._READ(ops.read)
+    hot.in_kernel = in_kernel  # type: ignore[attr-defined]
+
+    def read(ino: int, size: int, offset: int) -> None:
+        handler(1, ino, size, offset, None)
+
+    try:
+        yield hot, fuse, read
+    finally:
+        hot.close()
+
+
+def test_a_fetched_block_is_answered_from_memory_until_it_is_dropped(
+    compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]],
+) -> None:
+    hot, fuse, read = compiled
+    block = os.urandom(10_000)
+    early = hot.publish_memory(block, [(3, 100, 5000), (4, 6000, 4000)], token="b")
+    assert early is not None
+    read(3, 128 << 10, 0)  # the whole file in one READ
+    read(4, 1000, 3500)  # its last 500 bytes
+    read(4, 4096, 4000)  # at its end: nothing
+    read(5, 4096, 0)  # not in the block: Python's
+    assert fuse.replies == [block[100:5100], block[9500:10_000], b""]
+    assert fuse.to_python == [(5, 4096, 0)]
+    assert hot.in_kernel[3] == 1 and hot.in_kernel[4] == 0  # type: ignore[attr-defined]
+    counts = hot.counters()
+    assert counts["memory_reads"] == 3 and counts["reads"] == 3
+    assert counts["delivered_bytes"] == 9000  # each file counted once
+    hot.drop(early)
+    assert early.held is None  # the bytes are the caller's again
+    read(3, 4096, 0)
+    assert fuse.to_python[-1] == (3, 4096, 0) and len(fuse.replies) == 3
+
+
+def test_dropping_an_early_block_spares_the_block_that_took_its_slot(
+    compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]],
+) -> None:
+    hot, fuse, read = compiled
+    hot._lib.hot_limit_blocks(hot.userdata, 1)  # every block into the one slot
+    first = hot.publish_memory(b"a" * 100, [(1, 0, 100)])
+    second = hot.publish_memory(b"b" * 100, [(2, 0, 100)])
+    assert first is not None and second is not None
+    assert (first.slot, second.slot) == (0, 0) and second.generation != first.generation
+    read(1, 4096, 0)  # its block was replaced: Python's
+    hot.drop(first)  # an old handle: the slot's new block stays
+    read(2, 4096, 0)
+    assert fuse.to_python == [(1, 4096, 0)]
+    assert fuse.replies == [b"b" * 100]
+    hot.drop(second)
+    read(2, 4096, 0)
+    assert fuse.to_python[-1] == (2, 4096, 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import itertools
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -337,3 +338,65 @@ def test_edge_files_drop_the_oldest_incomplete_file_beyond_their_bound() -> None
     assert edges.held == 50  # the first's second part
     assert edges.add([node(6, 0, 2000)], 0, bytes(100)) == []  # larger than max_file
     assert edges.held == 50
+
+
+def _record_early(pusher: KernelPusher, session: FakeSession) -> tuple[list[Any], list[Any]]:
+    """Have ``pusher`` publish blocks early into lists: (start, inodes, pushes made so far)
+    for each block published, and (token, pushes made so far) for each released."""
+    early: list[Any] = []
+    released: list[Any] = []
+
+    def publish_early(_shard: ShardInfo, start: int, _block: Any, files: list[Node]) -> Any:
+        early.append((start, sorted(node.ino for node in files), len(session.stored)))
+        return ("early", len(early))
+
+    pusher.publish_early = publish_early
+    pusher.release = lambda token: released.append((token, len(session.stored)))
+    return early, released
+
+
+def test_a_block_in_memory_is_published_before_its_pushes_and_released_after_them(
+    core: AllLocal,
+) -> None:
+    inodes = _inodes(core)
+    session = FakeSession()
+    pusher = _pusher(core, session)
+    early, released = _record_early(pusher, session)
+    try:
+        for ino in inodes.values():
+            pusher.inode_known(ino)
+        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
+        pusher.block_local(_shard(core), 0, len(SHARD), None)  # not in memory: not early
+        wait_for(lambda: len(released) == 1, "the early block released")
+        assert early == [(0, sorted(inodes.values()), 0)]  # before any push
+        assert released == [(("early", 1), len(FILES))]  # after all of them
+    finally:
+        pusher.stop()
+    assert len(early) == 1 and len(released) == 1
+
+
+def test_blocks_published_early_are_released_when_the_pusher_stops_first(
+    core: AllLocal,
+) -> None:
+    """Stopping drops the blocks still queued: each one published early is released all
+    the same, so that nothing goes on answering from bytes no longer kept."""
+    inodes = _inodes(core)
+    blocked = inodes["f0.bin"]
+    session = FakeSession({blocked: 1})
+    gate = threading.Event()
+    session.on_refusal = lambda _ino: gate.wait(10)  # the pusher waits inside a push
+    pusher = _pusher(core, session)
+    early, released = _record_early(pusher, session)
+    for ino in inodes.values():
+        pusher.inode_known(ino)
+    for _ in range(3):
+        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
+    wait_for(lambda: session.calls[blocked] == 1, "the pusher inside its first push")
+    stopping = threading.Thread(target=pusher.stop)
+    stopping.start()
+    wait_for(lambda: pusher._abort, "the stop under way")
+    gate.set()
+    stopping.join(10)
+    assert not stopping.is_alive()
+    assert len(early) == 3
+    assert sorted(token for token, _ in released) == [("early", 1), ("early", 2), ("early", 3)]

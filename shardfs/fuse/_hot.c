@@ -4,8 +4,10 @@
  * Python keeps the control plane (fuse/hot_path.py). It builds the libfuse operations
  * table with ctypes, then puts these handlers in four of its slots; each falls back to the
  * Python handler it replaced for anything it does not answer itself:
- *   - read: a file Python has *published* (its bytes lie wholly in one cache block file
- *     whose every chunk Python verified) is answered with one pread; else Python. A pread
+ *   - read: a file of a block published *in memory* (fetched, its files not pushed to the
+ *     kernel yet) is answered from those bytes. A file Python has *published* (its bytes
+ *     lie wholly in one cache block file whose every chunk Python verified) is answered
+ *     with one pread; else Python. A pread
  *     that would wait on the disk (the block file's pages are not in memory) is queued for
  *     this module's disk readers, threads that read it, check it and answer it, so neither
  *     the session's thread nor the interpreter waits on the disk for it.
@@ -58,7 +60,8 @@ struct slot {
 };
 
 struct block {
-    int fd; /* -1: free */
+    int fd; /* -1: none (free, or a block in memory) */
+    const unsigned char *mem; /* a block in memory (hot_publish_memory): its data */
     int32_t generation;
     int64_t data_pos;   /* where the block's data starts in the file */
     int64_t data_len;
@@ -78,6 +81,7 @@ struct hot_counters {
     uint64_t checksum_failures; /* reads whose chunks no longer matched: Python re-reads */
     uint64_t not_in_memory;     /* reads left to Python: their pages were not cached */
     uint64_t disk_reads;        /* reads the disk readers answered (pages not cached) */
+    uint64_t memory_reads;      /* reads answered from a block in memory, before its push */
 };
 
 /* A READ whose pages were not in memory, waiting for a disk reader. */
@@ -154,19 +158,24 @@ SUM_CLONES static uint64_t chunk_sum(const unsigned char *p, size_t n) {
     return (t ^ (t >> 31) ^ n) * k;
 }
 
+/* Whether a block slot holds a published block (a block file, or a block in memory). */
+static int in_use(const struct block *b) { return b->fd >= 0 || b->mem != NULL; }
+
 static void drop_block_locked(struct ctx *c, unsigned index) {
     struct block *b = &c->blocks[index];
-    if (b->fd < 0)
+    if (!in_use(b))
         return;
     for (uint64_t i = 0; i < b->count; i++) {
         struct slot *s = &c->slots[b->inos[i]];
         if (s->block == (int32_t)index + 1 && s->generation == b->generation)
             s->block = 0;
     }
-    close(b->fd);
+    if (b->fd >= 0)
+        close(b->fd);
     free(b->inos);
     free(b->sums);
     b->fd = -1;
+    b->mem = NULL; /* the caller's again once the lock is let go */
     b->inos = NULL;
     b->sums = NULL;
     b->count = 0;
@@ -192,7 +201,7 @@ static int locate_locked(struct ctx *c, uint64_t ino, size_t size, int64_t off,
         return 0;
     struct block *b = &c->blocks[s.block - 1];
     if (b->fd < 0 || b->generation != s.generation)
-        return 0;
+        return 0; /* a block in memory is read_published's own case */
     struct stat st;
     if (fstat(b->fd, &st) != 0 || st.st_nlink == 0) {
         /* evicted or cleared since: hold its disk space no longer */
@@ -267,11 +276,35 @@ static int queue_miss_locked(struct ctx *c, req_t req, uint64_t ino, size_t size
     return 1;
 }
 
+/* Answer a READ of a file whose block is published in memory (under the lock, which
+ * hot_drop takes before the caller may let go of that memory); 0 when it is not. */
+static int read_memory_locked(struct ctx *c, req_t req, uint64_t ino, size_t size,
+                              int64_t off) {
+    struct slot s = c->slots[ino];
+    if (!s.block)
+        return 0;
+    const struct block *b = &c->blocks[s.block - 1];
+    if (b->mem == NULL || b->generation != s.generation)
+        return 0;
+    size_t n = 0;
+    if (off >= 0 && off < s.size)
+        n = (size_t)(s.size - off) < size ? (size_t)(s.size - off) : size;
+    c->reply_buf(req, (const char *)b->mem + s.pos + (n ? off : 0), n);
+    struct span sp = {(unsigned)(s.block - 1), s.generation, s.size, 0, 0, 0, 0, n};
+    answered_locked(c, ino, off, &sp);
+    c->counters.memory_reads++;
+    return 1;
+}
+
 /* Answer a READ from a published file; 0 when it is not one (Python answers it). */
 static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
     int answered = 0;
     struct span sp;
     pthread_mutex_lock(&c->lock);
+    if (read_memory_locked(c, req, ino, size, off)) {
+        answered = 1;
+        goto out;
+    }
     if (!locate_locked(c, ino, size, off, &sp))
         goto out;
     if ((size_t)sp.len > c->buffer_size) {
@@ -517,6 +550,41 @@ unsigned hot_take_opened(struct ctx *c, uint64_t *out, unsigned max) {
     return n;
 }
 
+/* Put a block and its files into slot after slot (under the lock; the oldest block there
+ * dropped): file i is inode inos[i], at byte pos[i] of the block's data, sizes[i] long; ones
+ * outside the data are left out. Takes ``sums`` and ``kept`` (room for ``count`` inodes). */
+static unsigned install_locked(struct ctx *c, int fd, const unsigned char *mem,
+                               int64_t data_pos, int64_t data_len, int64_t chunk,
+                               uint64_t *sums, uint64_t *kept, uint64_t count,
+                               const uint64_t *inos, const int64_t *pos,
+                               const int64_t *sizes) {
+    unsigned index = c->next_block;
+    c->next_block = (index + 1) % c->max_blocks;
+    drop_block_locked(c, index);
+    struct block *b = &c->blocks[index];
+    b->fd = fd;
+    b->mem = mem;
+    b->generation++;
+    b->data_pos = data_pos;
+    b->data_len = data_len;
+    b->chunk = chunk;
+    b->sums = sums;
+    b->inos = kept;
+    b->count = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        if (inos[i] >= c->n_ino || pos[i] < 0 || sizes[i] < 0 || pos[i] + sizes[i] > data_len)
+            continue;
+        struct slot *s = &c->slots[inos[i]];
+        s->block = (int32_t)index + 1;
+        s->generation = b->generation;
+        s->pos = pos[i];
+        s->size = sizes[i];
+        kept[b->count++] = inos[i];
+    }
+    b->used = 0;
+    return index;
+}
+
 /* Publish the files of one block file, whose data (``data_len`` bytes at ``data_pos`` in
  * the file) the caller just verified and hands over in ``data``: this module's chunk sums
  * are taken from those bytes. File i is inode inos[i], at byte pos[i] of the data, sizes[i]
@@ -544,32 +612,41 @@ int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int6
         sums[i] = chunk_sum(data + at, (size_t)len);
     }
     pthread_mutex_lock(&c->lock);
-    unsigned index = c->next_block;
-    c->next_block = (index + 1) % c->max_blocks;
-    drop_block_locked(c, index);
-    struct block *b = &c->blocks[index];
-    b->fd = own;
-    b->generation++;
-    b->data_pos = data_pos;
-    b->data_len = data_len;
-    b->chunk = chunk;
-    b->sums = sums;
-    b->inos = kept;
-    b->count = 0;
-    for (uint64_t i = 0; i < count; i++) {
-        if (inos[i] >= c->n_ino || pos[i] < 0 || sizes[i] < 0 || pos[i] + sizes[i] > data_len)
-            continue;
-        struct slot *s = &c->slots[inos[i]];
-        s->block = (int32_t)index + 1;
-        s->generation = b->generation;
-        s->pos = pos[i];
-        s->size = sizes[i];
-        kept[b->count++] = inos[i];
-    }
-    b->used = 0;
-    c->counters.published += b->count;
+    unsigned index = install_locked(c, own, NULL, data_pos, data_len, chunk, sums, kept,
+                                    count, inos, pos, sizes);
+    c->counters.published += c->blocks[index].count;
     pthread_mutex_unlock(&c->lock);
     return (int)index;
+}
+
+/* Publish the files of a block held in memory (fetched, its files not yet stored into the
+ * kernel): their READs are answered from ``data`` itself, with no copy and no sums. The
+ * caller keeps ``data`` alive and unchanged until hot_drop of this block (or hot_clear,
+ * hot_free) has returned. Files as for hot_publish. Returns the block's slot, with its
+ * generation in *generation (for hot_drop), or a negative errno. */
+int hot_publish_memory(struct ctx *c, const unsigned char *data, int64_t data_len,
+                       uint64_t count, const uint64_t *inos, const int64_t *pos,
+                       const int64_t *sizes, int32_t *generation) {
+    if (data == NULL || data_len <= 0)
+        return -EINVAL;
+    uint64_t *kept = malloc((count ? count : 1) * sizeof *kept);
+    if (kept == NULL)
+        return -ENOMEM;
+    pthread_mutex_lock(&c->lock);
+    unsigned index = install_locked(c, -1, data, 0, data_len, 1, NULL, kept, count, inos,
+                                    pos, sizes);
+    *generation = c->blocks[index].generation;
+    pthread_mutex_unlock(&c->lock);
+    return (int)index;
+}
+
+/* Unpublish the block hot_publish_memory put in ``slot`` as ``generation``, unless it was
+ * dropped or replaced since; once this returns, no READ reads its memory. */
+void hot_drop(struct ctx *c, unsigned slot, int32_t generation) {
+    pthread_mutex_lock(&c->lock);
+    if (slot < MAX_BLOCKS && c->blocks[slot].generation == generation)
+        drop_block_locked(c, slot);
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* Whether inode ``ino`` is published now. */
@@ -589,7 +666,7 @@ unsigned hot_sweep(struct ctx *c, uint8_t *used) {
     pthread_mutex_lock(&c->lock);
     for (unsigned i = 0; i < MAX_BLOCKS; i++) {
         struct stat st;
-        used[i] = (uint8_t)(c->blocks[i].fd >= 0 && c->blocks[i].used);
+        used[i] = (uint8_t)(in_use(&c->blocks[i]) && c->blocks[i].used);
         c->blocks[i].used = 0;
         if (c->blocks[i].fd >= 0 && (fstat(c->blocks[i].fd, &st) != 0 || st.st_nlink == 0)) {
             drop_block_locked(c, i);

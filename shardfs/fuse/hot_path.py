@@ -20,6 +20,7 @@ import resource
 import threading
 from array import array
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 _HANDLERS = ("read", "ioctl", "forget", "forget_multi")
 _COUNTERS = (
     "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
-    "not_in_memory", "disk_reads",
+    "not_in_memory", "disk_reads", "memory_reads",
 )  # fmt: skip
 OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 # How often published blocks are checked for removal from the cache: what they may hold
@@ -81,6 +82,12 @@ def _load() -> ctypes.CDLL | None:
         ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
         ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
     ]  # fmt: skip
+    lib.hot_publish_memory.restype = ctypes.c_int
+    lib.hot_publish_memory.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32),
+    ]  # fmt: skip
+    lib.hot_drop.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int32]
     lib.hot_published.restype = ctypes.c_int
     lib.hot_published.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.hot_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]
@@ -162,6 +169,16 @@ def _data_address(data: bytes | memoryview) -> tuple[int, object]:
     address = view.buf or 0
     _release_buffer(ctypes.byref(view))  # ``data`` itself, kept alive, holds the memory
     return address, data
+
+
+@dataclass
+class InMemory:
+    """A block ``HotPath.publish_memory`` answers from: C's slot, its generation there, and
+    the object holding the bytes (kept alive until ``HotPath.drop``)."""
+
+    slot: int
+    generation: int
+    held: object
 
 
 class HotPath:
@@ -313,6 +330,37 @@ class HotPath:
         else:
             self._tokens[result] = token
 
+    def publish_memory(
+        self, data: bytes | memoryview, files: list[tuple[int, int, int]], token: Any = None
+    ) -> InMemory | None:
+        """Answer READs of ``files`` ((ino, position in ``data``, size)) from ``data`` itself,
+        a block in memory whose files are not in the kernel yet: no copy, no sums. ``data``
+        must stay alive and unchanged until ``drop`` of the returned handle (None: not
+        published, READs go on to Python)."""
+        if self._ctx is None or not data:
+            return None
+        inos = array("Q", (ino for ino, _, _ in files))
+        positions = array("q", (at for _, at, _ in files))
+        sizes = array("q", (size for _, _, size in files))
+        address, held = _data_address(data)
+        generation = ctypes.c_int32()
+        slot = self._lib.hot_publish_memory(
+            self._ctx, address, len(data), len(files), _buffer(inos), _buffer(positions),
+            _buffer(sizes), ctypes.byref(generation),
+        )  # fmt: skip
+        if slot < 0:
+            log.debug("publishing a block in memory failed: %s", os.strerror(-slot))
+            return None
+        self._tokens[slot] = token
+        return InMemory(slot, generation.value, held)
+
+    def drop(self, block: InMemory) -> None:
+        """Stop answering from a block ``publish_memory`` published (unless another took its
+        slot since); once this returns, its memory is the caller's again."""
+        if self._ctx is not None:
+            self._lib.hot_drop(self._ctx, block.slot, block.generation)
+        block.held = None
+
     def published(self, ino: int) -> bool:
         return self._ctx is not None and bool(self._lib.hot_published(self._ctx, ino))
 
@@ -333,6 +381,7 @@ class HotPath:
             "files_published": counts["published"],
             "hot_path_not_in_memory": counts["not_in_memory"],
             "hot_path_disk_reads": counts["disk_reads"],
+            "hot_path_memory_reads": counts["memory_reads"],
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
             "checksum_failures": counts["checksum_failures"],

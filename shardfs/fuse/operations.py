@@ -135,6 +135,8 @@ class FuseOperations:
             core.stats.add_source(self.hot.stats)
             if pusher is not None:
                 pusher.publish = self._publish_pushed
+                pusher.publish_early = self._publish_early
+                pusher.release = self._release_early
         self._publishing: set[tuple[int, int]] = set()
         self._publish_lock = threading.Lock()
         self._publish_buffer: mmap.mmap | None = None
@@ -283,14 +285,38 @@ class FuseOperations:
         finally:
             self._publishing.discard(key)
 
-    def _publish_pushed(
+    def _publish_early(
         self, shard: ShardInfo, start: int, block: bytes | memoryview, files: list[Node]
+    ) -> hot_path.InMemory | None:
+        """A block just fetched, queued for its pushes: until they are done, C answers the
+        READs of its files from these bytes (a READ may come first: the reader opened the
+        file before the pusher reached it). On the thread that stored the block."""
+        hot = self.hot
+        if hot is None or self.core.hints.watched[files[0].ino]:
+            return None
+        token = (self.core.view.shard_ids[shard], start // self.core.block_size)
+        return hot.publish_memory(block, [(f.ino, f.offset - start, f.size) for f in files], token)
+
+    def _release_early(self, block: object) -> None:
+        if self.hot is not None and isinstance(block, hot_path.InMemory):
+            self.hot.drop(block)
+
+    def _publish_pushed(
+        self,
+        shard: ShardInfo,
+        start: int,
+        block: bytes | memoryview,
+        files: list[Node],
+        replacing: bool = False,
     ) -> None:
         """The pusher's block, in memory and verified, published from those bytes: once the
         page cache lets go of its files, their READs are answered in C from the first one,
-        with no read back of the whole block (``_publish``'s way). On the pusher's thread."""
+        with no read back of the whole block (``_publish``'s way). On the pusher's thread.
+        ``replacing``: it was published early, from memory, and is published again here."""
         hot, first = self.hot, files[0].ino
-        if hot is None or self.core.hints.watched[first] or hot.published(first):
+        if hot is None or self.core.hints.watched[first]:
+            return
+        if not replacing and hot.published(first):
             return
         try:
             found = self.core.block_in_memory(shard, start, block)

@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from ..core.filesystem import ShardFileSystem
 from ..store.shards import ShardInfo
@@ -23,7 +24,21 @@ log = logging.getLogger(__name__)
 _PUSH_RETRY_S = 0.05
 _PUSH_RETRIES = 5
 _PUSH_QUEUE_BLOCKS = 8  # blocks whose bytes may wait in memory for the pusher
-_PushItem = tuple[ShardInfo, int, int, bytes | memoryview | None] | int | None
+Block = bytes | memoryview
+
+
+class _LocalBlock(NamedTuple):
+    """A block that became local, queued for its pushes."""
+
+    shard: ShardInfo
+    start: int
+    end: int
+    data: bytes | memoryview | None  # its bytes, when kept in memory
+    touching: tuple[list[Node], list[Node]] | None  # core.files_touching's, if looked up
+    early: object  # what ``publish_early`` returned: released after the pushes
+
+
+_PushItem = _LocalBlock | int | None
 
 
 class KernelPusher:
@@ -57,8 +72,14 @@ class KernelPusher:
         self._abort = False
         # Told of each block pushed from memory, with its files: the compiled path
         # publishes it from those bytes (FuseOperations._publish_pushed).
-        self.publish: Callable[[ShardInfo, int, bytes | memoryview, list[Node]], None] | None
-        self.publish = None
+        # ``publish(shard, start, data, files, replacing)``; ``replacing``: the block was
+        # published early (below) and must be published again, from its block file.
+        self.publish: Callable[[ShardInfo, int, Block, list[Node], bool], None] | None = None
+        # Told of each block kept in memory as it is queued, with its files: the compiled
+        # path answers their READs from those bytes until the pushes are done
+        # (FuseOperations._publish_early); what it returns goes to ``release`` after them.
+        self.publish_early: Callable[[ShardInfo, int, Block, list[Node]], object] | None = None
+        self.release: Callable[[object], None] = lambda _: None
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
     @property
@@ -83,7 +104,17 @@ class KernelPusher:
     ) -> None:
         if block is not None and self._queue.qsize() >= _PUSH_QUEUE_BLOCKS:
             block = None  # the pusher is behind: do not hold more blocks in memory
-        self._queue.put((shard, start, end, block))
+        early, touching = None, None
+        if block is not None and self.publish_early is not None and not self._abort:
+            # READs that come before the pushes are answered from these bytes meanwhile
+            touching = self.core.files_touching(shard, start, end)
+            files = touching[0]
+            if files:
+                try:
+                    early = self.publish_early(shard, start, block, files)
+                except Exception:  # READs of these files go to Python meanwhile
+                    log.exception("publishing a fetched block early failed")
+        self._queue.put(_LocalBlock(shard, start, end, block, touching, early))
 
     def inode_known(self, ino: int, *, push_waiting: bool = True) -> None:
         """The kernel was just given ``ino``; push the file if its block was waiting for it.
@@ -104,29 +135,35 @@ class KernelPusher:
                 item = -1
             if item is None:
                 return
-            if self._abort:
-                continue
             try:
-                if isinstance(item, tuple):
-                    shard, start, end, fetched = item
-                    files, edges = self.core.files_touching(shard, start, end)
-                    across = [node for node in edges if not self.in_kernel[node.ino]]
-                    block: bytes | memoryview | None = fetched
-                    if block is None and len(files) + len(across) > 1:
-                        # one verified read of the block for all its files, into one
-                        # reused buffer (no fresh pages), instead of one read per file
-                        block = self._read_block(shard, start)
-                    self._push_files(files, start, block)
-                    if block is not None and files and self.publish is not None:
-                        self.publish(shard, start, block, files)
-                    if across and block is not None:
-                        for node, data in self._edges.add(across, start, block):
-                            self._push_files([node], node.offset, data)
+                if self._abort:
+                    continue
+                if isinstance(item, _LocalBlock):
+                    self._push_block(item)
                 elif item >= 0:
                     self._push_files([self.core.node(item)])
                 self._push_retries()
             except Exception:
                 log.exception("pushing cached files to the kernel failed")
+            finally:
+                if isinstance(item, _LocalBlock) and item.early is not None:
+                    self.release(item.early)  # after the pushes, or when dropped
+
+    def _push_block(self, item: _LocalBlock) -> None:
+        shard, start, end = item.shard, item.start, item.end
+        files, edges = item.touching or self.core.files_touching(shard, start, end)
+        across = [node for node in edges if not self.in_kernel[node.ino]]
+        block = item.data
+        if block is None and len(files) + len(across) > 1:
+            # one verified read of the block for all its files, into one reused buffer
+            # (no fresh pages), instead of one read per file
+            block = self._read_block(shard, start)
+        self._push_files(files, start, block)
+        if block is not None and files and self.publish is not None:
+            self.publish(shard, start, block, files, item.early is not None)
+        if across and block is not None:
+            for node, data in self._edges.add(across, start, block):
+                self._push_files([node], node.offset, data)
 
     def _read_block(self, shard: ShardInfo, start: int) -> memoryview | None:
         if self._buffer is None:

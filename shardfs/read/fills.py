@@ -30,7 +30,7 @@ from ..stats import Stats
 
 log = logging.getLogger(__name__)
 
-Fetch = Callable[[int, int], bytes]
+Fetch = Callable[[int, int], bytes | memoryview]
 # A whole block fetched ahead: in landing memory (``BlockCache.landing``) or bytes.
 Block = bytes | memoryview
 BlockFetch = Callable[[int, int], Block]
@@ -56,7 +56,7 @@ class BlockFills:
         fetch: Fetch,
         *,
         evict_before: float = EVICT_ANY,
-    ) -> tuple[bytes, bytes | None]:
+    ) -> tuple[bytes, Block | None]:
         """Bytes ``[start, end)`` of a block of ``block_len`` bytes, fetched whole and once
         on a miss; and the block if this call stored it (else None).
 
@@ -91,7 +91,7 @@ class BlockFills:
         block_len: int,
         fetch: Fetch,
         evict_before: float,
-    ) -> tuple[bytes, bytes | None]:
+    ) -> tuple[bytes, Block | None]:
         data = self.cache.peek(claim.key, start, end, block_len)  # another mount stored it
         if data is not None:
             return data, None
@@ -104,8 +104,8 @@ class BlockFills:
                 raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
             stored = self.cache.put(claim, block, evict_before=evict_before)
         if not stored:
-            claim.share(block)
-        return block[start:end], block if stored else None
+            claim.share(bytes(block))
+        return bytes(block[start:end]), block if stored else None
 
     def read_split(
         self,
@@ -132,7 +132,7 @@ class BlockFills:
             if data is not None:
                 claim.release()
                 return data, None
-            needed = fetch(start, end)
+            needed = bytes(fetch(start, end))
             self.stats.add(cache_misses=1)
         except Exception as exc:
             claim.fail(exc)
@@ -160,8 +160,8 @@ class BlockFills:
         A failure costs only the cached copy: waiters fetch the block themselves."""
         with claim:
             try:
-                before = fetch(0, start) if start else b""
-                after = fetch(end, block_len) if end < block_len else b""
+                before = bytes(fetch(0, start)) if start else b""
+                after = bytes(fetch(end, block_len)) if end < block_len else b""
                 block = before + needed + after
                 if len(block) != block_len:
                     raise ValueError(f"assembled {len(block)} bytes for a block of {block_len}")

@@ -46,13 +46,12 @@ class RangeReader(Protocol):
 class CachedReader:
     """Reads through the persistent block cache: each block of a shard is fetched once.
 
-    A miss fetches its whole block in the reader's thread (one GET), or with
-    ``split_misses`` only the bytes asked for, completing the block in the background
-    (``block_fills``). Each block that becomes local, stored or first found cached, is
-    published once on ``local_blocks`` (the kernel pusher listens there). With a
-    ``Prefetcher``, the first read inside a shard also schedules the rest of that shard.
-    While the cache is paused (full or read-only disk), blocks already cached are still
-    served, and misses fetch only what is read plus a little readahead kept in memory.
+    A miss fetches its whole block in the reader's thread (one GET, into landing memory),
+    or with ``split_misses`` only the bytes asked for, completing the block later
+    (``fills``). Each block that becomes local (stored, or first found cached) is published
+    once on ``local_blocks``, where the kernel pusher listens. With a ``Prefetcher``, a
+    shard's first read also schedules the rest of it. While the cache is paused (full or
+    read-only disk), cached blocks still serve; misses fetch what is read and a little more.
 
     A cache smaller than the data (``dataset_bytes``): a miss fetches its whole block only
     when the block fits, or when room can be made from *cold* blocks, those no read has
@@ -98,8 +97,7 @@ class CachedReader:
         # The hint's blocks stream through a cache smaller than the data (retired once
         # read, ``retire_blocks``): no file is fetched ahead as a range.
         self.streaming_hint = False
-        # Blocks this process prefetched that no read has touched yet (for the
-        # prefetched-but-unread statistic).
+        # Blocks prefetched that no read has touched yet (the prefetched-but-unread count).
         self._unread_prefetched: set[tuple[str, int]] = set()
         # Blocks a readahead GET for several blocks is bringing, not yet stored.
         self.coming = Arrivals(store.config.read_timeout)
@@ -130,9 +128,15 @@ class CachedReader:
         return key
 
     def _fetch_range(self, shard: ShardInfo, index: int) -> Fetch:
-        base = index * self.block_size
+        """Bytes of block ``index``; the whole block lands in memory it is stored from."""
+        base, whole = index * self.block_size, self._block_len(shard, index)
 
-        return lambda start, end: self._get(shard, base + start, base + end)
+        def fetch(lo: int, hi: int) -> Block:
+            if lo == 0 and hi == whole:
+                return self.get_pieces(shard, base, base + hi, hi, self.cache.landing)[0]
+            return self._get(shard, base + lo, base + hi)
+
+        return fetch
 
     def _get(self, shard: ShardInfo, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` from the store in one piece (a join of one is no copy)."""
@@ -150,8 +154,7 @@ class CachedReader:
     def _keep_whole(self, shard: ShardInfo, body: bytes) -> None:
         """Store the blocks of a whole shard that are not cached or being fetched, as far as
         they fit without evicting (as an index scan's blocks)."""
-        skey = self.shard_key(shard)
-        size = self.block_size
+        skey, size = self.shard_key(shard), self.block_size
         for index in range(self.block_count(shard)):
             block = body[index * size : (index + 1) * size]
             if self.cache.offer(BlockKey(skey, index), block):
@@ -170,7 +173,7 @@ class CachedReader:
         if self.cache.degraded:
             return self._read_uncached(shard, skey, start, end, extent_end)
         size = self.block_size
-        evict_before = self._tick(end - start)
+        evict_before = self._cold.tick(end - start)
         first, last = start // size, (end - 1) // size
         if self._over_budget(shard, skey, first, last, evict_before):
             self.stats.add(range_reads=1)
@@ -187,8 +190,8 @@ class CachedReader:
                     self.stats.add(reads_waited_on_network=1)
                 self.coming.wait(skey, index)  # each one a GET brings, not only the first
             self._first_read(skey, index, block_len)
-            lo, hi = max(start, block_start) - block_start, min(end, block_start + block_len)
-            hi -= block_start
+            lo = max(start, block_start) - block_start
+            hi = min(end, block_start + block_len) - block_start
             fetch = self._fetch_range(shard, index)
             if self.prefetcher is not None and self.split_misses:
                 data, rest = self._fills.read_split(
@@ -239,10 +242,6 @@ class CachedReader:
                     return
                 self._unread_prefetched.discard((skey, index))
             self.stats.add(prefetched_bytes_read=block_len)
-
-    def _tick(self, length: int) -> float:
-        """Count ``length`` bytes read; the wall time before which a block unused is cold."""
-        return self._cold.tick(length)
 
     def _over_budget(
         self, shard: ShardInfo, skey: str, first: int, last: int, evict_before: float
@@ -355,7 +354,9 @@ class CachedReader:
         size = self.block_size
 
         def needed() -> bool:  # its blocks cannot be cached without evicting ones in use
-            return self._over_budget(shard, skey, start // size, (end - 1) // size, self._tick(0))
+            return self._over_budget(
+                shard, skey, start // size, (end - 1) // size, self._cold.tick(0)
+            )
 
         def fetch(lo: int, hi: int) -> bytes:
             data = self._get(shard, lo, hi)
@@ -390,7 +391,7 @@ class CachedReader:
             nowait=not quiet,
         )
         if data is not None and not quiet:
-            self._tick(end - start)
+            self._cold.tick(end - start)
             self._announce(shard, skey, first)
             self._first_read(skey, first, self._block_len(shard, first))
             ahead = self.prefetcher is not None and not self.follow_hint
@@ -401,8 +402,7 @@ class CachedReader:
     def verified_block(
         self, shard: ShardInfo, index: int, buffer: bytearray | memoryview
     ) -> VerifiedBlock | None:
-        """Block ``index`` of ``shard`` in the cache, read into ``buffer`` and every chunk
-        verified now, or None (``BlockCache.verified_copy``; the caller closes its fd)."""
+        """Block ``index`` read into ``buffer``, verified, or None (``verified_copy``)."""
         key = BlockKey(self.shard_key(shard), index)
         return self.cache.verified_copy(key, self._block_len(shard, index), buffer)
 
