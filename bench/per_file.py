@@ -357,7 +357,8 @@ class PerFileBench:
             cold["egress_ratio"] = counts["get_object_bytes"] / self.shard_bytes
             for key in ("bytes_pushed", "bytes_served", "reads_waited_on_network",
                         "files_published", "hot_path_reads", "publish_read_backs",
-                        "hot_path_disk_reads", "hot_path_memory_reads"):  # fmt: skip
+                        "hot_path_disk_reads", "hot_path_memory_reads", "python_reads",
+                        "python_reads_later", "cache_misses", "prefetched_blocks"):  # fmt: skip
                 cold[key] = stats.get(key, 0) - stats_before.get(key, 0)
             warm = self.phase(pid, paths, buffering)
             # Blocks cached, page cache dropped: every file is a READ answered from cache

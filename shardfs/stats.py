@@ -47,6 +47,8 @@ class Stats:
     publish_read_backs: int = 0  # blocks read back whole from disk to publish them to C
     hot_path_disk_reads: int = 0  # of hot_path_reads, READs waiting on the disk in C's readers
     hot_path_memory_reads: int = 0  # of hot_path_reads, READs of fetched blocks before their push
+    python_reads: int = 0  # READs of file bytes answered in Python (not by the compiled path)
+    python_reads_later: int = 0  # of python_reads, those a worker answered (they waited)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
     _sources: list[Callable[[], dict[str, int]]] = field(

@@ -1352,6 +1352,26 @@ def test_a_block_is_stored_only_under_a_claim_its_caller_owns(
     assert_block_file_valid(cache, 0, source.block(0))
 
 
+def test_waiting_for_a_fetch_neither_claims_the_block_nor_waits_when_none_runs(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    cache, source = open_cache(), Source()
+    key = BlockKey(KEY, 0)
+    assert cache.wait_flight(key, 5.0) is False  # nobody fetches it: no wait, no claim
+    assert not cache.in_flight(key)
+    claim = cache.claim(key)
+    waited: list[bool] = []
+    waiter = threading.Thread(target=lambda: waited.append(cache.wait_flight(key, 30.0)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # held while the owner fetches
+    cache.put(claim, source.block(0))
+    claim.release()
+    waiter.join(30)
+    assert waited == [True]
+    assert cache.peek(key, 0, BLOCK, BLOCK) == source.block(0)
+
+
 def count_waiters(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """One entry per thread that starts waiting for another thread's claim."""
     waiting: list[int] = []

@@ -179,3 +179,35 @@ def test_an_ioctl_that_is_not_the_hint_is_not_ours(view: View) -> None:
     node = view.lookup("d/f.bin")
     ops.ioctl(1, node.ino, 0x5401, 0, None, 0, 0, 0, 0)
     assert lib.only(1) == ("err", errno.ENOTTY)
+
+
+class _CompiledStub:
+    """Stands in for the compiled path: records the READs handed to it, takes them or not."""
+
+    def __init__(self, takes: bool) -> None:
+        self.takes = takes
+        self.asked: list[tuple[int, int, int, int]] = []
+
+    def answer(self, req: int, ino: int, size: int, offset: int) -> bool:
+        self.asked.append((req, ino, size, offset))
+        return self.takes
+
+
+@pytest.mark.parametrize("takes", [True, False])
+def test_a_read_that_waited_for_its_blocks_fetch_goes_to_the_compiled_path_first(
+    view: View, monkeypatch: pytest.MonkeyPatch, takes: bool
+) -> None:
+    ops, lib = operations(view)
+    stub = _CompiledStub(takes)
+    ops.hot = stub  # type: ignore[assignment]
+    node = view.lookup("d/f.bin")
+    monkeypatch.setattr(ops.core, "wait_block", lambda _node: True)  # its block was coming
+    ops.read(1, node.ino, 100, 1000, None)
+    assert stub.asked == [(1, node.ino, 100, 1000)]
+    # Taken: C replied, Python must not; else Python answers it as before.
+    assert [r for r in lib.replies if r[0] == 1] == ([] if takes else [(1, "buf", DATA[1000:1100])])
+    assert ops.core.stats.snapshot()["python_reads"] == (0 if takes else 1)
+    monkeypatch.setattr(ops.core, "wait_block", lambda _node: False)  # nothing was coming
+    ops.read(2, node.ino, 100, 0, None)
+    assert len(stub.asked) == 1  # not asked: C could not have it
+    assert lib.only(2) == ("buf", DATA[:100])

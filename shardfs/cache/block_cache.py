@@ -256,6 +256,11 @@ class BlockCache:
         """Whether a thread of this process is fetching the block now."""
         return self._claims.in_flight(key)
 
+    def wait_flight(self, key: BlockKey, timeout: float) -> bool:
+        """Wait (up to ``timeout``) while a thread of this process fetches the block, without
+        claiming it; whether one was."""
+        return self._claims.wait(key, timeout)
+
     def contains(self, key: BlockKey) -> bool:
         """Whether the block's file is on disk (not verified)."""
         return os.path.exists(self._block_path(key))

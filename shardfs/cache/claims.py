@@ -172,6 +172,15 @@ class Claims:
     def in_flight(self, key: BlockKey) -> bool:
         return key in self._flights
 
+    def wait(self, key: BlockKey, timeout: float) -> bool:
+        """Wait (up to ``timeout``) for the flight of ``key`` to end; whether there was one."""
+        with self._lock:
+            flight = self._flights.get(key)
+        if flight is None:
+            return False
+        flight.done.wait(timeout)
+        return True
+
     def raise_recent_failure(self, key: BlockKey) -> None:
         """Raise the failure of the last fetch of ``key`` while it is held."""
         with self._lock:

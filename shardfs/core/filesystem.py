@@ -289,13 +289,10 @@ class ShardFileSystem:
         wholly in it; None when the file is not in one cached block. The caller owns the
         block's descriptor. Reads answered that way skip the order hint, the block cache's
         recency and the statistics; the caller counts them."""
-        reader = self.reader
-        if node.shard < 0 or is_decoded(node.offset) or not isinstance(reader, CachedReader):
+        reader, index = self.reader, self._block_of(node)
+        if index is None or not isinstance(reader, CachedReader):
             return None
         size = reader.block_size
-        index = node.offset // size
-        if node.size <= 0 or (node.offset + node.size - 1) // size != index:
-            return None
         shard = self.view.shards[node.shard]
         found = reader.verified_block(shard, index, buffer)
         if found is None:
@@ -303,6 +300,30 @@ class ShardFileSystem:
         start = index * size
         files = self.view.files_within(node.shard, start, min(start + size, shard.size))
         return found, [(f.ino, f.offset - start, f.size) for f in files]
+
+    def _block_of(self, node: Node) -> int | None:
+        """The index of the one cache block holding all of ``node``'s bytes, if one does."""
+        reader = self.reader
+        if node.shard < 0 or is_decoded(node.offset) or not isinstance(reader, CachedReader):
+            return None
+        index = node.offset // reader.block_size
+        if node.size <= 0 or (node.offset + node.size - 1) // reader.block_size != index:
+            return None
+        return index
+
+    def wait_block(self, node: Node) -> bool:
+        """Wait while this process fetches the one cache block holding all of ``node`` (a
+        readahead GET, or another read's miss), up to the store's read timeout; whether it
+        was being fetched. A block stored is told to ``watch_local_blocks``' listener before
+        this returns."""
+        reader, index = self.reader, self._block_of(node)
+        if index is None or not isinstance(reader, CachedReader):
+            return False
+        skey = reader.shard_key(self.view.shards[node.shard])
+        if reader.coming.expected(skey, index):
+            reader.coming.wait(skey, index)
+            return True
+        return reader.cache.wait_flight(BlockKey(skey, index), reader.coming.timeout)
 
     def block_in_memory(
         self, shard: ShardInfo, start: int, data: bytes | memoryview

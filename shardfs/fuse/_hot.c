@@ -447,6 +447,14 @@ static void hot_forget_multi(req_t req, size_t count, void *forgets) {
 
 /* -- called from Python through ctypes ------------------------------------------------ */
 
+/* Answer a READ Python holds as hot_read would (a file of a published block, in memory or
+ * in its block file, that no order hint follows); 0 when that is not one: Python answers
+ * it. For a READ that came before its block: Python waited for the block's fetch. */
+int hot_answer(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
+    return ino < c->n_ino && !c->watched[ino] && c->slots[ino].block &&
+           read_published(c, req, ino, size, off);
+}
+
 /* How many blocks may be published at once (the size of hot_sweep's ``used``). */
 unsigned hot_max_blocks(void) { return MAX_BLOCKS; }
 

@@ -88,6 +88,10 @@ def _load() -> ctypes.CDLL | None:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32),
     ]  # fmt: skip
     lib.hot_drop.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int32]
+    lib.hot_answer.restype = ctypes.c_int
+    lib.hot_answer.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64,
+    ]  # fmt: skip
     lib.hot_published.restype = ctypes.c_int
     lib.hot_published.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.hot_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]
@@ -360,6 +364,14 @@ class HotPath:
         if self._ctx is not None:
             self._lib.hot_drop(self._ctx, block.slot, block.generation)
         block.held = None
+
+    def answer(self, req: int, ino: int, size: int, offset: int) -> bool:
+        """Answer READ ``req`` in C if its file is published now (in memory or in its block
+        file), as if it had just come; whether C took it (then it is answered, or queued
+        for a disk reader, which hands it back to Python's handler if it cannot)."""
+        return self._ctx is not None and bool(
+            self._lib.hot_answer(self._ctx, req, ino, size, offset)
+        )
 
     def published(self, ino: int) -> bool:
         return self._ctx is not None and bool(self._lib.hot_published(self._ctx, ino))

@@ -249,8 +249,9 @@ class FuseOperations:
         node = self.core.node(ino)
         data = self.core.read_node_local(node, offset, size)
         if data is None:
-            self._later(req, "read", self._read_node, node, offset, size)
+            self._later(req, "read", self._read_waited, req, node, offset, size)
             return
+        self.core.stats.add(python_reads=1)
         self._reply_buf(req, data, len(data))
         self._delivered(node, offset, data)
         if self.hot is not None and ino <= self.core.view.max_ino:
@@ -337,6 +338,20 @@ class FuseOperations:
         except Exception:  # already answered: a failure here only loses the sign
             log.exception("noting the open of inode %d failed", ino)
 
+    def _read_waited(self, req: int, node: Node, offset: int, size: int) -> bytes | None:
+        """A READ that could not be answered at once (on a worker thread). One whose block
+        was being fetched waits for it; C then answers it from the fetched bytes (published
+        in memory when the block was stored), else Python reads it (None: C answered)."""
+        hot = self.hot
+        if (
+            hot is not None
+            and self.core.wait_block(node)
+            and hot.answer(req, node.ino, size, offset)
+        ):
+            return None
+        self.core.stats.add(python_reads=1, python_reads_later=1)
+        return self._read_node(node, offset, size)
+
     def _read_node(self, node: Node, offset: int, size: int) -> bytes:
         data = self.core.read_node(node, offset, size)
         self._delivered(node, offset, data)
@@ -348,8 +363,11 @@ class FuseOperations:
         if whole and self.pusher is not None and not self.core.is_virtual(node):
             self.pusher.in_kernel[node.ino] = 1
 
-    def _later(self, req: int, operation: str, func: Callable[..., bytes], *args: Any) -> None:
-        """Answer ``req`` with ``func(*args)`` from a worker thread (inline when single)."""
+    def _later(
+        self, req: int, operation: str, func: Callable[..., bytes | None], *args: Any
+    ) -> None:
+        """Answer ``req`` with ``func(*args)`` from a worker thread (inline when single);
+        ``func`` returns None when it answered ``req`` itself."""
 
         def answer() -> None:
             try:
@@ -357,7 +375,8 @@ class FuseOperations:
             except BaseException as exc:
                 self.reply_err(req, _error_number(exc, operation))
                 return
-            self._reply_buf(req, data, len(data))
+            if data is not None:
+                self._reply_buf(req, data, len(data))
 
         if self.workers is None:
             answer()

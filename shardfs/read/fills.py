@@ -36,6 +36,9 @@ Block = bytes | memoryview
 BlockFetch = Callable[[int, int], Block]
 """Bytes ``[lo, hi)`` of one block, from the store (offsets within the block)."""
 
+Stored = Callable[[Block], None]
+"""Told of a block just stored, while its claim still holds back the threads waiting."""
+
 Completion = Callable[[], bytes | None]
 """The rest of a split miss: completes and stores the block; returns it if stored."""
 
@@ -56,9 +59,11 @@ class BlockFills:
         fetch: Fetch,
         *,
         evict_before: float = EVICT_ANY,
+        stored: Stored | None = None,
     ) -> tuple[bytes, Block | None]:
         """Bytes ``[start, end)`` of a block of ``block_len`` bytes, fetched whole and once
-        on a miss; and the block if this call stored it (else None).
+        on a miss; and the block if this call stored it (else None). ``stored`` is told of
+        the block once stored, before the threads waiting for it go on.
 
         Storing may evict only blocks last used before ``evict_before``; when those would not
         make room nothing is fetched and ``NoRoom`` is raised (to the waiters too). Any other
@@ -75,7 +80,9 @@ class BlockFills:
                 continue  # stored (by that thread or another mount): read it from disk
             with claim:
                 try:
-                    return self._fetch_whole(claim, start, end, block_len, fetch, evict_before)
+                    return self._fetch_whole(
+                        claim, start, end, block_len, fetch, evict_before, stored
+                    )
                 except NoRoom as exc:
                     claim.fail(exc)  # waiters fetch their bytes as ranges too
                     raise
@@ -91,6 +98,7 @@ class BlockFills:
         block_len: int,
         fetch: Fetch,
         evict_before: float,
+        on_stored: Stored | None,
     ) -> tuple[bytes, Block | None]:
         data = self.cache.peek(claim.key, start, end, block_len)  # another mount stored it
         if data is not None:
@@ -103,6 +111,8 @@ class BlockFills:
             if len(block) != block_len:
                 raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
             stored = self.cache.put(claim, block, evict_before=evict_before)
+        if stored and on_stored is not None:
+            on_stored(block)
         if not stored:
             claim.share(bytes(block))
         return bytes(block[start:end]), block if stored else None
@@ -179,12 +189,14 @@ class BlockFills:
         *,
         evict_before: float = EVICT_NONE,
         held: int = 0,
+        stored: Stored | None = None,
     ) -> bytes | memoryview | None:
         """Fetch a whole block ahead of need; returns it if stored. Fetches nothing when the
         block is cached or in flight, when it would not fit without evicting a block used
         since ``evict_before`` (by default: without evicting anything), or while caching is
         paused. A failure is the task's own: waiters fetch the block themselves. ``held``:
-        room already held for this block (``BlockCache.hold``), used or given back."""
+        room already held for this block (``BlockCache.hold``), used or given back.
+        ``stored``: as for ``read``."""
         if not self.cache.accepts(key):
             self.cache.release(held)
             return None
@@ -201,8 +213,11 @@ class BlockFills:
                 self.stats.add(prefetched_blocks=1)
                 if len(block) != block_len:
                     raise ValueError(f"assembled {len(block)} bytes for a block of {block_len}")
-                stored = self.cache.put(claim, block, evict_before=evict_before, unread=True)
-                return block if stored else None
+                if not self.cache.put(claim, block, evict_before=evict_before, unread=True):
+                    return None
+                if stored is not None:
+                    stored(block)
+                return block
 
 
 class ColdClock:

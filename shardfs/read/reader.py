@@ -200,20 +200,16 @@ class CachedReader:
                 if rest is not None:
                     self._complete_later(shard, skey, index, rest)
             else:
+                announce = functools.partial(self._announce, shard, skey, index)
                 try:
-                    data, stored = self._fills.read(
-                        key, lo, hi, block_len, fetch, evict_before=evict_before
+                    data, _ = self._fills.read(
+                        key, lo, hi, block_len, fetch, evict_before=evict_before, stored=announce
                     )
                 except NoRoom:  # the room went to another fetch meanwhile
                     self.stats.add(range_reads=1)
-                    data, stored = (
-                        self._read_uncached(
-                            shard, skey, block_start + lo, block_start + hi, extent_end
-                        ),
-                        None,
+                    data = self._read_uncached(
+                        shard, skey, block_start + lo, block_start + hi, extent_end
                     )
-                if stored is not None:
-                    self._announce(shard, skey, index, stored)
             pieces.append(data)
             self._announce_if_local(shard, skey, index)
         if self.prefetcher is not None and skey not in self._scheduled and not self.follow_hint:
@@ -485,11 +481,13 @@ class CachedReader:
         key = BlockKey(skey, index)
         with self._lock:  # before the store: a read may come as soon as it lands
             self._unread_prefetched.add((skey, index))
-        block = self._fills.prefetch(key, block_len, fetch, evict_before=evict_before, held=held)
+        announce = functools.partial(self._announce, shard, skey, index)
+        block = self._fills.prefetch(
+            key, block_len, fetch, evict_before=evict_before, held=held, stored=announce
+        )
         stored = block is not None
         if stored:
             self.stats.add(prefetched_bytes=block_len)
-            self._announce(shard, skey, index, block)
         else:
             with self._lock:
                 read_meanwhile = (skey, index) not in self._unread_prefetched
