@@ -33,7 +33,7 @@ class _LocalBlock(NamedTuple):
     shard: ShardInfo
     start: int
     end: int
-    data: bytes | memoryview | None  # its bytes, when kept in memory
+    data: Block | None  # its bytes, when kept in memory
     touching: tuple[list[Node], list[Node]] | None  # core.files_touching's, if looked up
     early: object  # what ``publish_early`` returned: released after the pushes
 
@@ -52,6 +52,9 @@ class KernelPusher:
     or a listing) can be stored: a file whose inode is not known yet waits, and is pushed
     when a lookup or listing hands the inode to the kernel. A file straddling blocks is
     pushed once all its blocks have passed (``edges.EdgeFiles`` holds its parts meanwhile).
+    A block queued with its bytes is first handed to ``publish_early`` (the compiled path
+    answers its files' READs from those bytes, for a reader quicker than the pushes) and
+    handed to ``release`` once its pushes are done, or when it is dropped at ``stop``.
     """
 
     def __init__(self, core: ShardFileSystem) -> None:
