@@ -211,3 +211,11 @@ def test_a_read_that_waited_for_its_blocks_fetch_goes_to_the_compiled_path_first
     ops.read(2, node.ino, 100, 0, None)
     assert len(stub.asked) == 1  # not asked: C could not have it
     assert lib.only(2) == ("buf", DATA[:100])
+    # A file an order hint follows: Python's at once, without waiting (the hint must hear
+    # of the read as it comes; C never answers such a file).
+    waits: list[int] = []
+    monkeypatch.setattr(ops.core, "wait_block", lambda n: waits.append(n.ino) or True)
+    ops.core.hints.watched[node.ino] = 1
+    ops.read(3, node.ino, 100, 0, None)
+    assert waits == [] and len(stub.asked) == 1
+    assert lib.only(3) == ("buf", DATA[:100])
