@@ -318,9 +318,7 @@ class HotPath:
         ``token`` names the block to ``used``."""
         assert self._ctx is not None
         try:
-            inos = array("Q", (ino for ino, _, _ in files))
-            positions = array("q", (at for _, at, _ in files))
-            sizes = array("q", (size for _, _, size in files))
+            inos, positions, sizes = _file_arrays(files)
             address, _held = _data_address(block.data) if block.data else (None, None)
         except BaseException:
             os.close(block.fd)  # taken over: never left open, even when C never got it
@@ -343,9 +341,7 @@ class HotPath:
         published, READs go on to Python)."""
         if self._ctx is None or not data:
             return None
-        inos = array("Q", (ino for ino, _, _ in files))
-        positions = array("q", (at for _, at, _ in files))
-        sizes = array("q", (size for _, _, size in files))
+        inos, positions, sizes = _file_arrays(files)
         address, held = _data_address(data)
         generation = ctypes.c_int32()
         slot = self._lib.hot_publish_memory(
@@ -446,9 +442,7 @@ class BatchPush:
         """Store ``files`` ((ino, position in ``data``, size)); returns the bytes pushed and
         each file's result (PUSHED, IN_KERNEL, WAITING, or a negative errno: EINVAL for a
         file outside ``data`` or an inode past the tables)."""
-        inos = array("Q", (ino for ino, _, _ in files))
-        positions = array("q", (at for _, at, _ in files))
-        sizes = array("q", (size for _, _, size in files))
+        inos, positions, sizes = _file_arrays(files)
         results = array("i", bytes(4 * len(files)))
         base, _held = _data_address(data)
         pushed = self._lib.hot_push(
@@ -464,6 +458,15 @@ def batch_push(
     """The compiled pusher, or None when the extension is not built or switched off."""
     lib = _library()
     return None if lib is None else BatchPush(lib, store, in_kernel, known, waiting)
+
+
+def _file_arrays(files: list[tuple[int, int, int]]) -> tuple[array[int], array[int], array[int]]:
+    """(ino, position, size) of each file as the three arrays C takes."""
+    return (
+        array("Q", (ino for ino, _, _ in files)),
+        array("q", (at for _, at, _ in files)),
+        array("q", (size for _, _, size in files)),
+    )
 
 
 def _buffer(values: array[int]) -> int | None:

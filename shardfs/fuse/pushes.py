@@ -106,9 +106,7 @@ class KernelPusher:
             self._batch = hot_path.batch_push(target(), self.in_kernel, self._known, self._waiting)
         self._thread.start()
 
-    def block_local(
-        self, shard: ShardInfo, start: int, end: int, block: bytes | memoryview | None
-    ) -> None:
+    def block_local(self, shard: ShardInfo, start: int, end: int, block: Block | None) -> None:
         if block is not None and self._queue.qsize() * len(block) >= _PUSH_QUEUE_BYTES:
             block = None  # the pusher is far behind: hold no more blocks in memory
         early, touching = None, None
