@@ -59,10 +59,12 @@ from pinning import Pinning  # noqa: E402
 from procs import (  # noqa: E402
     CLOCK_TICKS,
     force_unmount,
+    minor_faults,
     pack_webdataset,
     page_cache_drops,
     run_to_the_end,
     start_store,
+    thread_cpu,
 )
 from procs import shardfs_cli as shardfs  # noqa: E402
 from support.mounts import drop_page_cache  # noqa: E402
@@ -91,32 +93,8 @@ def process_cpu(pid: int) -> tuple[float, float]:
     return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
 
-def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
-    """(CPU seconds, of which user) of ``pid``'s threads so far, summed by family: a
-    thread's name without its number (``prefetch-3`` and ``prefetch-0`` are ``prefetch``).
-    The CPU time is the scheduler's, in ns (/proc/PID/task/TID/schedstat): per-thread clock
-    ticks would lose up to a tick per thread. The user share comes from the ticks."""
-    out: dict[str, tuple[float, float]] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            name = (task / "comm").read_text().strip()
-            ran = int((task / "schedstat").read_text().split()[0]) / 1e9
-            fields = (task / "stat").read_text().rpartition(")")[2].split()
-        except (OSError, IndexError, ValueError):  # ended meanwhile
-            continue
-        family = name.rstrip("0123456789").rstrip("-_") or name
-        total, user = out.get(family, (0.0, 0.0))
-        out[family] = (total + ran, user + int(fields[11]) / CLOCK_TICKS)
-    return out
-
-
 def per_file_us(before: tuple[float, float], after: tuple[float, float], files: int) -> list[float]:
     return [(now - was) / files * 1e6 for was, now in zip(before, after, strict=True)]
-
-
-def minor_faults(pid: int) -> int:
-    """Page faults of ``pid`` served without I/O (fresh anonymous pages among them)."""
-    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[7])
 
 
 def children_cpu() -> tuple[float, float]:

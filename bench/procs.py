@@ -107,23 +107,60 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def minor_faults(pid: int) -> int:
+    """Page faults of ``pid`` served without I/O (fresh anonymous pages among them)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[7])
+
+
+def thread_cpu(pid: int) -> dict[str, tuple[float, float]]:
+    """(CPU seconds, of which user) of ``pid``'s threads so far, summed by family: a
+    thread's name without its number (``prefetch-3`` and ``prefetch-0`` are ``prefetch``).
+    The CPU time is the scheduler's, in ns (/proc/PID/task/TID/schedstat): per-thread clock
+    ticks would lose up to a tick per thread. The user share comes from the ticks."""
+    out: dict[str, tuple[float, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ran = int((task / "schedstat").read_text().split()[0]) / 1e9
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
+        family = name.rstrip("0123456789").rstrip("-_") or name
+        total, user = out.get(family, (0.0, 0.0))
+        out[family] = (total + ran, user + int(fields[11]) / CLOCK_TICKS)
+    return out
+
+
 class DaemonProbe:
     """CPU seconds and peak RSS of one daemon over one epoch."""
 
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
         self._cpu = 0.0
+        self._threads: dict[str, tuple[float, float]] = {}
+        self._faults = 0
 
     def start(self) -> None:
         if self.pid is not None:
             reset_peak_rss(self.pid)
             self._cpu = cpu_seconds(self.pid)
+            self._threads = thread_cpu(self.pid)
+            self._faults = minor_faults(self.pid)
 
-    def stop(self) -> dict[str, float | None]:
+    def stop(self) -> dict[str, Any]:
         if self.pid is None:
             return {"daemon_cpu_s": None, "daemon_peak_rss_mb": None}
+        was = self._threads
+        threads = {
+            name: [round(ran - was.get(name, (0.0, 0.0))[0], 4),
+                   round(user - was.get(name, (0.0, 0.0))[1], 4)]
+            for name, (ran, user) in sorted(thread_cpu(self.pid).items())
+        }  # fmt: skip
         return {
             "daemon_cpu_s": cpu_seconds(self.pid) - self._cpu,
+            # By thread family: (CPU seconds, of which user) over the epoch.
+            "daemon_threads": threads,
+            "daemon_minor_faults": minor_faults(self.pid) - self._faults,
             "daemon_peak_rss_mb": peak_rss_mb(self.pid),
         }
 

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.blocks import encoded_bytes
 from support.mounts import wait_for
 
 import shardfs.cache.block_cache
@@ -40,6 +41,7 @@ from shardfs.cache import (
     read_verified,
     shard_key,
 )
+from shardfs.cache.block_format import PAGE
 from shardfs.config import CacheConfig, resolve_cache_size
 from shardfs.errors import StoreReadError, UsageError
 from shardfs.read.fills import BlockFills
@@ -48,7 +50,8 @@ from shardfs.stats import Stats
 BLOCK = 4096
 CHUNK = 512
 HEADER = 56 + 8 * (BLOCK // CHUNK) + 8  # fixed part + one sum per chunk + header sum
-ENCODED = HEADER + BLOCK  # bytes on disk for one full block
+ENCODED = HEADER + BLOCK  # header + data of one full block
+ON_DISK = -(-ENCODED // PAGE) * PAGE  # its file, written with O_DIRECT: zeros to a page
 KEY = shard_key("memory://bucket/train-000.tar", 1 << 20, "etag-1")
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -267,7 +270,7 @@ def damage_then_read(
     assert cache.stats.checksum_failures == 1
     assert source.calls == [0, 0]
     assert_block_file_valid(cache, 0, source.block(0))
-    assert path.stat().st_size == ENCODED
+    assert encoded_bytes(path) == ENCODED
     assert cache.usage() == ENCODED  # the bad file was forgotten, the new one counted once
     assert source.get(cache, 0) == source.block(0)  # and it is a hit again
     assert source.calls == [0, 0]
@@ -468,7 +471,8 @@ def test_fetch_of_wrong_length_raises_and_stores_nothing(
 
 
 def disk_bytes(cache: BlockCache) -> int:
-    return sum(p.stat().st_size for p in block_files(cache))
+    """Header and data bytes of the block files on disk (what the cache counts)."""
+    return sum(encoded_bytes(p) for p in block_files(cache))
 
 
 def test_bound_holds_while_reading_many_blocks(open_cache: Callable[..., BlockCache]) -> None:
@@ -1100,7 +1104,10 @@ def test_blocks_are_exact_and_valid_with_or_without_o_direct(
     assert len(direct_opens) == (1 if refuse else 3)  # refused once, then never tried again
     for index in range(3):
         path = cache.path_of(BlockKey(KEY, index))
-        assert path.stat().st_size == ENCODED  # no alignment padding left behind
+        # O_DIRECT: padded to a whole page, with zeros (no cut: it would read the last
+        # filesystem block back); buffered: the exact length.
+        assert path.stat().st_size == (ENCODED if refuse else ON_DISK)
+        assert path.read_bytes()[ENCODED:] == bytes(path.stat().st_size - ENCODED)
         assert_block_file_valid(cache, index, source.block(index))
     assert cache.usage() == 3 * ENCODED
     assert tmp_files(cache) == []

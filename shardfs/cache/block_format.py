@@ -173,9 +173,14 @@ def read_verified(fd: int, key: BlockKey, start: int, end: int, expected_len: in
     return read_data(fd, read_header(fd, key, expected_len), start, end)
 
 
+PAGE = 4096
+"""An ``O_DIRECT`` write's unit: a block file written so is padded with zeros to it."""
+
+
 def block_file_size(path: str, shard: str, index: int) -> int | None:
-    """The size of a well-formed block file for ``(shard, index)``, or None: a whole header
-    that names this key and checks, and exactly as many data bytes as it announces. The data
+    """The encoded size of a well-formed block file for ``(shard, index)``, or None: a whole
+    header that names this key and checks, then as many data bytes as it announces, and at
+    most the padding to a whole page after them (``O_DIRECT`` writes leave it). The data
     checksums are left to the reads, which verify every chunk they return."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -194,4 +199,5 @@ def block_file_size(path: str, shard: str, index: int) -> int | None:
         return None
     finally:
         os.close(fd)
-    return size if size == header.header_len + header.data_len else None
+    encoded = header.header_len + header.data_len
+    return encoded if encoded <= size <= -(-encoded // PAGE) * PAGE else None

@@ -20,9 +20,8 @@ import mmap
 import sys
 import threading
 
-from .block_format import header_len
+from .block_format import PAGE, header_len
 
-PAGE = 4096
 KEEP_BYTES = 64 << 20  # idle buffers kept for reuse
 # References to a free mapping while ``_free_map`` looks at it: the list, the loop's name,
 # and getrefcount's own argument.

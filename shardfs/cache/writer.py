@@ -3,7 +3,8 @@
 A daemon killed at any moment thus leaves either a whole block or none; temp files of dead
 processes are removed at start by listing ``tmp/`` alone (their names begin with the pid).
 Blocks are written with ``O_DIRECT`` where the filesystem takes it: no copy into the page
-cache (a block is read back rarely, and its files go to the kernel anyway).
+cache (a block is read back rarely, and its files go to the kernel anyway). Such a file
+ends with up to a page of zeros after its data.
 """
 
 from __future__ import annotations
@@ -101,9 +102,12 @@ class AtomicWriter:
             os.unlink(tmp)
 
     def _write_direct(self, path: Path, header: bytes, data: bytes | memoryview) -> None:
-        """Write header + data bypassing the page cache: an aligned, padded write, then the
-        file is cut to its exact length. Data received into a landing buffer is written
-        from where it lies; any other is copied into one first."""
+        """Write header + data bypassing the page cache: one aligned write, padded with
+        zeros to a whole page, which the file keeps (the header says where the data ends).
+        Cutting the file to its exact length would cost a synchronous read of its last
+        filesystem block, which ``O_DIRECT`` left out of the page cache, to zero its tail.
+        Data received into a landing buffer is written from where it lies; any other is
+        copied into one first."""
         size = len(header) + len(data)
         whole = self.landing.in_place(header, data)
         if whole is None:
@@ -112,11 +116,11 @@ class AtomicWriter:
             whole = self.landing.in_place(header, view)
             assert whole is not None  # a view take() just gave
         try:
+            whole[size:] = bytes(len(whole) - size)  # not what earlier blocks left there
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o644)
             try:
                 if os.write(fd, whole) != len(whole):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-                os.ftruncate(fd, size)
             finally:
                 os.close(fd)
         finally:
