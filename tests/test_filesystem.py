@@ -14,6 +14,7 @@ from support.tarbuild import MTIME, directory, make_tar, store_with, symlink
 
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
 from shardfs.core.filesystem import XATTR_OFFSET, XATTR_SHARD, Owner, ShardFileSystem
+from shardfs.core.order_hints import OrderHints
 from shardfs.errors import (
     IsADirError,
     NoSuchAttributeError,
@@ -30,6 +31,7 @@ from shardfs.placement import (
     encode_hint,
     hint_chunks,
 )
+from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
 from shardfs.store.shards import ShardInfo
 from shardfs.views.view import View, build_view
@@ -303,6 +305,55 @@ def test_a_hint_for_another_table_is_refused(view: View) -> None:
     with pytest.raises(UsageError):
         hint_chunks_for(fs, [0, 9])  # a row the table does not have
     assert fs.stats.hints_taken == 0
+
+
+class _AheadReader(CachedReader):
+    """What an order hint asks of the block cache's reader, recorded: no cache, no store."""
+
+    block_size = 1 << 20
+
+    def __init__(self) -> None:  # the real reader's state is not needed here
+        self.follow_hint = self.streaming_hint = False
+        self.files_ahead = False  # whether the cache is full (files are fetched as ranges)
+        self.queued: list[tuple[ShardInfo, int, int]] = []
+
+    def new_order(self) -> None:
+        pass
+
+    def cache_blocks(self) -> int:
+        return 1
+
+    def cache_holds_dataset(self) -> bool:
+        return False
+
+    def wants_files_ahead(self) -> bool:
+        return self.files_ahead
+
+    def prefetch_files(self, extents: list[tuple[ShardInfo, int, int]]) -> int:
+        self.queued += extents
+        return len(extents)
+
+    def prefetch_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> int:
+        return len(blocks)
+
+
+def test_a_file_read_before_its_turn_is_never_fetched_ahead_after(view: View) -> None:
+    """A reader reached position 2 while the cache had room (nothing queued ahead); the
+    cache then filled, and the open of position 0 was noted late (opens are taken in
+    batches). Files are queued ahead from position 0, but not position 2's: its read
+    fetched its own bytes, and a fetch ahead would pay for them twice."""
+    reader = _AheadReader()
+    hints = OrderHints(view, reader, Stats())
+    table = hints.table()
+    nodes = [view.lookup(path) for path in ("d/small.bin", "d/big.bin", "other.txt")]
+    hints.follow(Hint(table.fingerprint, 0, array("i", [table.row_of_ino[n.ino] for n in nodes])))
+    hints.note_read(nodes[2])
+    assert reader.queued == []
+    reader.files_ahead = True
+    hints.note_done(nodes[0].ino, opened=True)
+    assert [(shard.name, start, end) for shard, start, end in reader.queued] == [
+        ("a.tar", nodes[1].offset, nodes[1].offset + nodes[1].size)
+    ]
 
 
 def test_hinted_reads_are_counted_once_a_hint_is_followed(view: View) -> None:

@@ -67,6 +67,14 @@ class _ActiveHint:
     retirement: _Retirement | None = None
     files_queued: int = 0  # hint positions below this had their files queued
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Per table row: a reader reached it (a READ came, or its open in the kernel was
+    # noted). Files ahead are queued past the position last noted; a note that comes late
+    # (opens are taken in batches) must not queue a file a read already fetched itself.
+    reached: bytearray = field(default_factory=bytearray)
+
+    def __post_init__(self) -> None:
+        if not self.reached:
+            self.reached = bytearray(len(self.position_of_row))
 
 
 @dataclass
@@ -317,6 +325,7 @@ class OrderHints:
         found = self._hinted(node.ino)
         if found is not None:
             self.stats.add(hinted_reads=1)
+            found[0].reached[found[2]] = 1  # before the read looks for its bytes
             self._advance(*found)
 
     def note_done(self, ino: int, *, opened: bool = False) -> None:
@@ -328,6 +337,7 @@ class OrderHints:
             return
         hint, table, row, position = found
         if opened:
+            hint.reached[row] = 1
             self._advance(hint, table, row, position)
         retirement = hint.retirement
         if retirement is None or retirement.read[row]:
@@ -372,7 +382,10 @@ class OrderHints:
             hint.files_queued = upto
         shards, ids = self.view.shards, table.shard_ids
         extents = []
+        reached = hint.reached
         for row in hint.rows[first:upto]:
+            if reached[row]:
+                continue  # read already (it fetched its own bytes): not fetched twice
             start = table.offsets[row]
             shard = shards[ids[table.shards[row]]]
             extents.append((shard, start, start + table.sizes[row]))
