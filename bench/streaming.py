@@ -557,6 +557,7 @@ def markdown(result: dict[str, Any]) -> str:
             "(medians). A cold epoch cannot beat a warm one plus this; `limit: cold / local "
             "warm` is that bound, and `X full / limit` each full-cache ratio over it.",
         ]
+    lines += thread_lines(result)
     lines += ["", "| ratio (per round) | median | min-max | n |", "|---|---|---|---|"]
     for name, by_round in result["ratios"].items():
         s = _spread(list(by_round.values()))
@@ -565,6 +566,46 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", *target_table(result["targets"])]
     lines += ["", f"Command: `{result['command']}` ({result['total_s'] / 60:.1f} min)."]
     return "\n".join(lines) + "\n"
+
+
+def thread_lines(result: dict[str, Any]) -> list[str]:
+    """Where each shardfs epoch's daemon CPU went, by thread family (medians over rounds)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in result["epochs"]:
+        if r.get("daemon_threads"):
+            key = (r["contender"], r.get("cache", "-"), bool(r.get("shaped")))
+            groups.setdefault(key, []).append(r)
+    families = sorted(
+        {family for records in groups.values() for r in records
+         for family, (ran, _) in r["daemon_threads"].items() if ran >= 0.01}
+    )  # fmt: skip
+    if not families:
+        return []
+    lines = [
+        "",
+        "The daemon's CPU per epoch by thread, medians, s: user and system (the scheduler's "
+        "ns), of which user in parentheses (clock ticks). `prefetch` fetches and stores "
+        "blocks (and files ahead), `shardfs-push` pushes files into the kernel, `shardfs-fuse` "
+        "answers requests, `shardfs-read` the READs Python waits on, `shardfs-opened` takes "
+        "the opens C queued for the order hint. Faults: the daemon's minor page faults.",
+        "",
+        "| contender | cache | shaped | " + " | ".join(families) + " | faults |",
+        "|---|---|---|" + "---|" * (len(families) + 1),
+    ]
+    for (contender, cache, shaped), records in groups.items():
+        cells = []
+        for family in families:
+            pairs = [r["daemon_threads"].get(family, (0.0, 0.0)) for r in records]
+            ran = statistics.median(pair[0] for pair in pairs)
+            user = statistics.median(pair[1] for pair in pairs)
+            cells.append(f"{ran:.2f} ({user:.2f})")
+        faults = [r["daemon_minor_faults"] for r in records if "daemon_minor_faults" in r]
+        fault_cell = f"{statistics.median(faults):,.0f}" if faults else "-"
+        lines.append(
+            f"| {contender} | {cache} | {'yes' if shaped else 'no'} | "
+            + " | ".join(cells) + f" | {fault_cell} |"
+        )  # fmt: skip
+    return lines
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
