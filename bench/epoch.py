@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import json
+import resource
 import sys
 import time
 from typing import Any
@@ -121,7 +122,16 @@ def webdataset_loader(request: dict[str, Any]) -> tuple[DataLoader[Any], float]:
     return loader, 0.0
 
 
+def readers_cpu() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process and its reaped children (the DataLoader
+    workers of finished epochs) so far."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + workers.ru_utime, me.ru_stime + workers.ru_stime
+
+
 def run_epoch(request: dict[str, Any]) -> dict[str, Any]:
+    cpu_before = readers_cpu()
     torch.manual_seed(request.get("seed", 0))
     make = webdataset_loader if request["kind"] == "webdataset" else imagefolder_loader
     loader, scan = make(request)
@@ -134,7 +144,11 @@ def run_epoch(request: dict[str, Any]) -> dict[str, Any]:
         if first_batch is None:
             first_batch = time.perf_counter() - started
     seconds = time.perf_counter() - started
+    del loader  # its workers are joined, and so counted among the children
+    user, system = (after - was for was, after in zip(cpu_before, readers_cpu(), strict=True))
     return {
+        "readers_user_s": user,
+        "readers_sys_s": system,
         "images": images,
         "bytes": nbytes,
         "seconds": seconds,

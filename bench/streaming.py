@@ -558,6 +558,7 @@ def markdown(result: dict[str, Any]) -> str:
             "warm` is that bound, and `X full / limit` each full-cache ratio over it.",
         ]
     lines += thread_lines(result)
+    lines += budget_lines(result)
     lines += ["", "| ratio (per round) | median | min-max | n |", "|---|---|---|---|"]
     for name, by_round in result["ratios"].items():
         s = _spread(list(by_round.values()))
@@ -604,6 +605,55 @@ def thread_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {contender} | {cache} | {'yes' if shaped else 'no'} | "
             + " | ".join(cells) + f" | {fault_cell} |"
+        )  # fmt: skip
+    return lines
+
+
+def budget_lines(result: dict[str, Any]) -> list[str]:
+    """Where a shardfs epoch's time beyond the local warm one of its round went, on the
+    readers' core (medians over rounds, s): the daemon, the readers themselves (the epoch
+    process and its DataLoader workers, user and system), and the rest (kernel threads,
+    interrupts, the bench's own processes)."""
+    epochs = result["epochs"]
+    warm = {r["round"]: r for r in epochs if r["contender"] == "local" and r["epoch"] == "warm"}
+    groups: dict[tuple[Any, ...], list[tuple[float, ...]]] = {}
+    for r in epochs:
+        base = warm.get(r["round"])
+        if r.get("daemon_cpu_s") is None or base is None or "readers_user_s" not in base:
+            continue
+
+        def busy(record: dict[str, Any]) -> float:
+            cores = record["readers_cores"]
+            return float(cores["user"] + cores["system"] + cores["irq"])
+
+        readers_user = r["readers_user_s"] - base["readers_user_s"]
+        readers_sys = r["readers_sys_s"] - base["readers_sys_s"]
+        extra = busy(r) - busy(base)
+        rest = extra - r["daemon_cpu_s"] - readers_user - readers_sys
+        key = (r["contender"], r.get("cache", "-"), bool(r.get("shaped")))
+        groups.setdefault(key, []).append(
+            (r["seconds"] - base["seconds"], extra, r["daemon_cpu_s"], readers_user,
+             readers_sys, rest, r["readers_cores"]["idle"])
+        )  # fmt: skip
+    if not groups:
+        return []
+    lines = [
+        "",
+        "The readers' core, each shardfs epoch against the local warm epoch of its round "
+        "(medians, s): how much longer the epoch ran, how much more of the core was busy, "
+        "and by whom: the daemon, the readers (the epoch process and its DataLoader workers, "
+        "user and system CPU beyond the local epoch's) and the rest (kernel threads, "
+        "interrupts, other processes); idle: the core waiting (on the store).",
+        "",
+        "| contender | cache | shaped | longer | busier | daemon | readers user "
+        "| readers system | rest | idle |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (contender, cache, shaped), rows in groups.items():
+        cells = [statistics.median(row[i] for row in rows) for i in range(7)]
+        lines.append(
+            f"| {contender} | {cache} | {'yes' if shaped else 'no'} | "
+            + " | ".join(f"{cell:.2f}" for cell in cells) + " |"
         )  # fmt: skip
     return lines
 
