@@ -150,12 +150,10 @@ class DaemonProbe:
     def stop(self) -> dict[str, Any]:
         if self.pid is None:
             return {"daemon_cpu_s": None, "daemon_peak_rss_mb": None}
-        was = self._threads
-        threads = {
-            name: [round(ran - was.get(name, (0.0, 0.0))[0], 4),
-                   round(user - was.get(name, (0.0, 0.0))[1], 4)]
-            for name, (ran, user) in sorted(thread_cpu(self.pid).items())
-        }  # fmt: skip
+        threads = {}
+        for name, (ran, user) in sorted(thread_cpu(self.pid).items()):
+            ran_before, user_before = self._threads.get(name, (0.0, 0.0))
+            threads[name] = [round(ran - ran_before, 4), round(user - user_before, 4)]
         return {
             "daemon_cpu_s": cpu_seconds(self.pid) - self._cpu,
             # By thread family: (CPU seconds, of which user) over the epoch.

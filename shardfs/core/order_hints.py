@@ -70,11 +70,10 @@ class _ActiveHint:
     # Per table row: a reader reached it (a READ came, or its open in the kernel was
     # noted). Files ahead are queued past the position last noted; a note that comes late
     # (opens are taken in batches) must not queue a file a read already fetched itself.
-    reached: bytearray = field(default_factory=bytearray)
+    reached: bytearray = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.reached:
-            self.reached = bytearray(len(self.position_of_row))
+        self.reached = bytearray(len(self.position_of_row))
 
 
 @dataclass
@@ -324,9 +323,10 @@ class OrderHints:
         """A read of ``node``: count it if hinted, and move the hint's window forward."""
         found = self._hinted(node.ino)
         if found is not None:
+            hint, table, row, position = found
             self.stats.add(hinted_reads=1)
-            found[0].reached[found[2]] = 1  # before the read looks for its bytes
-            self._advance(*found)
+            hint.reached[row] = 1  # before the read looks for its bytes
+            self._advance(hint, table, row, position)
 
     def note_done(self, ino: int, *, opened: bool = False) -> None:
         """A reader is done with inode ``ino``: a read reached its end, or (``opened``) it
