@@ -6,7 +6,7 @@ import gc
 import mmap
 
 from shardfs.cache.block_format import header_len
-from shardfs.cache.landing import PAGE, LandingBuffers
+from shardfs.cache.landing import PAGE, LandingBuffers, _address, anonymous_map
 
 CHUNK = 64 << 10
 
@@ -64,3 +64,37 @@ def test_idle_buffers_beyond_keep_are_unmapped() -> None:
     taken = landing.take(20_000)  # one reused, one kept idle, the other two unmapped
     assert len(landing._maps) == 2
     assert sum(m is taken.obj for m in landing._maps) == 1
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The kernel's VmFlags of the mapping holding ``address`` (/proc/self/smaps)."""
+    flags: list[str] | None = None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                flags = [] if start <= address < end else None
+            elif head == "VmFlags:" and flags is not None:
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_a_block_sized_buffer_is_private_and_asks_for_huge_pages() -> None:
+    size = (8 << 20) + PAGE  # an 8 MiB block and its header
+    mapping = anonymous_map(size)
+    assert len(mapping) == 10 << 20  # whole huge pages: the kernel aligns it on one
+    base = _address(mapping)
+    flags = _vm_flags(base)
+    assert "sh" not in flags  # private: shmem takes no huge pages here
+    assert "hg" in flags  # MADV_HUGEPAGE over the huge pages within the size
+    assert "hg" not in _vm_flags(base + (8 << 20))  # the last, partial one stays small
+    memoryview(mapping)[size - 1 :: -PAGE] = bytes(-(-size // PAGE))  # it takes writes
+    mapping.close()
+
+
+def test_a_small_buffer_is_not_rounded_to_huge_pages() -> None:
+    mapping = anonymous_map(300_000)
+    assert len(mapping) == 300_000
+    assert "hg" not in _vm_flags(_address(mapping))
+    mapping.close()
