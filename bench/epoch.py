@@ -122,12 +122,16 @@ def webdataset_loader(request: dict[str, Any]) -> tuple[DataLoader[Any], float]:
     return loader, 0.0
 
 
-def readers_cpu() -> tuple[float, float]:
-    """(user, system) CPU seconds of this process and its reaped children (the DataLoader
-    workers of finished epochs) so far."""
+def readers_cpu() -> tuple[float, float, float]:
+    """(user, system) CPU seconds and minor page faults of this process and its reaped
+    children (the DataLoader workers of finished epochs) so far."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     workers = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + workers.ru_utime, me.ru_stime + workers.ru_stime
+    return (
+        me.ru_utime + workers.ru_utime,
+        me.ru_stime + workers.ru_stime,
+        float(me.ru_minflt + workers.ru_minflt),
+    )
 
 
 def run_epoch(request: dict[str, Any]) -> dict[str, Any]:
@@ -145,10 +149,13 @@ def run_epoch(request: dict[str, Any]) -> dict[str, Any]:
             first_batch = time.perf_counter() - started
     seconds = time.perf_counter() - started
     del loader  # its workers are joined, and so counted among the children
-    user, system = (after - was for was, after in zip(cpu_before, readers_cpu(), strict=True))
+    user, system, faults = (
+        after - was for was, after in zip(cpu_before, readers_cpu(), strict=True)
+    )
     return {
         "readers_user_s": user,
         "readers_sys_s": system,
+        "readers_minor_faults": int(faults),
         "images": images,
         "bytes": nbytes,
         "seconds": seconds,

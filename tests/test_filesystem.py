@@ -350,10 +350,33 @@ def test_a_file_read_before_its_turn_is_never_fetched_ahead_after(view: View) ->
     hints.note_read(nodes[2])
     assert reader.queued == []
     reader.files_ahead = True
-    hints.note_done(nodes[0].ino, opened=True)
+    hints.note_opened([nodes[0].ino])
     assert [(shard.name, start, end) for shard, start, end in reader.queued] == [
         ("a.tar", nodes[1].offset, nodes[1].offset + nodes[1].size)
     ]
+
+
+def test_opens_noted_in_one_batch_count_each_and_move_the_hint_once(view: View) -> None:
+    """Opens are taken in batches, in any order: each opened file counts as reached (never
+    fetched ahead, as the kernel holds it), the window moves from the batch's nearest
+    position, and inodes outside the hint are passed over."""
+    reader = _AheadReader()
+    hints = OrderHints(view, reader, Stats())
+    table = hints.table()
+    nodes = [view.lookup(path) for path in ("d/small.bin", "d/big.bin", "other.txt")]
+    rows = [table.row_of_ino[n.ino] for n in nodes]
+    hints.follow(Hint(table.fingerprint, 0, array("i", rows)))
+    reader.files_ahead = True
+    hints.note_opened([nodes[2].ino, view.root.ino, 10**6, nodes[0].ino])
+    active = hints._hint
+    assert active is not None
+    assert [active.reached[row] for row in rows] == [1, 0, 1]
+    assert [(shard.name, start, end) for shard, start, end in reader.queued] == [
+        ("a.tar", nodes[1].offset, nodes[1].offset + nodes[1].size)
+    ]
+    assert active.plan.furthest == 2  # the batch's furthest position
+    hints.note_opened([])  # nothing to note: nothing moves
+    assert len(reader.queued) == 1
 
 
 def test_hinted_reads_are_counted_once_a_hint_is_followed(view: View) -> None:

@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -229,11 +229,10 @@ class ShardFileSystem:
                 self.hints.note_done(node.ino)
         return data
 
-    def opened_in_kernel(self, ino: int) -> None:
-        """A reader opened a file whose whole bytes the kernel's page cache holds (pushed, or
-        read before): no READ will come, so this is its read as far as the hint goes."""
-        if ino <= self.view.max_ino:
-            self.hints.note_done(ino, opened=True)
+    def opened_in_kernel(self, inodes: Iterable[int]) -> None:
+        """Readers opened files whose whole bytes the kernel's page cache holds (pushed, or
+        read before): no READ will come, so these are their reads as far as the hint goes."""
+        self.hints.note_opened(inodes)
 
     def _served(self, node: Node, length: int) -> None:
         self.stats.add(bytes_served=length)

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .. import placement
@@ -328,17 +328,48 @@ class OrderHints:
             hint.reached[row] = 1  # before the read looks for its bytes
             self._advance(hint, table, row, position)
 
-    def note_done(self, ino: int, *, opened: bool = False) -> None:
-        """A reader is done with inode ``ino``: a read reached its end, or (``opened``) it
-        opened a file whose whole bytes the kernel holds (no READ will come). With a cache
-        smaller than the data, a block whose hinted files are all done is retired."""
+    def note_done(self, ino: int) -> None:
+        """A read of inode ``ino`` reached its end. With a cache smaller than the data, a
+        block whose hinted files are all done is retired."""
         found = self._hinted(ino)
-        if found is None:
+        if found is not None:
+            hint, table, row, _ = found
+            self._retire_row(hint, table, row)
+
+    def note_opened(self, inodes: Iterable[int]) -> None:
+        """Readers opened these files, whose whole bytes the kernel holds (no READ will
+        come): each counts as reached (``note_read``) and done (``note_done``), and the hint's
+        window moves once for them all. The opens come in batches (``hot_path.OPENED_BATCH_S``); one
+        move from the batch's nearest to its furthest position queues what a move per open
+        would, as the blocks and files queued only ever grow."""
+        hint, table = self._hint, self._table
+        if hint is None or table is None:
             return
-        hint, table, row, position = found
-        if opened:
-            hint.reached[row] = 1
-            self._advance(hint, table, row, position)
+        row_of_ino, position_of_row, reached = table.row_of_ino, hint.position_of_row, hint.reached
+        inodes_known = len(row_of_ino)
+        rows = []
+        nearest, furthest = len(position_of_row), -1
+        for ino in inodes:
+            row = row_of_ino[ino] if ino < inodes_known else -1
+            position = position_of_row[row] if row >= 0 else -1
+            if position < 0:
+                continue
+            reached[row] = 1
+            rows.append(row)
+            nearest = min(nearest, position)
+            furthest = max(furthest, position)
+        if not rows:
+            return
+        if hint.retirement is not None:  # first: what the window's move queues takes their room
+            for row in rows:
+                self._retire_row(hint, table, row)
+        self._advance(hint, table, rows[0], nearest)
+        if furthest > nearest:
+            self._advance(hint, table, rows[-1], furthest)
+
+    def _retire_row(self, hint: _ActiveHint, table: _Table, row: int) -> None:
+        """Row ``row`` of the hint is read: a cache smaller than the data retires each block
+        whose hinted rows are now all read."""
         retirement = hint.retirement
         if retirement is None or retirement.read[row]:
             return

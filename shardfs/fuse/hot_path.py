@@ -19,7 +19,7 @@ import os
 import resource
 import threading
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -205,18 +205,19 @@ class HotPath:
         in_kernel: bytearray | None,
         watched: bytearray,
         delivered: bytearray,
-        opened: Callable[[int], None],
+        opened: Callable[[Sequence[int]], None],
         used: Callable[[Any], None],
     ) -> None:
-        """``used(token)`` is told, about once a SWEEP_S, of each published block that
-        answered READs meanwhile (``token`` as given to ``publish``)."""
+        """``opened(inodes)`` is told of the opens (their TCGETS) of watched files the kernel
+        holds whole, in batches; ``used(token)`` is told, about once a SWEEP_S, of each
+        published block that answered READs meanwhile (``token`` as given to ``publish``)."""
         if len(watched) < inodes or len(delivered) * 8 < inodes:
             raise ValueError("the shared tables must cover every inode")
         if in_kernel is not None and len(in_kernel) < inodes:
             raise ValueError("the shared tables must cover every inode")
         self._lib = lib
         self._shared = (in_kernel, watched, delivered)  # kept alive while C points into them
-        self._opened = OPENED_TYPE(opened)  # C's fallback when its queue is full
+        self._opened = OPENED_TYPE(lambda ino: opened((ino,)))  # C's, when its queue is full
         self._on_opened = opened
         self._opened_fd = -1
         self._opens = threading.Thread(target=self._take_opened, name="shardfs-opened", daemon=True)
@@ -301,11 +302,11 @@ class HotPath:
     def _opened_now(self, taken: ctypes.Array[ctypes.c_uint64]) -> None:
         while self._ctx is not None:
             count = self._lib.hot_take_opened(self._ctx, taken, len(taken))
-            for ino in taken[:count]:
+            if count:
                 try:
-                    self._on_opened(ino)
-                except Exception:  # a sign lost, the open itself was answered
-                    log.exception("noting the open of inode %d failed", ino)
+                    self._on_opened(taken[:count])
+                except Exception:  # signs lost, the opens themselves were answered
+                    log.exception("noting the opens of %d inodes failed", count)
             if count < len(taken):
                 return
 

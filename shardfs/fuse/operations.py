@@ -20,7 +20,7 @@ import mmap
 import os
 import termios
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -331,12 +331,12 @@ class FuseOperations:
     def _block_used(self, key: tuple[int, int]) -> None:
         self.core.block_used(*key)
 
-    def _opened(self, ino: int) -> None:
-        """The compiled ioctl handler saw the open of a file the kernel holds whole."""
+    def _opened(self, inodes: Sequence[int]) -> None:
+        """The compiled ioctl handler saw the opens of files the kernel holds whole."""
         try:
-            self.core.opened_in_kernel(ino)
-        except Exception:  # already answered: a failure here only loses the sign
-            log.exception("noting the open of inode %d failed", ino)
+            self.core.opened_in_kernel(inodes)
+        except Exception:  # already answered: a failure here only loses the signs
+            log.exception("noting the opens of %d inodes failed", len(inodes))
 
     def _read_waited(self, req: int, node: Node, offset: int, size: int) -> bytes | None:
         """A READ that could not be answered at once (on a worker thread). One whose block
@@ -479,7 +479,7 @@ class FuseOperations:
             known = pusher is not None and ino < len(pusher.in_kernel) and pusher.in_kernel[ino]
             if cmd == _TCGETS and known:
                 try:  # already answered: a failure here only loses the sign
-                    self.core.opened_in_kernel(ino)
+                    self.core.opened_in_kernel((ino,))
                 except Exception:
                     log.exception("noting the open of inode %d failed", ino)
             return
