@@ -339,16 +339,16 @@ class OrderHints:
     def note_opened(self, inodes: Iterable[int]) -> None:
         """Readers opened these files, whose whole bytes the kernel holds (no READ will
         come): each counts as reached (``note_read``) and done (``note_done``), and the hint's
-        window moves once for them all. The opens come in batches (``hot_path.OPENED_BATCH_S``); one
-        move from the batch's nearest to its furthest position queues what a move per open
-        would, as the blocks and files queued only ever grow."""
+        window moves once for them all. The opens come in batches (of 10 ms, taken by the
+        compiled FUSE path's thread); moving from the batch's nearest to its furthest
+        position queues what a move per open would, as what is queued only ever grows."""
         hint, table = self._hint, self._table
         if hint is None or table is None:
             return
         row_of_ino, position_of_row, reached = table.row_of_ino, hint.position_of_row, hint.reached
         inodes_known = len(row_of_ino)
         rows = []
-        nearest, furthest = len(position_of_row), -1
+        nearest = furthest = (-1, -1)  # (position, row)
         for ino in inodes:
             row = row_of_ino[ino] if ino < inodes_known else -1
             position = position_of_row[row] if row >= 0 else -1
@@ -356,16 +356,17 @@ class OrderHints:
                 continue
             reached[row] = 1
             rows.append(row)
-            nearest = min(nearest, position)
-            furthest = max(furthest, position)
+            if len(rows) == 1 or position < nearest[0]:
+                nearest = (position, row)
+            furthest = max(furthest, (position, row))
         if not rows:
             return
         if hint.retirement is not None:  # first: what the window's move queues takes their room
             for row in rows:
                 self._retire_row(hint, table, row)
-        self._advance(hint, table, rows[0], nearest)
-        if furthest > nearest:
-            self._advance(hint, table, rows[-1], furthest)
+        self._advance(hint, table, nearest[1], nearest[0])
+        if furthest[0] > nearest[0]:
+            self._advance(hint, table, furthest[1], furthest[0])
 
     def _retire_row(self, hint: _ActiveHint, table: _Table, row: int) -> None:
         """Row ``row`` of the hint is read: a cache smaller than the data retires each block
