@@ -120,8 +120,14 @@ def test_exit_130_when_a_command_is_interrupted(s3_server: S3Server, tmp_path: P
         proc = spawn_shardfs(
             "index", source, "--cache-dir", tmp_path / "cache", env=s3_server.env()
         )
+        # This shard's GET, not any GET: one from another test's process still running
+        # would send the signal before the scan began.
+        shard = source.removeprefix("s3://") + "s-000.tar"
         wait_for(
-            lambda: s3_server.counts()["get_object_requests"] > 0 or proc.poll() is not None,
+            lambda: (
+                s3_server.counts()["get_object_requests_by_key"].get(shard, 0) > 0
+                or proc.poll() is not None
+            ),
             "the index scan's GET to reach the server",
         )
         assert proc.poll() is None, proc.communicate()[1]
