@@ -131,15 +131,37 @@ def test_exit_130_when_a_command_is_interrupted(s3_server: S3Server, tmp_path: P
             "the index scan's GET to reach the server",
         )
         assert proc.poll() is None, proc.communicate()[1]
+        before = _sigint_state(proc.pid)
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
         _stdout, stderr = proc.communicate(timeout=60)
-        print(f"exited {time.monotonic() - sent:.1f} s after SIGINT")
+        print(f"exited {time.monotonic() - sent:.1f} s after SIGINT; when sent: {before}")
     finally:
         s3_server.delay_gets()
         stop_process(proc)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == 130, f"{stderr!r}; SIGINT when sent: {before}"
     assert stderr.splitlines() == ["shardfs: interrupted"]
+
+
+def _sigint_state(pid: int) -> str:
+    """Whether SIGINT is blocked, ignored or caught, in each thread of ``pid`` and in this
+    process: a child inherits a blocked mask and an ignored SIGINT through exec."""
+    bit = 1 << (signal.SIGINT - 1)
+    parts = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        try:
+            fields = dict(
+                line.split(":\t", 1) for line in (task / "status").read_text().splitlines()
+            )
+        except OSError:
+            continue
+        flags = [
+            key for key in ("SigBlk", "SigIgn", "SigCgt", "SigPnd") if int(fields[key], 16) & bit
+        ]
+        parts.append(f"{fields['Name'].strip()}:{'+'.join(flags) or 'default'}")
+    mine = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    parts.append(f"pytest: handler {signal.getsignal(signal.SIGINT)!r}, blocked {sorted(mine)}")
+    return ", ".join(parts)
 
 
 @pytest.fixture
