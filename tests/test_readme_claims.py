@@ -116,17 +116,8 @@ def test_exit_130_when_a_command_is_interrupted(s3_server: S3Server, tmp_path: P
     # scan's worker finishes its GET before the command returns (measured: it exits once
     # the delayed GET ends, not at once).
     s3_server.delay_gets("s-000.tar", 8.0)
-    # The command starts with SIGINT at its default, as from a terminal. A suite started as
-    # a background job of a script (`make test &`) has SIGINT ignored, which a child
-    # inherits through exec; the command then rightly ignores it too (seen: exit 0 once
-    # the delayed GET ended). A caught handler is reset to the default at exec.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        proc = spawn_shardfs(
-            "index", source, "--cache-dir", tmp_path / "cache", env=s3_server.env()
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    # spawn_shardfs starts it with SIGINT at its default even where the suite ignores it
+    proc = spawn_shardfs("index", source, "--cache-dir", tmp_path / "cache", env=s3_server.env())
     try:
         # This shard's GET, not any GET: one from another test's process still running
         # would send the signal before the scan began.

@@ -6,8 +6,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,16 +65,34 @@ def spawn_shardfs(
     The process is recorded; the ``mountpoint`` fixture ends any recorded
     process whose arguments name its directory.
     """
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "shardfs", *map(str, args)],
-        env=_merged_env(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with _sigint_as_from_a_terminal():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "shardfs", *map(str, args)],
+            env=_merged_env(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     spawned_processes.append(proc)
     return proc
+
+
+@contextlib.contextmanager
+def _sigint_as_from_a_terminal() -> Iterator[None]:
+    """Spawn with SIGINT at its default, as from a terminal. A suite started as a background
+    job of a script (`make test &`) has SIGINT ignored, which a child inherits through exec,
+    and a command then rightly ignores a test's SIGINT (seen: `shardfs index` exited 0 once
+    its delayed GET ended). A caught handler is reset to the default at exec."""
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if not ignored or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _unescape_mountinfo(field: str) -> str:
