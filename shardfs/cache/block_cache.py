@@ -32,6 +32,7 @@ from .block_format import (
     block_header,
     read_all_into,
     read_data,
+    written_header,
 )
 from .claims import Claim, Claims, LockFile, claim_block
 from .health import DiskHealth, disk_wide
@@ -410,20 +411,26 @@ class BlockCache:
         size = len(header) + len(block)
         tmp = self._writer.temp_path()
         inserted = False
+        fd = -1
         try:
             if not self._space.make_room(size, evict_before):
                 self.stats.add(blocks_not_admitted=1)
                 return False
             self._writer.write(tmp, header, block)
+            # Kept open from here: the block's first read (the pusher publishing it) would
+            # otherwise read its header back from the disk, queued behind block writes.
+            fd = os.open(tmp, os.O_RDONLY)
             inserted = self._ledger.add(str(final), size)
             self._writer.publish(tmp, final)
         except (OSError, sqlite3.Error) as exc:
+            if fd >= 0:
+                os.close(fd)
             self._writer.discard(tmp)
             if inserted:
                 self._forget(str(final))  # counted, but never renamed into place
             self._write_failed(str(final), exc)
             return False
-        self._open.close_path(str(final))
+        self._open.adopt(str(final), OpenBlock(fd, written_header(header)))
         self.stats.add(blocks_written=1)
         if unread:
             self._ledger.mark_unread(str(final), size)

@@ -15,7 +15,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .block_format import BlockKey, Header, read_header
+from .block_format import BlockKey, CorruptBlockError, Header, read_header
 
 _OPEN_BLOCKS = 64  # block files kept open with their verified headers
 
@@ -71,6 +71,8 @@ class OpenBlocks:
                 self._retire_locked(path, block)
                 block = None
             if block is not None:
+                if block.header.data_len != block_len:  # as read_header checks a fresh one
+                    raise CorruptBlockError("wrong length")
                 self._open.move_to_end(path)
                 return block
         try:
@@ -92,6 +94,19 @@ class OpenBlocks:
                 oldest_path, oldest = self._open.popitem(last=False)
                 self._retire_locked(oldest_path, oldest)
         return block
+
+    def adopt(self, path: str, block: OpenBlock) -> None:
+        """Hold ``block`` (a file this process just wrote at ``path``, and its header) as
+        the open file of ``path``, in place of any earlier one: its first read then needs
+        no read back of the header, which ``O_DIRECT`` left out of the page cache."""
+        with self._lock:
+            old = self._open.pop(path, None)
+            if old is not None:
+                self._retire_locked(path, old)
+            self._open[path] = block
+            while len(self._open) > _OPEN_BLOCKS:
+                oldest_path, oldest = self._open.popitem(last=False)
+                self._retire_locked(oldest_path, oldest)
 
     def close_path(self, path: str) -> None:
         """Stop using the open file of ``path`` (evicted, discarded or replaced)."""
