@@ -49,6 +49,9 @@ class Stats:
     hot_path_memory_reads: int = 0  # of hot_path_reads, READs of fetched blocks before their push
     python_reads: int = 0  # READs of file bytes answered in Python (not by the compiled path)
     python_reads_later: int = 0  # of python_reads, those a worker answered (they waited)
+    hot_path_lookups: int = 0  # LOOKUPs the compiled path answered (names in published folders)
+    python_lookups: int = 0  # LOOKUPs answered in Python
+    folders_published: int = 0  # folders whose entries were handed to the compiled path
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
     _sources: list[Callable[[], dict[str, int]]] = field(

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 import test_mount_cache as cache_tests
-from support.mounts import umount
+from support.datagen import FIXED_MTIME, pack_with_gnu_tar
+from support.mounts import umount, wait_for
 from support.s3 import S3Server
 from test_mount_cache import (
     BLOCK_FLAG,
@@ -25,6 +26,7 @@ from test_mount_cache import (
 )
 
 from shardfs.fuse import hot_path
+from shardfs.fuse.binding import EntryParam
 from shardfs.mount.control import pid_file
 
 # The block cache tests' dataset (80 files in 6 shards) and what it is built from.
@@ -158,6 +160,8 @@ class _FakeFuse:
         None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_uint, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
     )  # fmt: skip
+    _REPLY_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+    _LOOKUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
 
     def __init__(self) -> None:
         self.replies: list[bytes] = []
@@ -169,6 +173,18 @@ class _FakeFuse:
         self.fuse_req_userdata = self._USERDATA(lambda _req: self.ctx)
         self.python_read = self._READ(self._python_read)
         self.python_ioctl = self._IOCTL(lambda *_: None)
+        self.entries: list[EntryParam] = []
+        self.lookups_to_python: list[tuple[int, bytes]] = []
+        self.fuse_reply_entry = self._REPLY_ENTRY(self._reply_entry)
+        self.python_lookup = self._LOOKUP(
+            lambda _req, parent, name: self.lookups_to_python.append((parent, name))
+        )
+
+    def _reply_entry(self, _req: int, entry: int) -> int:
+        self.entries.append(
+            EntryParam.from_buffer_copy(ctypes.string_at(entry, ctypes.sizeof(EntryParam)))
+        )
+        return 0
 
     def _reply(self, _req: int, data: int, size: int) -> int:
         self.replies.append(ctypes.string_at(data, size) if size else b"")
@@ -178,26 +194,43 @@ class _FakeFuse:
         self.to_python.append((ino, size, offset))
 
 
+KNOWN = bytearray(8)  # the pusher's table the fixture's lookups share
+
+
 @pytest.fixture
 def compiled() -> Iterator[tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]]]:
-    """A hot path over ``_FakeFuse`` for 8 inodes, and its READ handler to call."""
+    """A hot path over ``_FakeFuse`` for 8 inodes, and its READ handler to call; its LOOKUP
+    handler is ``hot.lookup(parent, name)``."""
+    yield from _compiled(hot_path.MAX_ENTRIES)
+
+
+def _compiled(
+    max_entries: int,
+) -> Iterator[tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]]]:
     if not hot_path.available():
         pytest.skip("the hot path is not built")
     fuse = _FakeFuse()
     in_kernel, watched, delivered = bytearray(8), bytearray(8), bytearray(1)
+    KNOWN[:] = bytes(8)
+    lookups = hot_path.Lookups(known=KNOWN, uid=1234, gid=5678, blksize=1 << 17,
+                               timeout=86400.0, max_entries=max_entries)  # fmt: skip
     hot = hot_path.create(
         fuse, hint_ino=7, hint_cmd=1, inodes=8, in_kernel=in_kernel, watched=watched,
         delivered=delivered, opened=lambda _ino: None, used=lambda _token: None,
+        lookups=lookups,
     )  # fmt: skip
     assert hot is not None
     ops = SimpleNamespace(
         read=ctypes.cast(fuse.python_read, ctypes.c_void_p).value,
         ioctl=ctypes.cast(fuse.python_ioctl, ctypes.c_void_p).value,
+        lookup=ctypes.cast(fuse.python_lookup, ctypes.c_void_p).value,
         forget=None, forget_multi=None,
     )  # fmt: skip
     fuse.ctx = hot.install(ops)
     handler = _FakeFuse._READ(ops.read)
+    lookup_handler = _FakeFuse._LOOKUP(ops.lookup)
     hot.in_kernel = in_kernel  # type: ignore[attr-defined]
+    hot.lookup = lambda parent, name: lookup_handler(1, parent, name)  # type: ignore[attr-defined]
 
     def read(ino: int, size: int, offset: int) -> None:
         handler(1, ino, size, offset, None)
@@ -248,3 +281,159 @@ def test_dropping_an_early_block_spares_the_block_that_took_its_slot(
     hot.drop(second)
     read(2, 4096, 0)
     assert fuse.to_python[-1] == (2, 4096, 0)
+
+
+def test_lookups_of_a_published_folder_are_answered_in_c(
+    compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]],
+) -> None:
+    hot, fuse, _ = compiled
+    lookup: Callable[[int, bytes], None] = hot.lookup  # type: ignore[attr-defined]
+    lookup(1, b"a.jpg")  # nothing published yet: Python's
+    assert fuse.lookups_to_python == [(1, b"a.jpg")] and fuse.entries == []
+    folder = [
+        (b"a.jpg", 3, 0o100444, 98_765, 1_700_000_000),
+        (b"sub", 4, 0o40555, 0, 1_600_000_000),
+        ("é.png".encode(), 5, 0o100555, 0, 42),
+    ]
+    assert hot.publish_folder(1, folder) == 3
+    assert hot.publish_folder(1, folder[:1]) == 0  # published once
+    assert hot.folder_published(1) and not hot.folder_published(2)
+    for name, *_ in folder:
+        lookup(1, name)
+    lookup(1, b"a.jp")  # a prefix of a name
+    lookup(1, b"missing")
+    lookup(2, b"a.jpg")  # the same name in another folder
+    assert fuse.lookups_to_python[1:] == [(1, b"a.jp"), (1, b"missing"), (2, b"a.jpg")]
+    shown = [
+        (e.ino, e.attr.st_ino, e.attr.st_mode, e.attr.st_nlink, e.attr.st_size, e.attr.st_blocks,
+         e.attr.st_mtim.tv_sec, e.attr.st_ctim.tv_sec)
+        for e in fuse.entries
+    ]  # fmt: skip
+    assert shown == [
+        (3, 3, 0o100444, 1, 98_765, 193, 1_700_000_000, 1_700_000_000),
+        (4, 4, 0o40555, 2, 0, 0, 1_600_000_000, 1_600_000_000),
+        (5, 5, 0o100555, 1, 0, 0, 42, 42),
+    ]
+    assert {(e.attr.st_uid, e.attr.st_gid, e.attr.st_blksize) for e in fuse.entries} == {
+        (1234, 5678, 1 << 17)
+    }
+    assert {(e.attr_timeout, e.entry_timeout, e.generation) for e in fuse.entries} == {
+        (86400.0, 86400.0, 0)
+    }
+    assert list(KNOWN) == [0, 0, 0, 1, 1, 1, 0, 0]  # the kernel was given these inodes
+    assert hot.counters()["lookups"] == 3
+    assert hot.stats()["hot_path_lookups"] == 3
+
+
+def test_a_folder_past_the_entries_bound_stays_with_python() -> None:
+    made = _compiled(max_entries=10_000)
+    hot, fuse, _ = next(made)
+    try:
+        lookup: Callable[[int, bytes], None] = hot.lookup  # type: ignore[attr-defined]
+        many = [(f"f{i}".encode(), 2, 0o100444, i, 0) for i in range(9000)]
+        assert hot.publish_folder(2, many) == 9000  # the table grew and was rehashed
+        lookup(2, b"f0")
+        lookup(2, b"f8999")
+        assert [e.attr.st_size for e in fuse.entries] == [0, 8999]
+        assert hot.publish_folder(3, [(b"x", 6, 0o100444, 1, 0)] * 1001) == -1  # 10,001
+        lookup(3, b"x")
+        assert fuse.lookups_to_python == [(3, b"x")] and not hot.folder_published(3)
+        assert hot.publish_folder(3, [(b"x", 6, 0o100444, 1, 0)] * 1000) == 1000  # 10,000
+        with pytest.raises(OSError):
+            hot.publish_folder(8, [])  # not an inode of the mount
+    finally:
+        made.close()
+
+
+def _stat_tree(root: Path) -> dict[str, tuple[object, ...]]:
+    """Every path under ``root`` (its folders listed first), stat'ed after the kernel's
+    dentries were dropped: each name a LOOKUP again. A time equal to the mount's own (the
+    root's: a folder no shard names) shows as "mount time"."""
+    paths = [Path(folder, name) for folder, dirs, files in os.walk(root) for name in dirs + files]
+    drop_page_cache()
+    mounted = root.stat().st_mtime_ns
+    return {
+        str(path.relative_to(root)): (st.st_ino, st.st_mode, st.st_nlink, st.st_uid, st.st_gid,
+                                      st.st_size, st.st_blocks, st.st_blksize,
+                                      "mount time" if st.st_mtime_ns == mounted else st.st_mtime_ns)
+        for path in paths
+        for st in [path.lstat()]
+    }  # fmt: skip
+
+
+@pytest.fixture
+def nested_shards(tmp_path: Path) -> Path:
+    """GNU tar shards of a tree two folders deep, in a local folder (the mount's source):
+    60 labelled samples (``KEY.jpg``, ``KEY.cls``)."""
+    src = tmp_path / "tree"
+    for number in range(60):
+        path = src / f"class_{number % 3}" / f"part_{number % 2}" / f"img_{number:03d}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(3000 + 97 * number))
+        path.with_suffix(".cls").write_text(str(number % 4))  # its label, for imagefolder
+        for each in (path, path.with_suffix(".cls")):
+            os.utime(each, (FIXED_MTIME + number, FIXED_MTIME + number))
+    for folder in [src, *(p for p in src.rglob("*") if p.is_dir())]:
+        os.utime(folder, (FIXED_MTIME, FIXED_MTIME))  # never the mount's own time
+    return pack_with_gnu_tar(src, tmp_path / "shards", files_per_shard=[50, 70])[0].parent
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("layout", ["raw", "imagefolder"])
+def test_lookups_answered_in_c_show_what_python_shows(
+    nested_shards: Path, mountpoint: Path, tmp_path: Path, layout: str
+) -> None:
+    """The same tree through a mount whose LOOKUPs C answers and one without the compiled
+    path: every name shows the same inode and attributes, and C answered the files'."""
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    python_only = tmp_path / "python-only"
+    python_only.mkdir()
+    env = dict(os.environ)
+    mount(str(nested_shards), mountpoint, tmp_path / "cache", "--layout", layout, env=env)
+    mount(str(nested_shards), python_only, tmp_path / "cache2", "--layout", layout,
+          env={**env, "SHARDFS_HOT_PATH": "0"})  # fmt: skip
+    try:
+        in_c, in_python = _stat_tree(mountpoint), _stat_tree(python_only)
+        compiled, plain = stats(mountpoint), stats(python_only)
+    finally:
+        umount(mountpoint)
+        umount(python_only)
+    files = [path for path in in_c if path.endswith(".jpg")]
+    assert len(files) == 60
+    assert in_c == in_python
+    assert compiled["folders_published"] == compiled["folders_listed"] > 1
+    assert compiled["hot_path_lookups"] >= len(files)
+    assert compiled["python_lookups"] == 0  # every folder was listed, so published, first
+    assert plain["hot_path_lookups"] == 0 and plain["python_lookups"] >= len(files)
+
+
+@pytest.mark.integration
+def test_a_folder_looked_up_before_any_listing_is_published_after_its_first_lookup(
+    nested_shards: Path, mountpoint: Path, tmp_path: Path
+) -> None:
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    mount(str(nested_shards), mountpoint, tmp_path / "cache", "--layout", "raw",
+          env=dict(os.environ))  # fmt: skip
+    try:
+        folder = mountpoint / "class_1" / "part_0"
+        first = folder / "img_004.jpg"
+        assert first.stat().st_size == 3000 + 97 * 4  # LOOKUPs in Python: nothing listed
+        wait_for(
+            lambda: stats(mountpoint)["folders_published"] >= 3, "3 folders published"
+        )  # root, class_1, part_0
+        before = stats(mountpoint)
+        names = os.listdir(folder)
+        drop_page_cache()  # the dentries too: each name below is a LOOKUP again
+        for name in names:
+            assert (folder / name).stat().st_size > 0
+        after = stats(mountpoint)
+    finally:
+        umount(mountpoint)
+    assert before["python_lookups"] == 3  # class_1, part_0, img_004.jpg
+    assert before["hot_path_lookups"] == 0
+    assert len(names) == 20  # 10 samples, 2 files each
+    # Each name, and the two folders above them once: all three folders were published.
+    assert after["hot_path_lookups"] - before["hot_path_lookups"] >= len(names)
+    assert after["python_lookups"] == before["python_lookups"]

@@ -16,6 +16,9 @@
  *     hint follows that file, is then queued for a Python thread (``opened``): the hint
  *     counts it as read.
  *   - forget, forget_multi: nothing to free.
+ *   - lookup (when Python asks for it, ``hot_serve_lookups``): a name in a folder Python
+ *     published (``hot_publish_folder``, the table in _entries.c) is answered here, and the
+ *     pusher's ``known`` byte of its inode set, as Python's handler does; else Python.
  * And for the kernel pusher (pushes.py), hot_push stores a block's files with one call.
  * No libfuse header is needed: libfuse's functions arrive as addresses from ctypes, and the
  * per-mount state travels as the session's userdata. Python calls the exported hot_*
@@ -35,6 +38,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "_entries.h"
+
 typedef void *req_t;
 typedef int (*reply_err_fn)(req_t, int);
 typedef int (*reply_buf_fn)(req_t, const char *, size_t);
@@ -44,6 +49,17 @@ typedef void (*read_fn)(req_t, uint64_t, size_t, int64_t, void *);
 typedef void (*ioctl_fn)(req_t, uint64_t, unsigned, void *, void *, unsigned, const void *,
                          size_t, size_t);
 typedef void (*opened_fn)(uint64_t);
+typedef void (*lookup_fn)(req_t, uint64_t, const char *);
+
+/* libfuse's struct fuse_entry_param */
+struct entry_param {
+    uint64_t ino;
+    uint64_t generation;
+    struct stat attr;
+    double attr_timeout;
+    double entry_timeout;
+};
+typedef int (*reply_entry_fn)(req_t, const struct entry_param *);
 
 /* Published block files held open at once, oldest dropped first: at most this many, and at
  * most what hot_limit_blocks allows (each holds a descriptor and its sums, 16 KiB for an
@@ -82,6 +98,7 @@ struct hot_counters {
     uint64_t not_in_memory;     /* reads left to Python: their pages were not cached */
     uint64_t disk_reads;        /* reads the disk readers answered (pages not cached) */
     uint64_t memory_reads;      /* reads answered from a block in memory, before its push */
+    uint64_t lookups;           /* LOOKUPs answered here (published folders) */
 };
 
 /* A READ whose pages were not in memory, waiting for a disk reader. */
@@ -123,6 +140,14 @@ struct ctx {
     int opened_fd; /* an eventfd told when ``opened`` gets its first inode; -1: none */
     unsigned opened_count;
     uint64_t opened[MAX_OPENED]; /* inodes whose opens Python has yet to take */
+    /* LOOKUPs (hot_serve_lookups): the published folders, Python's handler for the rest */
+    struct entries *entries;
+    lookup_fn py_lookup;
+    reply_entry_fn reply_entry;
+    uint8_t *known;    /* the pusher's: 1 once the kernel was given the inode (may be NULL) */
+    uint32_t uid, gid; /* what every entry shows */
+    int64_t blksize;
+    double timeout;
 };
 
 /* A fast 64-bit checksum of a chunk (eight multiply-xor lanes): any change of one 8-byte
@@ -445,6 +470,33 @@ static void hot_forget_multi(req_t req, size_t count, void *forgets) {
     c->reply_none(req);
 }
 
+static void hot_lookup(req_t req, uint64_t parent, const char *name) {
+    struct ctx *c = req_userdata(req);
+    struct entry_attr a;
+    if (c->entries == NULL || !entries_find(c->entries, parent, name, strlen(name), &a)) {
+        c->py_lookup(req, parent, name);
+        return;
+    }
+    /* as Python's FuseOperations._entry, from AttributeRule's fields */
+    struct entry_param e;
+    memset(&e, 0, sizeof e);
+    e.ino = a.ino;
+    e.attr.st_ino = a.ino;
+    e.attr.st_mode = a.mode;
+    e.attr.st_nlink = S_ISDIR(a.mode) ? 2 : 1;
+    e.attr.st_uid = c->uid;
+    e.attr.st_gid = c->gid;
+    e.attr.st_size = a.size;
+    e.attr.st_blksize = c->blksize;
+    e.attr.st_blocks = (a.size + 511) / 512;
+    e.attr.st_atim.tv_sec = e.attr.st_mtim.tv_sec = e.attr.st_ctim.tv_sec = a.mtime;
+    e.attr_timeout = e.entry_timeout = c->timeout;
+    c->reply_entry(req, &e);
+    if (c->known != NULL && a.ino < c->n_ino)
+        c->known[a.ino] = 1; /* as pusher.inode_known(ino, push_waiting=False) */
+    __atomic_fetch_add(&c->counters.lookups, 1, __ATOMIC_RELAXED);
+}
+
 /* -- called from Python through ctypes ------------------------------------------------ */
 
 /* Answer a READ Python holds as hot_read would (a file of a published block, in memory or
@@ -458,12 +510,51 @@ int hot_answer(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off)
 /* How many blocks may be published at once (the size of hot_sweep's ``used``). */
 unsigned hot_max_blocks(void) { return MAX_BLOCKS; }
 
-/* The handlers' addresses, in the order read, ioctl, forget, forget_multi. */
+/* The handlers' addresses, in the order read, ioctl, forget, forget_multi, lookup. */
 void hot_handlers(void **out) {
     out[0] = (void *)hot_read;
     out[1] = (void *)hot_ioctl;
     out[2] = (void *)hot_forget;
     out[3] = (void *)hot_forget_multi;
+    out[4] = (void *)hot_lookup;
+}
+
+/* Answer LOOKUPs in published folders from now on (install the lookup handler after this):
+ * ``py_lookup`` is Python's handler, for the names not published; ``reply_entry`` libfuse's
+ * fuse_reply_entry; ``known`` the pusher's table (or NULL); every entry shows ``uid``,
+ * ``gid`` and ``blksize``, and is kept ``timeout`` seconds. At most ``max_entries`` entries
+ * are held. 0, or -ENOMEM. Call once, before requests come. */
+int hot_serve_lookups(struct ctx *c, void *py_lookup, void *reply_entry, uint8_t *known,
+                      uint32_t uid, uint32_t gid, int64_t blksize, double timeout,
+                      uint64_t max_entries) {
+    c->entries = entries_new(c->n_ino, max_entries);
+    if (c->entries == NULL)
+        return -ENOMEM;
+    c->py_lookup = (lookup_fn)py_lookup;
+    c->reply_entry = (reply_entry_fn)reply_entry;
+    c->known = known;
+    c->uid = uid;
+    c->gid = gid;
+    c->blksize = blksize;
+    c->timeout = timeout;
+    return 0;
+}
+
+/* Publish folder ``parent``'s entries (see entries_add_folder): how many were added, 0
+ * when it was published already, or a negative errno (-ENOSPC: past the bound). */
+int64_t hot_publish_folder(struct ctx *c, uint64_t parent, uint64_t count, const char *names,
+                           const int64_t *name_ends, const uint64_t *inos,
+                           const int64_t *sizes, const int64_t *mtimes,
+                           const uint32_t *modes) {
+    if (c->entries == NULL)
+        return -EINVAL;
+    return entries_add_folder(c->entries, parent, count, names, name_ends, inos, sizes,
+                              mtimes, modes);
+}
+
+/* Whether folder ``parent`` is published. */
+int hot_folder_published(struct ctx *c, uint64_t parent) {
+    return c->entries != NULL && entries_has_folder(c->entries, parent);
 }
 
 /* The state of one mount; NULL when out of memory. ``fns``: reply_err, reply_buf,
@@ -710,6 +801,7 @@ void hot_free(struct ctx *c) {
     pthread_mutex_destroy(&c->lock);
     free(c->buffer);
     free(c->slots);
+    entries_free(c->entries);
     free(c);
 }
 

@@ -1,7 +1,8 @@
-"""The compiled hot path (``_hot.c``): READs of published files, ioctls and forgets answered
-without the interpreter, and a block's kernel pushes in one call; this module is its
-control plane. The opens C sees of files an order hint follows reach the hint on a thread of
-their own (``shardfs-opened``), never on the one answering requests.
+"""The compiled hot path (``_hot.c``): READs of published files, LOOKUPs in published
+folders (``_entries.c``), ioctls and forgets answered without the interpreter, and a block's
+kernel pushes in one call; this module is its control plane. The opens C sees of files an
+order hint follows reach the hint on a thread of their own (``shardfs-opened``), never on
+the one answering requests.
 
 A file is *published* once the block file holding all of it was verified chunk by chunk
 (``ShardFileSystem.published_block``): its later READs are one ``pread`` in C. Files an order
@@ -13,6 +14,7 @@ request is answered in Python as before: same replies, more CPU per file.
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import logging
 import os
@@ -26,12 +28,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..cache.block_cache import VerifiedBlock
 
+FolderEntry = tuple[bytes, int, int, int, int]
+"""A folder entry as ``HotPath.publish_folder`` takes it: name, ino, st_mode, size, mtime."""
+
 log = logging.getLogger(__name__)
 
 _HANDLERS = ("read", "ioctl", "forget", "forget_multi")
 _COUNTERS = (
     "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
-    "not_in_memory", "disk_reads", "memory_reads",
+    "not_in_memory", "disk_reads", "memory_reads", "lookups",
 )  # fmt: skip
 OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 # How often published blocks are checked for removal from the cache: what they may hold
@@ -52,6 +57,9 @@ DISK_READERS = 8
 # Of the process's descriptor limit, the share published blocks may hold (each keeps its
 # block file open); the rest stays for sockets, the cache and the index.
 PUBLISHED_FD_SHARE = 0.5
+# Folder entries C may hold for LOOKUPs (about 60 bytes each plus the name: some 400 MB at
+# most); the folders of a tree larger than that are looked up in Python past the bound.
+MAX_ENTRIES = 1 << 22
 
 
 class _Counters(ctypes.Structure):
@@ -107,6 +115,18 @@ def _load() -> ctypes.CDLL | None:
     lib.hot_queue_opened.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.hot_take_opened.restype = ctypes.c_uint
     lib.hot_take_opened.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
+    lib.hot_serve_lookups.restype = ctypes.c_int
+    lib.hot_serve_lookups.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+        ctypes.c_uint32, ctypes.c_int64, ctypes.c_double, ctypes.c_uint64,
+    ]  # fmt: skip
+    lib.hot_publish_folder.restype = ctypes.c_int64
+    lib.hot_publish_folder.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    ]  # fmt: skip
+    lib.hot_folder_published.restype = ctypes.c_int
+    lib.hot_folder_published.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
     lib.hot_push.restype = ctypes.c_int64
     lib.hot_push.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
@@ -175,6 +195,21 @@ def _data_address(data: bytes | memoryview) -> tuple[int, object]:
     return address, data
 
 
+@dataclass(frozen=True)
+class Lookups:
+    """What C needs to answer LOOKUPs as ``FuseOperations.lookup`` does: the pusher's
+    ``known`` table (one byte per inode, shared, never resized; None without a pusher), the
+    owner every entry shows, its ``st_blksize``, how long the kernel may keep it, and how
+    many entries C may hold."""
+
+    known: bytearray | None
+    uid: int
+    gid: int
+    blksize: int
+    timeout: float
+    max_entries: int = MAX_ENTRIES
+
+
 @dataclass
 class InMemory:
     """A block ``HotPath.publish_memory`` answers from: C's slot, its generation there, and
@@ -207,16 +242,22 @@ class HotPath:
         delivered: bytearray,
         opened: Callable[[Sequence[int]], None],
         used: Callable[[Any], None],
+        lookups: Lookups | None = None,
     ) -> None:
-        """``opened(inodes)`` is told of the opens (their TCGETS) of watched files the kernel
+        """``lookups``: also answer LOOKUPs of the folders ``publish_folder`` is given.
+        ``opened(inodes)`` is told of the opens (their TCGETS) of watched files the kernel
         holds whole, in batches; ``used(token)`` is told, about once a SWEEP_S, of each
         published block that answered READs meanwhile (``token`` as given to ``publish``)."""
         if len(watched) < inodes or len(delivered) * 8 < inodes:
             raise ValueError("the shared tables must cover every inode")
         if in_kernel is not None and len(in_kernel) < inodes:
             raise ValueError("the shared tables must cover every inode")
+        if lookups is not None and lookups.known is not None and len(lookups.known) < inodes:
+            raise ValueError("the shared tables must cover every inode")
         self._lib = lib
         self._shared = (in_kernel, watched, delivered)  # kept alive while C points into them
+        self._lookups = lookups
+        self._reply_entry = ctypes.cast(fuse.fuse_reply_entry, ctypes.c_void_p).value
         self._opened = OPENED_TYPE(lambda ino: opened((ino,)))  # C's, when its queue is full
         self._on_opened = opened
         self._opened_fd = -1
@@ -264,11 +305,62 @@ class HotPath:
         self._opened_fd = os.eventfd(0, os.EFD_CLOEXEC)
         self._lib.hot_queue_opened(ctx, self._opened_fd)
         self._opens.start()
-        handlers = (ctypes.c_void_p * len(_HANDLERS))()
+        handlers = (ctypes.c_void_p * (len(_HANDLERS) + 1))()
         self._lib.hot_handlers(handlers)
-        for name, handler in zip(_HANDLERS, handlers, strict=True):
+        for name, handler in zip(_HANDLERS, handlers, strict=False):
             setattr(ops, name, handler)
+        if self._serve_lookups(ctx, ops.lookup):
+            ops.lookup = handlers[len(_HANDLERS)]
         return int(ctx)
+
+    def _serve_lookups(self, ctx: int, python_lookup: int) -> bool:
+        found = self._lookups
+        if found is None:
+            return False
+        result = self._lib.hot_serve_lookups(
+            ctx, python_lookup, self._reply_entry, _address(found.known), found.uid,
+            found.gid, found.blksize, found.timeout, found.max_entries,
+        )  # fmt: skip
+        if result < 0:
+            log.warning("LOOKUPs stay in Python: %s", os.strerror(-result))
+            self._lookups = None
+        return bool(result == 0)
+
+    @property
+    def serves_lookups(self) -> bool:
+        """Whether C answers LOOKUPs of published folders."""
+        return self._ctx is not None and self._lookups is not None
+
+    def publish_folder(self, parent: int, entries: Sequence[FolderEntry]) -> int:
+        """Answer the LOOKUPs of these entries of folder ``parent`` in C from now on:
+        ``entries`` ((name, ino, st_mode, size, mtime)) are all its names but "." and "..".
+        Returns how many were added (0: published already), or -1 when C holds as many
+        entries as it may (``Lookups.max_entries``): that folder's LOOKUPs stay Python's."""
+        if not self.serves_lookups:
+            return 0
+        ends, inos, sizes, mtimes = array("q"), array("Q"), array("q"), array("q")
+        modes = array("I")
+        at = 0
+        for name, ino, mode, size, mtime in entries:
+            at += len(name)
+            ends.append(at)
+            inos.append(ino)
+            modes.append(mode)
+            sizes.append(size)
+            mtimes.append(mtime)
+        names = b"".join(entry[0] for entry in entries)
+        result = self._lib.hot_publish_folder(
+            self._ctx, parent, len(entries), names, _buffer(ends), _buffer(inos),
+            _buffer(sizes), _buffer(mtimes), _buffer(modes),
+        )  # fmt: skip
+        if result == -errno.ENOSPC:
+            return -1
+        if result < 0:
+            raise OSError(-result, os.strerror(-result))
+        return int(result)
+
+    def folder_published(self, parent: int) -> bool:
+        return self.serves_lookups and bool(self._lib.hot_folder_published(self._ctx, parent))
 
     def _sweep(self) -> None:
         """Every SWEEP_S, let go of published blocks the cache removed meanwhile, and tell
@@ -394,6 +486,7 @@ class HotPath:
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
             "checksum_failures": counts["checksum_failures"],
+            "hot_path_lookups": counts["lookups"],
         }
 
     def close(self) -> None:

@@ -28,11 +28,12 @@ from typing import Any, TypeVar, cast
 from .. import placement
 from ..config import MountConfig
 from ..core.attributes import BLOCK_SIZE
-from ..core.filesystem import ShardFileSystem
+from ..core.filesystem import Entry, ShardFileSystem
 from ..errors import NotFoundError, ShardfsError
 from ..formats.tar import MemberKind
 from ..formats.units import is_decoded
 from ..store.shards import ShardInfo
+from ..views.nodes import ROOT_INO
 from ..views.view import Node
 from . import binding as libfuse
 from . import dirents, hot_path
@@ -49,6 +50,8 @@ _HINT_IOCTL = placement.HINT_IOCTL
 # READDIRPLUS entry costs about 10 us in the daemon and the kernel (measured), which for a
 # tiny file is the cost of reading it, and it would make listing a million of them slow.
 _FULL_ENTRY_MIN_SIZE = 4096
+# The mount's own files in its root, which Python's LOOKUP answers (``ShardFileSystem.child``).
+_OWN_NAMES = frozenset(os.fsencode(name) for name in (placement.TABLE_NAME, placement.HINT_NAME))
 
 
 def _error_number(exc: BaseException, operation: str) -> int:
@@ -130,6 +133,13 @@ class FuseOperations:
                 delivered=core.delivered,
                 opened=self._opened,
                 used=self._block_used,
+                lookups=hot_path.Lookups(
+                    known=pusher.known if pusher is not None else None,
+                    uid=core.shown.uid,
+                    gid=core.shown.gid,
+                    blksize=BLOCK_SIZE,
+                    timeout=self.timeout,
+                ),
             )
         if self.hot is not None:
             core.stats.add_source(self.hot.stats)
@@ -138,6 +148,7 @@ class FuseOperations:
                 pusher.publish_early = self._publish_early
                 pusher.release = self._release_early
         self._publishing: set[tuple[int, int]] = set()
+        self._folders_publishing: set[int] = set()
         self._publish_lock = threading.Lock()
         self._publish_buffer: mmap.mmap | None = None
 
@@ -197,8 +208,44 @@ class FuseOperations:
             self.lib.fuse_reply_entry(req, ctypes.byref(entry))
             return
         self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
+        self.core.stats.add(python_lookups=1)
         if self.pusher is not None and not self.core.is_virtual(node):
             self.pusher.inode_known(node.ino, push_waiting=False)
+        if not self.core.is_virtual(node):
+            self._publish_folder_soon(folder)
+
+    def _publish_folder_soon(self, folder: Node, entries: list[Entry] | None = None) -> None:
+        """Have C answer the later LOOKUPs in ``folder`` (``entries``: its listing, if built
+        already), handed over on a worker thread: a folder of a million names takes a while.
+        Two threads may both hand it over; C keeps the first."""
+        hot = self.hot
+        if hot is None or self.workers is None or not hot.serves_lookups:
+            return
+        if folder.ino in self._folders_publishing or hot.folder_published(folder.ino):
+            return
+        self._folders_publishing.add(folder.ino)
+        self.workers.submit(self._publish_folder, folder, entries)
+
+    def _publish_folder(self, folder: Node, entries: list[Entry] | None) -> None:
+        """Hand ``folder``'s names (``entries``: its listing, if built already) to C, which
+        answers their LOOKUPs from then on as ``lookup`` would."""
+        hot = self.hot
+        try:
+            if hot is None or not hot.serves_lookups or hot.folder_published(folder.ino):
+                return
+            if entries is None:
+                entries = self.core.listing(folder)
+            shown = [
+                (e.name, e.ino, e.mode, e.size, e.mtime)
+                for e in entries[2:]  # "." and ".." are the kernel's
+                if not (folder.ino == ROOT_INO and e.name in _OWN_NAMES)
+            ]
+            if hot.publish_folder(folder.ino, shown) > 0:
+                self.core.stats.add(folders_published=1)
+        except Exception:  # its LOOKUPs stay Python's
+            log.exception("publishing folder %d for LOOKUPs failed", folder.ino)
+        finally:
+            self._folders_publishing.discard(folder.ino)
 
     def forget(self, req: int, _ino: int, _nlookup: int) -> None:
         self.lib.fuse_reply_none(req)  # inodes are rows of the view: nothing to free
@@ -414,6 +461,7 @@ class FuseOperations:
         if packed is None:  # packed whole at the first request; later ones are slices
             entries = self.core.listing(listing.folder, _FULL_ENTRY_MIN_SIZE)
             self.core.stats.add(folders_listed=1)
+            self._publish_folder_soon(listing.folder, entries)
             shown = self.core.shown
             packed = listing.packed[plus] = dirents.pack(
                 entries, plus=plus, uid=shown.uid, gid=shown.gid,

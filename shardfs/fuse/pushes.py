@@ -121,6 +121,12 @@ class KernelPusher:
                     log.exception("publishing a fetched block early failed")
         self._queue.put(_LocalBlock(shard, start, end, block, touching, early))
 
+    @property
+    def known(self) -> bytearray:
+        """One byte per inode, 1 once the kernel was given it (shared with C's LOOKUPs,
+        which set it as ``inode_known(ino, push_waiting=False)`` does; never resized)."""
+        return self._known
+
     def inode_known(self, ino: int, *, push_waiting: bool = True) -> None:
         """The kernel was just given ``ino``; push the file if its block was waiting for it.
 
