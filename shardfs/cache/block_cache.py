@@ -391,8 +391,8 @@ class BlockCache:
         ``evict_before``; returns whether it is there now."""
         if self._health.degraded:
             return False
-        final = self.path_of(key)
-        if self._health.is_bad(str(final)):
+        final = self._block_path(key)
+        if self._health.is_bad(final):
             return False
         if not self._ledger.ready and not self._prepare():
             return False
@@ -402,7 +402,7 @@ class BlockCache:
         self,
         key: BlockKey,
         block: bytes | memoryview,
-        final: Path,
+        final: str,
         evict_before: float,
         unread: bool,
     ) -> bool:
@@ -420,20 +420,20 @@ class BlockCache:
             # Kept open from here: the block's first read (the pusher publishing it) would
             # otherwise read its header back from the disk, queued behind block writes.
             fd = os.open(tmp, os.O_RDONLY)
-            inserted = self._ledger.add(str(final), size)
+            inserted = self._ledger.add(final, size)
             self._writer.publish(tmp, final)
         except (OSError, sqlite3.Error) as exc:
             if fd >= 0:
                 os.close(fd)
             self._writer.discard(tmp)
             if inserted:
-                self._forget(str(final))  # counted, but never renamed into place
-            self._write_failed(str(final), exc)
+                self._forget(final)  # counted, but never renamed into place
+            self._write_failed(final, exc)
             return False
-        self._open.adopt(str(final), OpenBlock(fd, written_header(header)))
+        self._open.adopt(final, OpenBlock(fd, written_header(header)))
         self.stats.add(blocks_written=1)
         if unread:
-            self._ledger.mark_unread(str(final), size)
+            self._ledger.mark_unread(final, size)
         return True
 
     def _write_failed(self, path: str, exc: OSError | sqlite3.Error) -> None:

@@ -51,6 +51,7 @@ class AtomicWriter:
 
     def __init__(self, tmp_dir: Path, chunk_size: int) -> None:
         self.tmp_dir = tmp_dir
+        self._tmp_prefix = f"{tmp_dir}{os.sep}"
         self._names = itertools.count()
         self._token = uuid.uuid4().hex[:8]
         self._direct = hasattr(os, "O_DIRECT")
@@ -64,13 +65,14 @@ class AtomicWriter:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
 
-    def temp_path(self) -> Path:
+    def temp_path(self) -> str:
         """A name in ``tmp/`` that no other writer, in this process or another, uses."""
         # The pid and a counter keep names apart within a process; the token, drawn once per
-        # writer, keeps them apart from a dead process that had the same pid.
-        return self.tmp_dir / f"{os.getpid()}-{next(self._names)}-{self._token}.tmp"
+        # writer, keeps them apart from a dead process that had the same pid. A plain str:
+        # a block's paths are built per block, and pathlib's cost shows at 1 MiB blocks.
+        return f"{self._tmp_prefix}{os.getpid()}-{next(self._names)}-{self._token}.tmp"
 
-    def write(self, path: Path, header: bytes, data: bytes | memoryview) -> None:
+    def write(self, path: str, header: bytes, data: bytes | memoryview) -> None:
         """Create ``path`` holding ``header + data``; it must not exist yet."""
         if self._direct:
             try:
@@ -90,18 +92,24 @@ class AtomicWriter:
             os.close(fd)
 
     @staticmethod
-    def publish(tmp: Path, final: Path) -> None:
-        """Rename a written temp file into place, replacing what was there."""
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, final)
+    def publish(tmp: str, final: str) -> None:
+        """Rename a written temp file into place, replacing what was there; the folder is
+        made only when missing (the rename says so), not checked for every block."""
+        try:
+            os.replace(tmp, final)
+        except FileNotFoundError:
+            if not os.path.exists(tmp):
+                raise
+            os.makedirs(os.path.dirname(final), exist_ok=True)
+            os.replace(tmp, final)
 
     @staticmethod
-    def discard(tmp: Path) -> None:
+    def discard(tmp: str) -> None:
         """Remove a temp file that will not be published (if it was created at all)."""
         with contextlib.suppress(OSError):
             os.unlink(tmp)
 
-    def _write_direct(self, path: Path, header: bytes, data: bytes | memoryview) -> None:
+    def _write_direct(self, path: str, header: bytes, data: bytes | memoryview) -> None:
         """Write header + data bypassing the page cache: one aligned write, padded with
         zeros to a whole page, which the file keeps (the header says where the data ends).
         Cutting the file to its exact length would cost a synchronous read of its last

@@ -183,7 +183,13 @@ def _data_address(data: bytes | memoryview) -> tuple[int, object]:
     if isinstance(data, bytes):
         return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0, data
     if not data.readonly:
-        return ctypes.addressof((ctypes.c_char * len(data)).from_buffer(data)), data
+        if not data:
+            return 0, data
+        probe = ctypes.c_char.from_buffer(data)  # no array type of this length to build
+        try:
+            return ctypes.addressof(probe), data
+        finally:
+            del probe  # releases the export at once
     if not data.c_contiguous:
         raw = data.tobytes()
         return ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value or 0, raw
