@@ -52,6 +52,7 @@ class Stats:
     hot_path_lookups: int = 0  # LOOKUPs the compiled path answered (names in published folders)
     python_lookups: int = 0  # LOOKUPs answered in Python
     folders_published: int = 0  # folders whose entries were handed to the compiled path
+    landing_room_timeouts: int = 0  # readahead GETs that stopped waiting for landing memory
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
     _sources: list[Callable[[], dict[str, int]]] = field(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import mmap
+import threading
+import time
 
 from shardfs.cache.block_format import header_len
 from shardfs.cache.landing import PAGE, LandingBuffers, _address, anonymous_map
@@ -98,3 +100,35 @@ def test_a_small_buffer_is_not_rounded_to_huge_pages() -> None:
     assert len(mapping) == 300_000
     assert "hg" not in _vm_flags(_address(mapping))
     mapping.close()
+
+
+def test_readahead_waits_for_room_until_a_block_is_let_go() -> None:
+    buffers = LandingBuffers(CHUNK)
+    held = [buffers.take(1 << 20) for _ in range(3)]  # three blocks not yet written
+    in_use = buffers.in_use()
+    assert in_use >= 3 << 20
+    with buffers.room(1 << 20, limit=in_use + (1 << 20), timeout=0.0) as fits:
+        assert fits  # a block's worth of room left
+        # A second GET counts the first one's bytes, still coming, against the limit.
+        started = time.monotonic()
+        with buffers.room(1 << 20, limit=in_use + (1 << 20), timeout=0.05) as second:
+            assert not second and time.monotonic() - started >= 0.05
+    threading.Timer(0.05, held.clear).start()  # the pusher lets the blocks go
+    started = time.monotonic()
+    with buffers.room(2 << 20, limit=2 << 20, timeout=5.0) as fits:
+        waited = time.monotonic() - started
+    assert fits and 0.04 <= waited < 5.0
+    assert buffers.in_use() == 0
+    with buffers.room(64 << 20, limit=1 << 20, timeout=0.0) as fits:
+        assert fits  # nothing in use: a GET larger than the limit still goes
+
+
+def test_room_left_early_is_given_back() -> None:
+    buffers = LandingBuffers(CHUNK)
+    try:
+        with buffers.room(1 << 20, limit=1 << 20, timeout=0.0):
+            raise OSError("the GET failed")
+    except OSError:
+        pass
+    with buffers.room(1 << 20, limit=1 << 20, timeout=0.0) as fits:
+        assert fits

@@ -148,6 +148,16 @@ class BlockCache:
         without a copy (``landing.LandingBuffers``)."""
         return self._writer.landing.take(length)
 
+    @contextlib.contextmanager
+    def landing_room(self, length: int) -> Iterator[None]:
+        """Around a readahead GET of ``length`` bytes into landing memory: first wait a
+        little while the blocks fetched ahead and not yet written or pushed, and the other
+        readahead GETs, hold more than ``landing.READAHEAD_BYTES`` (``LandingBuffers.room``)."""
+        with self._writer.landing.room(length) as fits:
+            if not fits:
+                self.stats.add(landing_room_timeouts=1)
+            yield
+
     def offer(self, key: BlockKey, block: bytes) -> bool:
         """Store a block that was downloaded anyway (an index scan), unless it is cached,
         in flight, or would need evicting; returns True if stored."""

@@ -103,7 +103,8 @@ class BlockRun:
                 # Reads of the later blocks wait for this GET and their store, rather
                 # than fetch the same bytes again.
                 reader.coming.expect(self.skey, range(index + 1, -(-end // size)))
-                pieces = reader.get_pieces(self.shard, start, end, size, reader.cache.landing)
+                with reader.cache.landing_room(end - start):  # the pusher catches up first
+                    pieces = reader.get_pieces(self.shard, start, end, size, reader.cache.landing)
                 self._got.clear()
                 self._got.update(enumerate(pieces, start=index))
                 block = self._got.pop(index)
