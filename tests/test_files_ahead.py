@@ -3,7 +3,10 @@ taken by its read, never fetched twice when the read comes first."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -100,3 +103,77 @@ def test_a_claim_narrows_to_what_is_still_missing_before_its_fetch() -> None:
     assert ahead.take("s", 400, 600) == DATA[400:600]
     assert ahead.held == 100 and calls == [(400, 600)]
     assert not ahead.narrow("s", 100, 200, 300)  # gone
+
+
+def test_a_kept_block_serves_the_reads_inside_it_and_no_file_of_it_is_claimed() -> None:
+    ahead = FilesAhead(budget=3000)
+    assert ahead.keep("s", 1000, DATA[1000:2000])
+    assert ahead.held == 1000
+    assert not ahead.claim("s", 1200, 1300)  # a file inside it: its read takes it
+    assert ahead.take("s", 1200, 1300) == DATA[1200:1300]
+    assert ahead.take("s", 1500, 1800) == DATA[1500:1800]  # reads in any order
+    assert ahead.take("s", 1900, 2100) is None  # a file past its end: fetched by its read
+    assert ahead.claim("s", 1900, 2100)
+    assert not ahead.keep("s", 1500, DATA[1500:2500])  # overlaps what is held
+    assert not ahead.keep("s", 5000, DATA[:2000])  # past the budget
+    ahead.clear()
+    assert ahead.held == 0 and ahead.take("s", 1200, 1300) is None
+
+
+def test_a_run_block_with_no_room_left_is_kept_not_dropped() -> None:
+    """A readahead GET brought blocks 4 and 5; block 5 then finds no room in the cache (a
+    use warmed what its held room counted on): its bytes go to the files ahead."""
+    from shardfs.read.block_runs import BlockRun
+    from shardfs.read.fills import Arrivals
+
+    size, kept, gets = 100, [], []
+
+    class Cache:
+        def contains(self, key: object) -> bool:
+            return False
+
+        def in_flight(self, key: object) -> bool:
+            return False
+
+        def hold(self, lens: list[int], evict_before: float, spare: int = 0) -> list[int]:
+            return [length + 10 for length in lens]
+
+        def release(self, held: int) -> None:
+            pass
+
+        def landing(self, length: int) -> memoryview:
+            return memoryview(bytearray(length))
+
+        def landing_room(self, length: int) -> contextlib.AbstractContextManager[None]:
+            return contextlib.nullcontext()
+
+    class Reader:
+        cache, block_size, coming = Cache(), size, Arrivals(1.0)
+
+        def get_pieces(
+            self, shard: object, start: int, end: int, piece: int, land: object
+        ) -> list[bytes]:
+            gets.append((start, end))
+            return [DATA[at : min(end, at + piece)] for at in range(start, end, piece)]
+
+        def prefetch_one(
+            self,
+            shard: object,
+            skey: str,
+            index: int,
+            fetch: Any,
+            evict_before: float,
+            held: int = 0,
+        ) -> bool:
+            if index == 5:
+                return False  # no room: nothing fetched, the GET's bytes unused
+            fetch(0, size)
+            return True
+
+        def keep_unstored(self, shard: object, skey: str, index: int, block: Any) -> None:
+            kept.append((index, bytes(block)))
+
+    shard = SimpleNamespace(size=1000)
+    assert BlockRun(Reader(), shard, "k", [4, 5], 0.0).task()  # type: ignore[arg-type]
+    assert gets == [(400, 600)]  # one GET for both
+    assert kept == [(5, DATA[500:600])]

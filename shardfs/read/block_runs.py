@@ -52,6 +52,8 @@ class RunOwner(Protocol):
         held: int = ...,
     ) -> bool: ...
 
+    def keep_unstored(self, shard: ShardInfo, skey: str, index: int, block: Block) -> None: ...
+
 
 class BlockRun:
     """One readahead task over consecutive blocks ``indices`` of a shard: one GET covers
@@ -121,9 +123,13 @@ class BlockRun:
                 try:
                     fetch = self._fetcher(index)
                     held = self._held.pop(index, 0)
-                    stored |= reader.prefetch_one(
+                    stored_now = reader.prefetch_one(
                         self.shard, skey, index, fetch, self.evict_before, held
                     )
+                    stored |= stored_now
+                    unstored = None if stored_now else self._got.pop(index, None)
+                    if unstored is not None:  # brought by the GET, then no room to store it
+                        reader.keep_unstored(self.shard, skey, index, unstored)
                 finally:
                     reader.coming.arrived(skey, index)
         finally:

@@ -54,6 +54,8 @@ class FilesAhead:
         self.budget = budget
         self._held = 0
         self._extents: dict[str, dict[int, _Entry]] = {}
+        # The extents ``keep`` made, per shard (start: end): a claim inside one is refused.
+        self._kept: dict[str, dict[int, int]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -62,10 +64,13 @@ class FilesAhead:
 
     def claim(self, shard: str, start: int, end: int) -> bool:
         """Reserve ``[start, end)`` of ``shard`` for a fetch; False if it is held already
-        or would pass the budget."""
+        (claimed, or inside an extent held: ``keep``) or would pass the budget."""
         with self._lock:
             extents = self._extents.setdefault(shard, {})
             if start in extents or self._held + (end - start) > self.budget:
+                return False
+            kept = self._kept.get(shard)
+            if kept and any(at <= start and end <= kept_end for at, kept_end in kept.items()):
                 return False
             extents[start] = _Entry(end)
             self._held += end - start
@@ -116,6 +121,29 @@ class FilesAhead:
             self._held -= (entry.end - start) - (new_end - new_start)
             entry.end = new_end
             extents[new_start] = entry
+            return True
+
+    def keep(self, shard: str, start: int, data: bytes) -> bool:
+        """Hold bytes fetched already (a block that could not be cached after all) as an
+        extent at ``start``: the reads inside it take them, and no file inside it is
+        claimed again. Dropped by ``clear`` unless a read ends where it ends. False where
+        it would pass the budget or overlap an extent held."""
+        end = start + len(data)
+        with self._lock:
+            extents = self._extents.setdefault(shard, {})
+            if (
+                not data
+                or self._held + len(data) > self.budget
+                or any(at < end and start < entry.end for at, entry in extents.items())
+            ):
+                if not extents:
+                    del self._extents[shard]
+                return False
+            entry = _Entry(end, started=True, data=data)
+            entry.done.set()
+            extents[start] = entry
+            self._kept.setdefault(shard, {})[start] = end
+            self._held += len(data)
             return True
 
     def fill(self, shard: str, start: int, fetch: Callable[[], bytes]) -> bool:
@@ -172,9 +200,13 @@ class FilesAhead:
                 self._held -= entry.end - start
                 if not extents:
                     del self._extents[shard]
+                kept = self._kept.get(shard)
+                if kept is not None and kept.pop(start, None) is not None and not kept:
+                    del self._kept[shard]
 
     def clear(self) -> None:
         """Forget every extent (a new hint replaced the order they were fetched for)."""
         with self._lock:
             self._extents.clear()
+            self._kept.clear()
             self._held = 0

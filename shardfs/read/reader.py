@@ -466,6 +466,14 @@ class CachedReader:
         self.prefetcher.schedule(tasks, hinted=hinted)
         return len(blocks)
 
+    def keep_unstored(self, shard: ShardInfo, skey: str, index: int, block: Block) -> None:
+        """A block a readahead GET brought that found no room in the cache after all (the
+        room held for it was counted from blocks a later use warmed): its bytes are held
+        with the files fetched ahead, so that its files' reads take them and none of them
+        is fetched again. Before its "coming" mark goes (the caller's ``arrived``)."""
+        if self._ahead.keep(skey, index * self.block_size, bytes(block)):
+            self.stats.add(blocks_kept_unstored=1)
+
     def prefetch_one(
         self,
         shard: ShardInfo,
