@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from .block_format import PAGE, header_len
 
 KEEP_BYTES = 64 << 20  # idle buffers kept for reuse
-# Landing memory that readahead may hold before its next GET waits (``wait_room``): blocks
+# Landing memory that readahead may hold before its next GET waits (``room``): blocks
 # fetched far ahead of the kernel pusher sit in buffers, and each buffer past the ones in
 # reuse is fresh memory, which this VM faults in at up to 10 us a page. A first epoch over a
 # full cache held 17 blocks of 8 MiB at once: 0.35 s of the daemon's 0.8 s went to zeroing
