@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import logging
 import os
 import resource
@@ -24,6 +23,14 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .c_memory import array_address as _buffer
+from .c_memory import data_address as _data_address
+from .c_memory import file_arrays as _file_arrays
+from .c_memory import table_address as _address
+from .hot_library import COUNTERS as _COUNTERS
+from .hot_library import Counters as _Counters
+from .hot_library import load
 
 if TYPE_CHECKING:
     from ..cache.block_cache import VerifiedBlock
@@ -34,10 +41,6 @@ FolderEntry = tuple[bytes, int, int, int, int]
 log = logging.getLogger(__name__)
 
 _HANDLERS = ("read", "ioctl", "forget", "forget_multi")
-_COUNTERS = (
-    "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
-    "not_in_memory", "disk_reads", "memory_reads", "lookups",
-)  # fmt: skip
 OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 # How often published blocks are checked for removal from the cache: what they may hold
 # of the disk beyond the cache's bound is what the cache evicts in that time.
@@ -62,78 +65,10 @@ PUBLISHED_FD_SHARE = 0.5
 MAX_ENTRIES = 1 << 22
 
 
-class _Counters(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in _COUNTERS]
-
-
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("SHARDFS_HOT_PATH", "1") == "0":
         return None
-    return _load()
-
-
-@functools.cache
-def _load() -> ctypes.CDLL | None:
-    try:
-        from . import _hot  # type: ignore[attr-defined]
-    except ImportError:
-        log.info("the compiled FUSE hot path is not built: every request goes to Python")
-        return None
-    lib = ctypes.CDLL(_hot.__file__)
-    lib.hot_new.restype = ctypes.c_void_p
-    lib.hot_new.argtypes = [
-        ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64, ctypes.c_uint, ctypes.c_uint64,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-    ]  # fmt: skip
-    lib.hot_publish.restype = ctypes.c_int
-    lib.hot_publish.argtypes = [
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-    ]  # fmt: skip
-    lib.hot_publish_memory.restype = ctypes.c_int
-    lib.hot_publish_memory.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32),
-    ]  # fmt: skip
-    lib.hot_drop.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int32]
-    lib.hot_answer.restype = ctypes.c_int
-    lib.hot_answer.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64,
-    ]  # fmt: skip
-    lib.hot_published.restype = ctypes.c_int
-    lib.hot_published.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
-    lib.hot_counters.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Counters)]
-    lib.hot_clear.argtypes = [ctypes.c_void_p]
-    lib.hot_sweep.restype = ctypes.c_uint
-    lib.hot_sweep.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    lib.hot_max_blocks.restype = ctypes.c_uint
-    lib.hot_free.argtypes = [ctypes.c_void_p]
-    lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    lib.hot_limit_blocks.argtypes = [ctypes.c_void_p, ctypes.c_uint]
-    lib.hot_start_disk_readers.restype = ctypes.c_uint
-    lib.hot_start_disk_readers.argtypes = [ctypes.c_void_p, ctypes.c_uint]
-    lib.hot_queue_opened.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.hot_take_opened.restype = ctypes.c_uint
-    lib.hot_take_opened.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]
-    lib.hot_serve_lookups.restype = ctypes.c_int
-    lib.hot_serve_lookups.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
-        ctypes.c_uint32, ctypes.c_int64, ctypes.c_double, ctypes.c_uint64,
-    ]  # fmt: skip
-    lib.hot_publish_folder.restype = ctypes.c_int64
-    lib.hot_publish_folder.argtypes = [
-        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-    ]  # fmt: skip
-    lib.hot_folder_published.restype = ctypes.c_int
-    lib.hot_folder_published.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
-    lib.hot_push.restype = ctypes.c_int64
-    lib.hot_push.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint64,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-    ]  # fmt: skip
-    return lib
+    return load()
 
 
 def publish_limit(most: int) -> int:
@@ -148,57 +83,6 @@ def publish_limit(most: int) -> int:
 def available() -> bool:
     """Whether the compiled hot path is built and not switched off."""
     return _library() is not None
-
-
-def _address(buffer: bytearray | None) -> int | None:
-    if buffer is None or not buffer:
-        return None
-    return ctypes.addressof((ctypes.c_char * len(buffer)).from_buffer(buffer))
-
-
-class _PyBuffer(ctypes.Structure):
-    """CPython's ``Py_buffer`` (the buffer protocol's view of an object's memory)."""
-
-    _fields_ = [
-        ("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
-        ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
-        ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p),
-    ]  # fmt: skip
-
-
-_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
-_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
-_get_buffer.restype = ctypes.c_int
-_release_buffer = ctypes.pythonapi.PyBuffer_Release
-_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
-_release_buffer.restype = None
-_PYBUF_SIMPLE = 0  # contiguous bytes, read-only allowed
-
-
-def _data_address(data: bytes | memoryview) -> tuple[int, object]:
-    """The address of ``data``'s bytes and the object that holds them (keep it alive while
-    C reads them). Never a copy: a read-only slice of a larger object (a block cut from a
-    fetched range) is addressed in place, through the buffer protocol."""
-    if isinstance(data, bytes):
-        return ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0, data
-    if not data.readonly:
-        if not data:
-            return 0, data
-        probe = ctypes.c_char.from_buffer(data)  # no array type of this length to build
-        try:
-            return ctypes.addressof(probe), data
-        finally:
-            del probe  # releases the export at once
-    if not data.c_contiguous:
-        raw = data.tobytes()
-        return ctypes.cast(ctypes.c_char_p(raw), ctypes.c_void_p).value or 0, raw
-    view = _PyBuffer()
-    if _get_buffer(data, ctypes.byref(view), _PYBUF_SIMPLE) != 0:
-        raise BufferError("no buffer for the block's bytes")
-    address = view.buf or 0
-    _release_buffer(ctypes.byref(view))  # ``data`` itself, kept alive, holds the memory
-    return address, data
 
 
 @dataclass(frozen=True)
@@ -558,20 +442,6 @@ def batch_push(
     """The compiled pusher, or None when the extension is not built or switched off."""
     lib = _library()
     return None if lib is None else BatchPush(lib, store, in_kernel, known, waiting)
-
-
-def _file_arrays(files: list[tuple[int, int, int]]) -> tuple[array[int], array[int], array[int]]:
-    """(ino, position, size) of each file as the three arrays C takes."""
-    return (
-        array("Q", (ino for ino, _, _ in files)),
-        array("q", (at for _, at, _ in files)),
-        array("q", (size for _, _, size in files)),
-    )
-
-
-def _buffer(values: array[int]) -> int | None:
-    address, _ = values.buffer_info()
-    return address if values else None
 
 
 def create(fuse: Any, **tables: Any) -> HotPath | None:

@@ -28,15 +28,15 @@ from typing import Any, TypeVar, cast
 from .. import placement
 from ..config import MountConfig
 from ..core.attributes import BLOCK_SIZE
-from ..core.filesystem import Entry, ShardFileSystem
+from ..core.filesystem import ShardFileSystem
 from ..errors import NotFoundError, ShardfsError
 from ..formats.tar import MemberKind
 from ..formats.units import is_decoded
-from ..store.shards import ShardInfo
-from ..views.nodes import ROOT_INO
 from ..views.view import Node
 from . import binding as libfuse
 from . import dirents, hot_path
+from .folder_entries import FolderEntries
+from .pushed_blocks import PushedBlocks
 from .pushes import KernelPusher
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,6 @@ _HINT_IOCTL = placement.HINT_IOCTL
 # READDIRPLUS entry costs about 10 us in the daemon and the kernel (measured), which for a
 # tiny file is the cost of reading it, and it would make listing a million of them slow.
 _FULL_ENTRY_MIN_SIZE = 4096
-# The mount's own files in its root, which Python's LOOKUP answers (``ShardFileSystem.child``).
-_OWN_NAMES = frozenset(os.fsencode(name) for name in (placement.TABLE_NAME, placement.HINT_NAME))
 
 
 def _error_number(exc: BaseException, operation: str) -> int:
@@ -144,11 +142,12 @@ class FuseOperations:
         if self.hot is not None:
             core.stats.add_source(self.hot.stats)
             if pusher is not None:
-                pusher.publish = self._publish_pushed
-                pusher.publish_early = self._publish_early
-                pusher.release = self._release_early
+                pushed = PushedBlocks(core, self.hot)
+                pusher.publish = pushed.publish_pushed
+                pusher.publish_early = pushed.publish_early
+                pusher.release = pushed.release_early
         self._publishing: set[tuple[int, int]] = set()
-        self._folders_publishing: set[int] = set()
+        self._folders = FolderEntries(core, self.hot, self.workers)
         self._publish_lock = threading.Lock()
         self._publish_buffer: mmap.mmap | None = None
 
@@ -212,40 +211,7 @@ class FuseOperations:
         if self.pusher is not None and not self.core.is_virtual(node):
             self.pusher.inode_known(node.ino, push_waiting=False)
         if not self.core.is_virtual(node):
-            self._publish_folder_soon(folder)
-
-    def _publish_folder_soon(self, folder: Node, entries: list[Entry] | None = None) -> None:
-        """Have C answer the later LOOKUPs in ``folder`` (``entries``: its listing, if built
-        already), handed over on a worker thread: a folder of a million names takes a while.
-        Two threads may both hand it over; C keeps the first."""
-        hot = self.hot
-        if hot is None or self.workers is None or not hot.serves_lookups:
-            return
-        if folder.ino in self._folders_publishing or hot.folder_published(folder.ino):
-            return
-        self._folders_publishing.add(folder.ino)
-        self.workers.submit(self._publish_folder, folder, entries)
-
-    def _publish_folder(self, folder: Node, entries: list[Entry] | None) -> None:
-        """Hand ``folder``'s names (``entries``: its listing, if built already) to C, which
-        answers their LOOKUPs from then on as ``lookup`` would."""
-        hot = self.hot
-        try:
-            if hot is None or not hot.serves_lookups or hot.folder_published(folder.ino):
-                return
-            if entries is None:
-                entries = self.core.listing(folder)
-            shown = [
-                (e.name, e.ino, e.mode, e.size, e.mtime)
-                for e in entries[2:]  # "." and ".." are the kernel's
-                if not (folder.ino == ROOT_INO and e.name in _OWN_NAMES)
-            ]
-            if hot.publish_folder(folder.ino, shown) > 0:
-                self.core.stats.add(folders_published=1)
-        except Exception:  # its LOOKUPs stay Python's
-            log.exception("publishing folder %d for LOOKUPs failed", folder.ino)
-        finally:
-            self._folders_publishing.discard(folder.ino)
+            self._folders.soon(folder)
 
     def forget(self, req: int, _ino: int, _nlookup: int) -> None:
         self.lib.fuse_reply_none(req)  # inodes are rows of the view: nothing to free
@@ -333,48 +299,6 @@ class FuseOperations:
         finally:
             self._publishing.discard(key)
 
-    def _publish_early(
-        self, shard: ShardInfo, start: int, block: bytes | memoryview, files: list[Node]
-    ) -> hot_path.InMemory | None:
-        """A block just fetched, queued for its pushes: until they are done, C answers the
-        READs of its files from these bytes (a READ may come first: the reader opened the
-        file before the pusher reached it). On the thread that stored the block."""
-        hot = self.hot
-        if hot is None or self.core.hints.watched[files[0].ino]:
-            return None
-        token = (self.core.view.shard_ids[shard], start // self.core.block_size)
-        return hot.publish_memory(block, [(f.ino, f.offset - start, f.size) for f in files], token)
-
-    def _release_early(self, block: object) -> None:
-        if self.hot is not None and isinstance(block, hot_path.InMemory):
-            self.hot.drop(block)
-
-    def _publish_pushed(
-        self,
-        shard: ShardInfo,
-        start: int,
-        block: bytes | memoryview,
-        files: list[Node],
-        replacing: bool = False,
-    ) -> None:
-        """The pusher's block, in memory and verified, published from those bytes: once the
-        page cache lets go of its files, their READs are answered in C from the first one,
-        with no read back of the whole block (``_publish``'s way). On the pusher's thread.
-        ``replacing``: it was published early, from memory, and is published again here."""
-        hot, first = self.hot, files[0].ino
-        if hot is None or self.core.hints.watched[first]:
-            return
-        if not replacing and hot.published(first):
-            return
-        try:
-            found = self.core.block_in_memory(shard, start, block)
-            if found is not None:
-                token = (self.core.view.shard_ids[shard], start // self.core.block_size)
-                files_at = [(f.ino, f.offset - start, f.size) for f in files]
-                hot.publish(found, files_at, token=token)
-        except Exception:  # the pushes go on; READs of these files go to Python
-            log.exception("publishing a pushed block failed")
-
     def _block_used(self, key: tuple[int, int]) -> None:
         self.core.block_used(*key)
 
@@ -461,7 +385,7 @@ class FuseOperations:
         if packed is None:  # packed whole at the first request; later ones are slices
             entries = self.core.listing(listing.folder, _FULL_ENTRY_MIN_SIZE)
             self.core.stats.add(folders_listed=1)
-            self._publish_folder_soon(listing.folder, entries)
+            self._folders.soon(listing.folder, entries)
             shown = self.core.shown
             packed = listing.packed[plus] = dirents.pack(
                 entries, plus=plus, uid=shown.uid, gid=shown.gid,

@@ -78,13 +78,13 @@ class KernelPusher:
         self._edges = EdgeFiles()  # parts of files crossing block edges (this thread's)
         self._abort = False
         # Told of each block pushed from memory, with its files: the compiled path
-        # publishes it from those bytes (FuseOperations._publish_pushed).
+        # publishes it from those bytes (PushedBlocks.publish_pushed).
         # ``publish(shard, start, data, files, replacing)``; ``replacing``: the block was
         # published early (below) and must be published again, from its block file.
         self.publish: Callable[[ShardInfo, int, Block, list[Node], bool], None] | None = None
         # Told of each block kept in memory as it is queued, with its files: the compiled
         # path answers their READs from those bytes until the pushes are done
-        # (FuseOperations._publish_early); what it returns goes to ``release`` after them.
+        # (PushedBlocks.publish_early); what it returns goes to ``release`` after them.
         self.publish_early: Callable[[ShardInfo, int, Block, list[Node]], object] | None = None
         self.release: Callable[[object], None] = lambda _: None
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)

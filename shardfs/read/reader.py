@@ -36,11 +36,9 @@ class RangeReader(Protocol):
     def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of ``shard``; raises ShardfsError on failure.
         ``extent_end``: where the file being read ends (reads ahead stop there)."""
-        ...
 
     def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
         """The same bytes if they can be had at once (no network, no disk wait), else None."""
-        ...
 
 
 class CachedReader:
@@ -88,15 +86,13 @@ class CachedReader:
         # this process, or hit), with its bytes when this process just stored it.
         self.local_blocks = local_blocks if local_blocks is not None else LocalBlocks()
         self._announced: set[tuple[str, int]] = set()
-        self._memory = MemoryReadahead()
-        self._ahead = FilesAhead()
+        self._memory, self._ahead = MemoryReadahead(), FilesAhead()
         self._cache_full = (-1.0, False)  # (when checked, whether the cache was full)
         # While an order hint is followed, reads no longer queue their whole shard: the
         # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
-        self.follow_hint = False
-        # The hint's blocks stream through a cache smaller than the data (retired once
-        # read, ``retire_blocks``): no file is fetched ahead as a range.
-        self.streaming_hint = False
+        # ``streaming_hint``: they stream through a cache smaller than the data (retired
+        # once read, ``retire_blocks``): no file is fetched ahead as a range.
+        self.follow_hint = self.streaming_hint = False
         # Blocks prefetched that no read has touched yet (the prefetched-but-unread count).
         self._unread_prefetched: set[tuple[str, int]] = set()
         # Blocks a readahead GET for several blocks is bringing, not yet stored.
@@ -467,10 +463,8 @@ class CachedReader:
         return len(blocks)
 
     def keep_unstored(self, shard: ShardInfo, skey: str, index: int, block: Block) -> None:
-        """A block a readahead GET brought that found no room in the cache after all (the
-        room held for it was counted from blocks a later use warmed): its bytes are held
-        with the files fetched ahead, so that its files' reads take them and none of them
-        is fetched again. Before its "coming" mark goes (the caller's ``arrived``)."""
+        """A readahead block that found no room after all: held with the files ahead, so
+        that no file of it is fetched again (``BlockRun.task``, before ``arrived``)."""
         if self._ahead.keep(skey, index * self.block_size, bytes(block)):
             self.stats.add(blocks_kept_unstored=1)
 
