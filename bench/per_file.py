@@ -337,7 +337,7 @@ class PerFileBench:
                         "files_published", "hot_path_reads", "publish_read_backs",
                         "hot_path_disk_reads", "hot_path_memory_reads", "python_reads",
                         "python_reads_later", "cache_misses", "prefetched_blocks",
-                        "hot_path_lookups", "python_lookups"):  # fmt: skip
+                        "hot_path_lookups", "python_lookups", "landing_mapped_bytes"):  # fmt: skip
                 cold[key] = stats.get(key, 0) - stats_before.get(key, 0)
             warm = self.phase(pid, paths, buffering)
             # Blocks cached, page cache dropped: every file is a READ answered from cache

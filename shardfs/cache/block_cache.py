@@ -106,6 +106,7 @@ class BlockCache:
         self._space = Space(self._ledger, self._open, self.stats, config.chunk_size)
         self._closed = False
         self._writer.remove_stale()
+        self.stats.add_source(lambda: {"landing_mapped_bytes": self._writer.landing.mapped_bytes})
 
     # -- public -------------------------------------------------------------------------
 

@@ -87,6 +87,7 @@ class LandingBuffers:
         self._maps: list[mmap.mmap] = []
         self._bases: dict[int, int] = {}  # id(mapping) -> address
         self._coming = 0  # bytes of the GETs inside ``room``
+        self.mapped_bytes = 0  # fresh memory mapped so far (each page faulted in once)
         self._lock = threading.Lock()
 
     def take(self, length: int) -> memoryview:
@@ -98,6 +99,7 @@ class LandingBuffers:
             found = self._free_map(size)
             if found is None:
                 found = anonymous_map(size)
+                self.mapped_bytes += len(found)
                 self._maps.append(found)
                 self._bases[id(found)] = _address(found)
         return memoryview(found)[lead : lead + length]
