@@ -339,7 +339,7 @@ class OrderHints:
     def note_opened(self, inodes: Iterable[int]) -> None:
         """Readers opened these files, whose whole bytes the kernel holds (no READ will
         come): each counts as reached (``note_read``) and done (``note_done``), and the hint's
-        window moves once for them all. The opens come in batches (of 10 ms, taken by the
+        window moves once for them all. The opens come in batches (of 50 ms, taken by the
         compiled FUSE path's thread); moving from the batch's nearest to its furthest
         position queues what a move per open would, as what is queued only ever grows."""
         hint, table = self._hint, self._table

@@ -47,8 +47,10 @@ OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
 SWEEP_S = 1.0
 _TAKE_OPENED = 1024  # inodes taken from C's queue of opens at a time
 # How long the opens thread lets opens gather once woken. The hint hears of them that much
-# later: at 300 images/s, 3 files' worth, where readahead runs blocks ahead.
-OPENED_BATCH_S = 0.01
+# later: at 300 images/s, 15 files' worth, where readahead runs blocks ahead. Half of the
+# thread's CPU went per wake-up: at 10 ms, 0.11-0.16 s per 3,000-file epoch; at 50 ms,
+# 0.05-0.07 s (docs/benchmark.md, stop 39).
+OPENED_BATCH_S = 0.05
 # Bytes per checksum C keeps of a published block: a READ reads and sums the chunks that
 # hold what it returns, so a page keeps that to the file's own pages (a 98 KB file at a
 # random offset: about 102 KB, against 162 KB with the block format's 64 KiB chunks).
