@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from data import ensure_tree  # noqa: E402
+from kernel_profile import RATE, CoreProfile, annotate, profile_lines, reported_kib  # noqa: E402
 from pinning import Pinning  # noqa: E402
 from procs import (  # noqa: E402
     DaemonProbe,
@@ -114,6 +115,7 @@ class StreamingBench:
         self.runner: EpochRunner | None = None
         self.mounted = False
         self.records: list[dict[str, Any]] = []
+        self.profile: CoreProfile | None = None
 
     def setup(self) -> None:
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -153,6 +155,8 @@ class StreamingBench:
         self.runner = EpochRunner()
 
     def cleanup(self) -> None:
+        if self.profile is not None:
+            self.profile.stop()
         if self.mounted:
             force_unmount(self.mnt)
         if self.runner is not None:
@@ -195,9 +199,11 @@ class StreamingBench:
         store_before = cpu_seconds(store_pid) if store_pid is not None else None
         before = query(self.mnt) if pid else {}
         cores_before = core_seconds(self.pinning.readers)
+        handed_before = reported_kib()
         began = time.monotonic()
         reply = self.runner.run(request)
         ended = time.monotonic()
+        handed_after = reported_kib()
         cores = core_seconds(self.pinning.readers)
         cores = {kind: cores[kind] - cores_before[kind] for kind in cores}
         after = query(self.mnt) if pid else {}
@@ -225,6 +231,11 @@ class StreamingBench:
             # waiting on the store or the daemon.
             "readers_cores": cores,
             "monotonic": [began, ended],  # to line the epoch up with a profile
+            "daemon_pid": pid,
+            # Memory this VM handed back to its host meanwhile (bench/kernel_profile.py).
+            "reported_mb": None
+            if handed_before is None or handed_after is None
+            else (handed_after - handed_before) / 1024,
             "readers_idle": cores["idle"] / (reply["seconds"] * len(self.pinning.readers)),
             **probe.stop(),
         }
@@ -353,6 +364,9 @@ class StreamingBench:
         self.setup()
         shaping = {"latency_ms": self.args.latency_ms, "bandwidth_mb": self.args.bandwidth_mb}
         phases = [False] if self.args.no_shaped else [False, True]
+        if self.args.kernel_profile:
+            self.profile = CoreProfile(self.pinning.readers, self.run_dir / "kernel.perf")
+            self.profile.start()
         for round_ in range(self.args.rounds):
             self.run_local(round_)
             self.run_floor(round_)
@@ -366,6 +380,9 @@ class StreamingBench:
                 if "webdataset" not in self.args.skip:
                     self.run_webdataset(round_, shaped)
             self.server.shape()
+        if self.profile is not None:
+            annotate(self.records, self.profile.stop(), RATE)
+            self.profile = None
         return {
             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -559,6 +576,7 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     lines += thread_lines(result)
     lines += budget_lines(result)
+    lines += profile_lines(result["epochs"], statistics.median)
     lines += ["", "| ratio (per round) | median | min-max | n |", "|---|---|---|---|"]
     for name, by_round in result["ratios"].items():
         s = _spread(list(by_round.values()))
@@ -684,6 +702,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--skip", nargs="*", default=[], choices=["webdataset"])
     parser.add_argument("--no-shaped", action="store_true", help="skip the shaped phase")
+    parser.add_argument(
+        "--kernel-profile",
+        action="store_true",
+        help="perf on the readers' core: each epoch's kernel time and page zeroing, by the "
+        "readers and by the daemon (bench/kernel_profile.py)",
+    )
     parser.add_argument("--latency-ms", type=float, default=20.0, help="shaped: latency (20)")
     parser.add_argument(
         "--bandwidth-mb", type=float, default=100.0, help="shaped: MB/s per response (100)"
