@@ -192,15 +192,15 @@ def test_readdir_returns_d_type_and_inode(mounted: Path) -> None:
         assert all(entry.is_dir(follow_symlinks=False) for entry in it)
 
 
-def test_every_entry_shows_a_page_as_its_io_size(mounted: Path) -> None:
-    """st_blksize is 4096, as on ext4: Python's open() sizes its buffer by it, and a
-    128 KiB one cost every opened file 32 page faults."""
+def test_every_entry_shows_64_kib_as_its_io_size(mounted: Path) -> None:
+    """st_blksize is 64 KiB: Python's open() sizes its buffer by it, and its first read of
+    a file then asks for the kernel's whole readahead window (one READ for a small file)."""
     sizes = {os.lstat(mounted).st_blksize}
     for folder, dirs, files in os.walk(mounted):
         sizes.update(os.lstat(Path(folder) / name).st_blksize for name in dirs + files)
-    assert sizes == {4096}
+    assert sizes == {1 << 16}
     with open(next(p for p in mounted.rglob("*") if p.is_file()), "rb") as f:
-        assert os.fstat(f.fileno()).st_blksize == 4096
+        assert os.fstat(f.fileno()).st_blksize == 1 << 16
 
 
 def test_dot_and_dot_dot_carry_the_folder_and_its_parent(mounted: Path) -> None:
