@@ -135,6 +135,8 @@ class CoreProfile:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if not self.out.exists():
+            raise RuntimeError(f"perf recorded nothing into {self.out} (is perf allowed here?)")
         script = subprocess.run(
             ["perf", "script", "--input", str(self.out), "--fields", "comm,pid,time,ip,sym,dso"],
             capture_output=True, text=True, check=True,

@@ -49,7 +49,7 @@ def test_samples_are_split_by_who_ran_and_zeroing_is_counted_apart() -> None:
     })  # fmt: skip
 
 
-def test_each_epoch_gets_its_split_and_the_report_shows_medians() -> None:
+def test_each_epoch_gets_its_split_and_the_report_summarizes_each_column() -> None:
     samples = parse(LINES.splitlines())
     records = [
         {"contender": "shard", "cache": "full", "shaped": False, "epoch": "cold",

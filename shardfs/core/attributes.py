@@ -20,12 +20,12 @@ BLOCK_SIZE = 1 << 16
 
 Python's ``open()`` sizes its buffer by it, and the first read of a file not in the page
 cache asks for a buffer's worth: the kernel's first readahead window follows that size. At
-64 KiB the window is the whole readahead (128 KiB, the kernel's default), so a file of up to
-128 KiB that was not pushed is one READ, as with the 128 KiB of before; at 4 KiB it was
-three (PIL decoding through a mount without pushes, counted by the daemon). A 128 KiB buffer
-sits at glibc's default mmap threshold, and in some heap states each opened file faulted it
-in afresh: decoding JPEGs from local disk in such a state, 168 page faults per file with a 4
-KiB buffer, 184 with 64 KiB and 200 with 128 KiB (stop 41)."""
+64 KiB the window is the whole readahead (128 KiB, the kernel's default), so a file of up
+to 128 KiB that was not pushed is one READ, as with the 128 KiB of before; at 4 KiB it was
+three (PIL decoding through a mount without pushes, counted by the daemon). A 128 KiB
+buffer sits at glibc's default mmap threshold, and in some heap states each opened file
+faulted it in afresh: decoding JPEGs from local disk in such a state took 168 page faults
+per file with a 4 KiB buffer, 184 with 64 KiB and 200 with 128 KiB (stop 41)."""
 
 
 @dataclass(frozen=True)
