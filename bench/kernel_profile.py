@@ -25,6 +25,7 @@ import re
 import shutil
 import signal
 import subprocess
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,12 +146,16 @@ class CoreProfile:
 
 
 def annotate(records: list[dict[str, Any]], samples: list[Sample], rate: float) -> None:
-    """Put each epoch's split (``split_epoch``) into its record, as ``kernel_profile``."""
+    """Put each epoch's split (``split_epoch``) into its record, as ``kernel_profile``. The
+    samples are sorted once and each window cut by bisection, not scanned whole per epoch."""
+    ordered = sorted(samples, key=lambda sample: sample.time)
+    times = [sample.time for sample in ordered]
     for record in records:
         window = record.get("monotonic")
         if window:
+            inside = ordered[bisect_left(times, window[0]) : bisect_right(times, window[1])]
             record["kernel_profile"] = split_epoch(
-                samples, window[0], window[1], record.get("daemon_pid"), rate
+                inside, window[0], window[1], record.get("daemon_pid"), rate
             )
 
 

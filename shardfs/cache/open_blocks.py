@@ -90,9 +90,7 @@ class OpenBlocks:
                 os.close(fd)
                 return self._open[path]
             self._open[path] = block
-            while len(self._open) > _OPEN_BLOCKS:
-                oldest_path, oldest = self._open.popitem(last=False)
-                self._retire_locked(oldest_path, oldest)
+            self._bound_locked()
         return block
 
     def adopt(self, path: str, block: OpenBlock) -> None:
@@ -104,9 +102,7 @@ class OpenBlocks:
             if old is not None:
                 self._retire_locked(path, old)
             self._open[path] = block
-            while len(self._open) > _OPEN_BLOCKS:
-                oldest_path, oldest = self._open.popitem(last=False)
-                self._retire_locked(oldest_path, oldest)
+            self._bound_locked()
 
     def close_path(self, path: str) -> None:
         """Stop using the open file of ``path`` (evicted, discarded or replaced)."""
@@ -121,6 +117,12 @@ class OpenBlocks:
             for path, block in self._open.items():
                 self._retire_locked(path, block)
             self._open.clear()
+
+    def _bound_locked(self) -> None:
+        """Retire the least recently used open files past ``_OPEN_BLOCKS``."""
+        while len(self._open) > _OPEN_BLOCKS:
+            oldest_path, oldest = self._open.popitem(last=False)
+            self._retire_locked(oldest_path, oldest)
 
     def _retire_locked(self, path: str, block: OpenBlock) -> None:
         if self.pins.get(path, 0) > 0:
