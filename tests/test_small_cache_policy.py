@@ -318,3 +318,48 @@ def test_a_file_fetched_ahead_leaves_out_the_block_the_cache_holds(
         assert reader.prefetch_files([(shard, 6 * BLOCK, 6 * BLOCK + 300)]) == 0
     finally:
         cache.close()
+
+
+def test_a_kept_block_pays_for_its_bytes_once_whatever_order_its_files_are_read_in(
+    tmp_path: Path, folder: Path
+) -> None:
+    """A block a readahead GET brought but could not store is kept in memory. With the
+    cache full, its files are read as ranges in any order: each takes its bytes from the
+    kept block, and a file running into a block not held fetches only its part there, even
+    after a read that ended where the kept block ends (stop 41's plain shuffle=True epoch
+    fetched a file twice after such a read)."""
+    shards = make_shards(folder)
+    stats = Stats()
+    store = CountingStore(str(folder), stats)
+    cache = open_cache(tmp_path, 0.25, stats)
+    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    try:
+        by_name = {s.name: s for s in store.list_shards()}
+        shard, data = by_name["s1.tar"], shards["s1.tar"]
+        blocks = [(shard, i) for i in range(5, BLOCKS_PER_SHARD)]
+        blocks += [(by_name["s0.tar"], i) for i in range(BLOCKS_PER_SHARD)]
+        for info, index in blocks:  # the cache filled: s1 from block 5 on, then s0
+            if not cache.room_for(BLOCK, RETIRED_BEFORE):
+                break
+            reader.read(info, index * BLOCK, index * BLOCK + 1, None)
+        skey = reader.shard_key(shard)
+        assert cache.contains(BlockKey(skey, 5)) and not cache.contains(BlockKey(skey, 4))
+        reader.keep_unstored(shard, skey, 4, data[4 * BLOCK : 5 * BLOCK])
+        reader.keep_unstored(shard, skey, 2, data[2 * BLOCK : 3 * BLOCK])
+        assert stats.blocks_kept_unstored == 2
+
+        def fetched_for(start: int, end: int) -> int:
+            before = store.fetched
+            assert reader.read(shard, start, end, end) == data[start:end]
+            return store.fetched - before
+
+        # into the cached block 5: the read ends where the kept block ends
+        assert fetched_for(5 * BLOCK - 100, 5 * BLOCK + 100) == 0
+        assert fetched_for(4 * BLOCK + 500, 4 * BLOCK + 800) == 0  # still kept
+        assert fetched_for(4 * BLOCK - 100, 4 * BLOCK + 100) == 100  # block 3's part only
+        assert fetched_for(3 * BLOCK - 60, 3 * BLOCK + 40) == 40  # from kept 2 into 3
+        assert fetched_for(2 * BLOCK - 30, 2 * BLOCK + 30) == 30  # from block 1 into kept 2
+        assert fetched_for(2 * BLOCK + 100, 2 * BLOCK + 400) == 0
+        assert stats.range_reads == 6
+    finally:
+        cache.close()

@@ -48,7 +48,8 @@ class FilesAhead:
 
     An extent is claimed before its fetch (so a read arriving meanwhile waits for that
     fetch rather than fetching again), filled or failed, and dropped once reads have
-    taken its last byte."""
+    taken its last byte. A kept block (``keep``) is read in any order, so it stays until
+    ``clear``: a read ending at its end says nothing of the files before it."""
 
     def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
         self.budget = budget
@@ -64,13 +65,14 @@ class FilesAhead:
 
     def claim(self, shard: str, start: int, end: int) -> bool:
         """Reserve ``[start, end)`` of ``shard`` for a fetch; False if it is held already
-        (claimed, or inside an extent held: ``keep``) or would pass the budget."""
+        (claimed, or overlapping a block held: ``keep``; its read takes that part and
+        fetches only the rest) or would pass the budget."""
         with self._lock:
             extents = self._extents.setdefault(shard, {})
             if start in extents or self._held + (end - start) > self.budget:
                 return False
             kept = self._kept.get(shard)
-            if kept and any(at <= start and end <= kept_end for at, kept_end in kept.items()):
+            if kept and any(at < end and start < kept_end for at, kept_end in kept.items()):
                 return False
             extents[start] = _Entry(end)
             self._held += end - start
@@ -125,9 +127,9 @@ class FilesAhead:
 
     def keep(self, shard: str, start: int, data: bytes) -> bool:
         """Hold bytes fetched already (a block that could not be cached after all) as an
-        extent at ``start``: the reads inside it take them, and no file inside it is
-        claimed again. Dropped by ``clear`` unless a read ends where it ends. False where
-        it would pass the budget or overlap an extent held."""
+        extent at ``start``: the reads inside it take them, in any order, and no file
+        overlapping it is claimed. Held until ``clear`` (within the budget). False where it
+        would pass the budget or overlap an extent held."""
         end = start + len(data)
         with self._lock:
             extents = self._extents.setdefault(shard, {})
@@ -165,41 +167,57 @@ class FilesAhead:
         return True
 
     def take(self, shard: str, start: int, end: int, *, wait: float = 60.0) -> bytes | None:
-        """Bytes ``[start, end)`` if a held extent covers them (waiting for its fetch if it
-        is running), else None. The extent goes once its last byte was taken; one whose
-        fetch has not started goes at once (the read fetches it itself, not twice)."""
+        """The bytes from ``start`` that a held extent holds (waiting for its fetch if it
+        is running): all of ``[start, end)``, or those before the extent ends; None if no
+        extent holds ``start``. An extent fetched ahead goes once its last byte was taken;
+        one whose fetch has not started goes at once (the read fetches it itself, not
+        twice); a kept block stays (see the class)."""
         with self._lock:
-            extents = self._extents.get(shard)
-            if not extents:
-                return None
-            found = None
-            for offset, entry in extents.items():
-                if offset <= start and end <= entry.end:
-                    found = offset, entry
-                    break
+            found = self._holding(shard, start)
             if found is None:
                 return None
             offset, entry = found
             if not entry.started:
-                del extents[offset]
-                self._held -= entry.end - offset
-                if not extents:
-                    del self._extents[shard]
+                self._forget(shard, offset, entry)
                 return None
         if not entry.done.wait(wait) or entry.failed or entry.data is None:
             return None
-        if end == entry.end:
+        stop = min(end, entry.end)
+        if stop == entry.end and not self._is_kept(shard, offset):
             self._drop(shard, offset, entry)
-        return entry.data[start - offset : end - offset]
+        return entry.data[start - offset : stop - offset]
+
+    def next_start(self, shard: str, start: int, end: int) -> int:
+        """Where the first extent held inside ``(start, end)`` begins; ``end`` if none: a
+        read fetches up to there, and takes the rest from the extent."""
+        with self._lock:
+            extents = self._extents.get(shard, {})
+            return min((at for at in extents if start < at < end), default=end)
+
+    def _holding(self, shard: str, start: int) -> tuple[int, _Entry] | None:
+        """(offset, extent) of the extent that holds byte ``start`` (call with the lock)."""
+        for offset, entry in self._extents.get(shard, {}).items():
+            if offset <= start < entry.end:
+                return offset, entry
+        return None
+
+    def _is_kept(self, shard: str, offset: int) -> bool:
+        with self._lock:
+            return offset in self._kept.get(shard, {})
+
+    def _forget(self, shard: str, offset: int, entry: _Entry) -> None:
+        """Let go of an extent (call with the lock)."""
+        extents = self._extents[shard]
+        del extents[offset]
+        self._held -= entry.end - offset
+        if not extents:
+            del self._extents[shard]
 
     def _drop(self, shard: str, start: int, entry: _Entry) -> None:
         with self._lock:
             extents = self._extents.get(shard)
             if extents is not None and extents.get(start) is entry:
-                del extents[start]
-                self._held -= entry.end - start
-                if not extents:
-                    del self._extents[shard]
+                self._forget(shard, start, entry)
                 kept = self._kept.get(shard)
                 if kept is not None and kept.pop(start, None) is not None and not kept:
                     del self._kept[shard]

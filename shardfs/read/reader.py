@@ -307,12 +307,24 @@ class CachedReader:
     def _fetch_missing(
         self, skey: str, start: int, end: int, limit: int, fetch: Callable[[int, int], bytes]
     ) -> tuple[bytes, bool]:
-        """The bytes, and whether they had to be fetched now (not fetched ahead)."""
-        ahead = self._ahead.take(skey, start, end)
-        if ahead is not None:
+        """The bytes, and whether any had to be fetched now: what extents fetched ahead
+        (or kept) hold is taken from them, and only the rest fetched. A file that runs
+        from a kept block into one not held fetches only its part past the block."""
+        pieces: list[bytes] = []
+        at, taken, fetched = start, False, False
+        while at < end:
+            ahead = self._ahead.take(skey, at, end)
+            if ahead:
+                pieces.append(ahead)
+                at, taken = at + len(ahead), True
+                continue
+            upto = self._ahead.next_start(skey, at, end)
+            cap = upto if upto < end else limit  # no read-ahead window into an extent held
+            pieces.append(self._memory.read(skey, at, upto, cap, fetch))
+            at, fetched = upto, True
+        if taken:
             self.stats.add(files_ahead_read=1)
-            return ahead, False
-        return self._memory.read(skey, start, end, limit, fetch), True
+        return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), fetched
 
     def wants_files_ahead(self) -> bool:
         """Whether the next hinted files should be fetched as ranges: only while the cache
