@@ -13,6 +13,9 @@ Each round runs, in this order:
   cold epochs with the same seed, each on a fresh mount over an empty cache: ``--small``
   (0.15x the shard bytes) and ``--full`` (3x, a cache that holds everything), the order
   swapped every round;
+- after the 0.15x epochs of uniform mode and of ``shuffle=True``, the store's ceiling for
+  that epoch's own GETs, replayed by curl (8 at a time for uniform mode, like the mount's
+  fetch streams; one per worker for ``shuffle=True``, which gives the mount no order);
 - webdataset (curl pipes, shard shuffle, shuffle buffer; no cache);
 - then, unless ``--no-shaped``, the same pairs and webdataset with the server shaped
   (``--latency-ms`` 20, ``--bandwidth-mb`` 100 per response: tests/support/moto_counting.py).
@@ -73,9 +76,12 @@ PREFIX = "data/train"
 SAMPLERS = ("shard", "uniform", "random")  # random: DataLoader(shuffle=True)
 MIN_BLOCKS = 4  # the mount refuses a cache under 4 blocks
 # Samplers whose small-cache epochs are replayed to find the store's ceiling (one GET per
-# file: the store's cost per request, not its bandwidth, bounds them).
-CEILING_FOR = ("uniform",)
+# file: the store's cost per request, not its bandwidth, bounds them), and how many of
+# those GETs run at once: uniform mode fetches files ahead on the mount's fetch streams;
+# a plain shuffle=True epoch gives the mount no order, so each file is fetched when its
+# reader asks, one per DataLoader worker at a time (None: ``--workers``).
 STREAMS = ReadaheadConfig().streams  # the mount's concurrent fetches, by default
+CEILING_FOR: dict[str, int | None] = {"uniform": STREAMS, "random": None}
 # The mount's counters kept per epoch (differences over the epoch): why a read waited.
 COUNTERS = ("reads_waited_on_network", "files_fetched_ahead", "files_ahead_read",
             "blocks_evicted", "evicted_unread_bytes", "range_reads", "blocks_not_admitted",
@@ -304,13 +310,15 @@ class StreamingBench:
                 replay = cache == "small" and sampler in CEILING_FOR
                 gets = self.server.ranges_sent() if replay else []
             if gets:
-                self.run_ceiling(gets, {**fields, "contender": f"{sampler} ceiling"})
+                streams = CEILING_FOR[sampler] or self.args.workers
+                self.run_ceiling(gets, {**fields, "contender": f"{sampler} ceiling"}, streams)
 
-    def run_ceiling(self, gets: list[list[Any]], fields: dict[str, Any]) -> None:
+    def run_ceiling(self, gets: list[list[Any]], fields: dict[str, Any], streams: int) -> None:
         """The store's ceiling for an epoch's own requests: the same ranged GETs, in the same
-        order, replayed by curl (``STREAMS`` at a time, as many as the mount's fetch
-        streams) with no reader, no decode and no daemon; images over its seconds is the
-        best any reader could do against this store with those requests."""
+        order, replayed by curl (``streams`` at a time: the mount's fetch streams where it
+        knows the order, the readers where it does not) with no reader, no decode and no
+        daemon; images over its seconds is the best any reader could do against this
+        store with those requests."""
         config = self.run_dir / "replay.curl"
         lines, expected = [], 0
         for key, start, end, _ in gets:
@@ -326,7 +334,7 @@ class StreamingBench:
         # --parallel-immediate: over HTTP/1.1, curl otherwise waits to multiplex and runs
         # the transfers one by one (200 GETs at 20 ms: 4.4 s, against 0.7 s with it).
         subprocess.run(["curl", "--silent", "--show-error", "--parallel", "--parallel-immediate",
-                        "--parallel-max", str(STREAMS), "--config", str(config)],
+                        "--parallel-max", str(streams), "--config", str(config)],
                        check=True, capture_output=True)  # fmt: skip
         seconds = time.monotonic() - began
         store_cpu = None
@@ -348,11 +356,12 @@ class StreamingBench:
             "store_busy": None if store_cpu is None else store_cpu / seconds,
             "counters": {},
             "daemon_cpu_s": None,
+            "streams": streams,
         }
         self.records.append(record)
         shaped = " shaped" if fields.get("shaped") else ""
         log(f"round {fields['round']} {fields['contender']}{shaped}: {len(gets)} GETs "
-            f"replayed in {seconds:.1f} s, {record['images_per_s']:.0f} img/s, "
+            f"replayed {streams} at a time in {seconds:.1f} s, {record['images_per_s']:.0f} img/s, "
             f"store core {record['store_busy'] or 0:.2f} busy")  # fmt: skip
 
     def run_webdataset(self, round_: int, shaped: bool) -> None:
