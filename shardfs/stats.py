@@ -40,6 +40,7 @@ class Stats:
     range_reads: int = 0  # reads fetched as ranges: their block would evict warm blocks
     files_fetched_ahead: int = 0  # files an order hint had fetched as ranges, cache full
     files_ahead_read: int = 0  # reads served by those
+    files_ahead_opened: int = 0  # of those files, opened from the kernel's cache (pushed)
     delivered_bytes: int = 0  # bytes of distinct files served or pushed to the kernel
     hot_path_reads: int = 0  # of cache_hits, READs the compiled FUSE path answered
     files_published: int = 0  # files handed to the compiled path with their cached block

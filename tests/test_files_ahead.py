@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -195,3 +196,81 @@ def test_a_run_block_with_no_room_left_is_kept_not_dropped() -> None:
     assert BlockRun(Reader(), shard, "k", [4, 5], 0.0).task()  # type: ignore[arg-type]
     assert gets == [(400, 600)]  # one GET for both
     assert kept == [(5, DATA[500:600])]
+
+
+def test_a_file_opened_from_the_page_cache_lets_go_of_what_was_fetched_ahead_of_it() -> None:
+    """Files fetched ahead are pushed into the kernel's page cache, so no read takes them:
+    their open lets them go, when the time it names has come. Kept blocks stay; a claim let
+    go before its fetch started fetches nothing; an extent fetched since at the same place
+    (a later epoch's) is not the one the open named."""
+    ahead, calls = FilesAhead(), []
+    assert ahead.claim("s", 100, 300) and ahead.fill("s", 100, lambda: fetcher(calls, 100, 300))
+    assert ahead.claim("s", 300, 400)  # not fetched yet
+    assert ahead.claim("s", 500, 600) and ahead.fill("s", 500, lambda: fetcher(calls, 500, 600))
+    assert ahead.keep("s", 1000, DATA[1000:2000])
+    ahead.opened("s", 0, 250, 1.0)  # only extents wholly inside the file's range
+    ahead.opened("s", 100, 300, 1.0)
+    ahead.opened("s", 300, 400, 2.0)
+    ahead.opened("s", 500, 600, 2.0)
+    ahead.opened("s", 1000, 2000, 1.0)  # a kept block: read in any order
+    assert ahead.release_due(0.5) == 0 and ahead.held == 1400  # a READ may still come
+    assert ahead.release_due(1.0) == 1 and ahead.held == 1200
+    assert ahead.take("s", 500, 600) == DATA[500:600]  # a READ came after all: taken
+    assert ahead.claim("s", 500, 600)  # fetched again, for another epoch
+    assert ahead.fill("s", 500, lambda: fetcher(calls, 500, 600))
+    assert ahead.release_due(5.0) == 1  # 300-400 only: the new 500-600 is not the one named
+    assert ahead.fill("s", 300, lambda: fetcher(calls, 300, 400)) is None
+    assert ahead.held == 1100 and calls == [(100, 300), (500, 600), (500, 600)]
+
+
+def test_files_fetched_ahead_inside_a_block_give_way_when_the_block_is_kept() -> None:
+    """A readahead GET brought a block whose files were fetched ahead already (pushed, not
+    yet opened): the block is kept all the same, so its other files are not fetched again;
+    a file running past its edge stays held beside it."""
+    ahead, calls = FilesAhead(), []
+    assert ahead.claim("s", 1100, 1300) and ahead.fill(
+        "s", 1100, lambda: fetcher(calls, 1100, 1300)
+    )
+    assert ahead.claim("s", 1900, 2200) and ahead.fill(
+        "s", 1900, lambda: fetcher(calls, 1900, 2200)
+    )
+    assert ahead.keep("s", 1000, DATA[1000:2000])
+    assert ahead.held == 1000 + 300
+    assert ahead.take("s", 1500, 1600) == DATA[1500:1600]
+    assert ahead.take("s", 1950, 2150) == DATA[1950:2150]
+    assert not ahead.keep("s", 1500, DATA[1500:2500])  # another kept block's bytes
+
+
+def test_bytes_a_read_waited_for_are_not_handed_on_to_be_pushed() -> None:
+    """``fetch_claimed`` returns what it fetched, for the pusher, unless a read came while
+    the fetch ran (that read hands the bytes to the kernel itself: a push would copy them a
+    second time) or took them already."""
+    ahead, calls = FilesAhead(), []
+    assert ahead.claim("s", 0, 64)
+    assert ahead.fetch_claimed(
+        "s", 0, 64, lambda _: False, 1 << 20, lambda: True, lambda a, b: fetcher(calls, a, b)
+    ) == (0, DATA[:64])
+    assert ahead.claim("s", 100, 164)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(a: int, b: int) -> bytes:
+        started.set()
+        assert release.wait(10)
+        return fetcher(calls, a, b)
+
+    got: list[object] = []
+    runner = threading.Thread(
+        target=lambda: got.append(
+            ahead.fetch_claimed("s", 100, 164, lambda _: False, 1 << 20, lambda: True, slow)
+        )
+    )
+    runner.start()
+    assert started.wait(10)
+    reader = threading.Thread(target=lambda: got.append(ahead.take("s", 100, 164)))
+    reader.start()
+    time.sleep(0.1)  # the read is waiting for the fetch
+    release.set()
+    runner.join(10)
+    reader.join(10)
+    assert sorted(got, key=repr) == sorted([None, DATA[100:164]], key=repr)
+    assert calls == [(0, 64), (100, 164)]

@@ -316,6 +316,14 @@ class _AheadReader(CachedReader):
         self.follow_hint = self.streaming_hint = False
         self.files_ahead = False  # whether the cache is full (files are fetched as ranges)
         self.queued: list[tuple[ShardInfo, int, int]] = []
+        self.opened: list[tuple[ShardInfo, int, int]] = []  # told by files_opened
+
+    @property
+    def holds_files_ahead(self) -> bool:
+        return bool(self.queued)
+
+    def files_opened(self, files: list[tuple[ShardInfo, int, int]]) -> None:
+        self.opened += files
 
     def new_order(self) -> None:
         pass
@@ -375,6 +383,10 @@ def test_opens_noted_in_one_batch_count_each_and_move_the_hint_once(view: View) 
         ("a.tar", nodes[1].offset, nodes[1].offset + nodes[1].size)
     ]
     assert active.plan.furthest == 2  # the batch's furthest position
+    assert reader.opened == []  # nothing was fetched ahead before this batch
+    hints.note_opened([nodes[1].ino])  # fetched ahead, then opened from the page cache
+    extent = ("a.tar", nodes[1].offset, nodes[1].offset + nodes[1].size)
+    assert [(shard.name, start, end) for shard, start, end in reader.opened] == [extent]
     hints.note_opened([])  # nothing to note: nothing moves
     assert len(reader.queued) == 1
 

@@ -6,6 +6,7 @@ store that counts its own ranged reads)."""
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from shardfs.cache import RETIRED_BEFORE, BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
 from shardfs.read.fills import BlockFills
-from shardfs.read.reader import CachedReader
+from shardfs.read.reader import OPENED_GRACE_S, CachedReader
 from shardfs.stats import Stats
 from shardfs.store.remote import Store
 from shardfs.store.responses import Fetched, Landing
@@ -316,6 +317,45 @@ def test_a_file_fetched_ahead_leaves_out_the_block_the_cache_holds(
         assert stats.files_ahead_read == 1
         # A file the cache holds whole is not fetched ahead at all.
         assert reader.prefetch_files([(shard, 6 * BLOCK, 6 * BLOCK + 300)]) == 0
+    finally:
+        cache.close()
+
+
+def test_a_file_fetched_ahead_is_handed_to_the_pusher_and_let_go_at_its_open(
+    tmp_path: Path, folder: Path
+) -> None:
+    """With the cache full, a hinted file fetched ahead is told to the block listeners (the
+    kernel pusher puts it into the page cache, so no READ need come); its bytes stay held
+    until the hint says a reader opened it."""
+    shards = make_shards(folder)
+    stats = Stats()
+    store = CountingStore(str(folder), stats)
+    cache = open_cache(tmp_path, 0.25, stats)
+    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    told: list[tuple[str, int, int, bytes]] = []
+    reader.local_blocks.subscribe(
+        lambda shard, start, end, block: told.append((shard.name, start, end, bytes(block or b"")))
+    )
+    try:
+        by_name = {s.name: s for s in store.list_shards()}
+        for index in range(BLOCKS_PER_SHARD):  # fill the cache with s0's blocks
+            if not cache.room_for(BLOCK, RETIRED_BEFORE):
+                break
+            reader.read(by_name["s0.tar"], index * BLOCK, index * BLOCK + 1, None)
+        told.clear()
+        reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
+        assert reader.wants_files_ahead()
+        shard, start, end = by_name["s2.tar"], 3 * BLOCK + 10, 3 * BLOCK + 310
+        before = store.fetched
+        assert reader.prefetch_files([(shard, start, end)]) == 1
+        assert told == [("s2.tar", start, end, shards["s2.tar"][start:end])]
+        assert reader.holds_files_ahead
+        reader.files_opened([(by_name["s1.tar"], start, end), (shard, start, end)])
+        assert reader.holds_files_ahead  # a READ may still follow the open, for a while
+        time.sleep(OPENED_GRACE_S + 0.05)
+        reader.files_opened([])  # the next batch of opens lets go of it
+        assert not reader.holds_files_ahead and stats.files_ahead_opened == 1
+        assert store.fetched - before == 300
     finally:
         cache.close()
 

@@ -361,6 +361,13 @@ class OrderHints:
             furthest = max(furthest, (position, row))
         if not rows:
             return
+        reader = self.reader
+        if isinstance(reader, CachedReader) and reader.holds_files_ahead:
+            shards, ids, offsets = self.view.shards, table.shard_ids, table.offsets
+            reader.files_opened([  # what was fetched ahead of them goes
+                (shards[ids[table.shards[row]]], offsets[row], offsets[row] + table.sizes[row])
+                for row in rows
+            ])  # fmt: skip
         if hint.retirement is not None:  # first: what the window's move queues takes their room
             for row in rows:
                 self._retire_row(hint, table, row)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ class _Entry:
     started: bool = False  # its fetch began: a read waits for it rather than fetch again
     data: bytes | None = None
     failed: bool = False
+    waited: bool = False  # a read came while its fetch ran: that read hands it over
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -57,6 +59,8 @@ class FilesAhead:
         self._extents: dict[str, dict[int, _Entry]] = {}
         # The extents ``keep`` made, per shard (start: end): a claim inside one is refused.
         self._kept: dict[str, dict[int, int]] = {}
+        # Extents of files opened from the page cache, to let go of: (when, shard, at, extent)
+        self._opened: deque[tuple[float, str, int, _Entry]] = deque()
         self._lock = threading.Lock()
 
     @property
@@ -95,19 +99,24 @@ class FilesAhead:
         block_size: int,
         needed: Callable[[], bool],
         fetch: Callable[[int, int], bytes],
-    ) -> None:
+    ) -> tuple[int, bytes] | None:
         """Run a claim's fetch, narrowed to its blocks still not held; or drop the claim
         (its read fetches nothing ahead) when none is missing any more or ``needed`` says
-        the cache can take them whole."""
+        the cache can take them whole. Returns where the bytes fetched start, and them,
+        while no read has come for them yet (one that came hands them over itself)."""
         span = missing_span(start, end, block_size, held)
         if span is None or not needed():
             self.take(shard, start, end)  # not started: dropped, the cache serves it
-            return
+            return None
         if span != (start, end):  # a block of it was cached since the claim
             if not self.narrow(shard, start, *span):
-                return  # a read took the claim over
+                return None  # a read took the claim over
             start, end = span
-        self.fill(shard, start, functools.partial(fetch, start, end))
+        data = self.fill(shard, start, functools.partial(fetch, start, end))
+        with self._lock:
+            entry = self._extents.get(shard, {}).get(start)
+            unread = entry is not None and entry.data is data and not entry.waited
+        return (start, data) if data is not None and unread else None
 
     def narrow(self, shard: str, start: int, new_start: int, new_end: int) -> bool:
         """Shrink a claimed extent whose fetch has not started to ``[new_start, new_end)``
@@ -128,19 +137,30 @@ class FilesAhead:
     def keep(self, shard: str, start: int, data: bytes) -> bool:
         """Hold bytes fetched already (a block that could not be cached after all) as an
         extent at ``start``: the reads inside it take them, in any order, and no file
-        overlapping it is claimed. Held until ``clear`` (within the budget). False where it
-        would pass the budget or overlap an extent held."""
+        overlapping it is claimed. Held until ``clear`` (within the budget). Files fetched
+        ahead inside it give way to it (a read waiting for one still gets it); one running
+        past its edge stays beside it. False where it would pass the budget or overlap
+        another kept block."""
         end = start + len(data)
         with self._lock:
             extents = self._extents.setdefault(shard, {})
+            kept = self._kept.get(shard, {})
+            overlapping = [(at, entry) for at, entry in extents.items()
+                           if at < end and start < entry.end]  # fmt: skip
+            inside = [(at, entry) for at, entry in overlapping
+                      if at not in kept and start <= at and entry.end <= end]  # fmt: skip
+            freed = sum(entry.end - at for at, entry in inside)
             if (
                 not data
-                or self._held + len(data) > self.budget
-                or any(at < end and start < entry.end for at, entry in extents.items())
+                or self._held - freed + len(data) > self.budget
+                or any(at in kept for at, _ in overlapping)
             ):
                 if not extents:
                     del self._extents[shard]
                 return False
+            for at, entry in inside:
+                self._forget(shard, at, entry)
+            extents = self._extents.setdefault(shard, {})
             entry = _Entry(end, started=True, data=data)
             entry.done.set()
             extents[start] = entry
@@ -148,23 +168,50 @@ class FilesAhead:
             self._held += len(data)
             return True
 
-    def fill(self, shard: str, start: int, fetch: Callable[[], bytes]) -> bool:
-        """Run the fetch for a claimed extent, unless a read took the claim over first;
-        a failure drops it (the read fetches it). Returns whether it fetched."""
+    def fill(self, shard: str, start: int, fetch: Callable[[], bytes]) -> bytes | None:
+        """Run the fetch for a claimed extent, unless a read took the claim over first (or
+        its file was opened from the kernel's cache: ``release``); a failure drops it (the
+        read fetches it). Returns the bytes fetched, None if it fetched nothing."""
         with self._lock:
             entry = self._extents.get(shard, {}).get(start)
             if entry is None:
-                return False
+                return None
             entry.started = True
         try:
-            entry.data = fetch()
+            data = entry.data = fetch()
         except BaseException:
             entry.failed = True
             self._drop(shard, start, entry)
             raise
         finally:
             entry.done.set()
-        return True
+        return data
+
+    def opened(self, shard: str, start: int, end: int, release_at: float) -> None:
+        """A reader opened the file at ``[start, end)`` from the kernel's page cache (the
+        pusher put it there): no read of it needs to come. Its extents fetched ahead go
+        at ``release_at`` (``release_due``), unless a read took them first. Kept blocks
+        stay."""
+        with self._lock:
+            kept = self._kept.get(shard, {})
+            self._opened.extend(
+                (release_at, shard, at, entry)
+                for at, entry in self._extents.get(shard, {}).items()
+                if start <= at and entry.end <= end and at not in kept
+            )
+
+    def release_due(self, now: float) -> int:
+        """Let go of the extents ``opened`` named for release by ``now`` that are still
+        held (the same ones: not an extent fetched since at the same place). Returns how
+        many went."""
+        released = 0
+        with self._lock:
+            while self._opened and self._opened[0][0] <= now:
+                _, shard, at, entry = self._opened.popleft()
+                if self._extents.get(shard, {}).get(at) is entry:
+                    self._forget(shard, at, entry)
+                    released += 1
+        return released
 
     def take(self, shard: str, start: int, end: int, *, wait: float = 60.0) -> bytes | None:
         """The bytes from ``start`` that a held extent holds (waiting for its fetch if it
@@ -180,6 +227,7 @@ class FilesAhead:
             if not entry.started:
                 self._forget(shard, offset, entry)
                 return None
+            entry.waited |= not entry.done.is_set()
         if not entry.done.wait(wait) or entry.failed or entry.data is None:
             return None
         stop = min(end, entry.end)
@@ -227,4 +275,5 @@ class FilesAhead:
         with self._lock:
             self._extents.clear()
             self._kept.clear()
+            self._opened.clear()
             self._held = 0

@@ -25,6 +25,11 @@ from .fills import Arrivals, Block, BlockFetch, BlockFills, ColdClock, Completio
 from .local_blocks import LocalBlocks
 from .readahead import MemoryReadahead, Prefetcher
 
+OPENED_GRACE_S = 0.2
+"""How long bytes fetched ahead of a file stay held once the hint heard of its open from
+the page cache: a READ that follows the open (the page cache let go of the file after its
+push) comes at once, well inside this."""
+
 
 def shard_key_of(store: Store, shard: ShardInfo, block_size: int) -> str:
     """The cache key of ``shard`` as ``store`` reaches it: the one place for the recipe
@@ -368,7 +373,28 @@ class CachedReader:
             return data
 
         held = functools.partial(self._coming_or_cached, skey)
-        self._ahead.fetch_claimed(skey, start, end, held, size, needed, fetch)
+        filled = self._ahead.fetch_claimed(skey, start, end, held, size, needed, fetch)
+        if filled is not None and self.local_blocks.listening:
+            # the kernel pusher puts its file into the page cache: no READ needs to come
+            # (the bytes stay held until the file is opened, ``files_opened``)
+            at, data = filled
+            self.local_blocks.publish(shard, at, at + len(data), data)
+
+    @property
+    def holds_files_ahead(self) -> bool:
+        return self._ahead.held > 0
+
+    def files_opened(self, files: list[tuple[ShardInfo, int, int]]) -> None:
+        """Readers opened these files (shard, start, end) from the kernel's page cache: what
+        was fetched ahead of them is let go ``OPENED_GRACE_S`` later, as their reads would
+        have taken it. Not at once: the page cache may have let go of a file since its push
+        (the open cannot tell), and then its READ follows the open and takes the bytes."""
+        now = time.monotonic()
+        for shard, start, end in files:
+            self._ahead.opened(self.shard_key(shard), start, end, now + OPENED_GRACE_S)
+        released = self._ahead.release_due(now)
+        if released:
+            self.stats.add(files_ahead_opened=released)
 
     def read_local(
         self, shard: ShardInfo, start: int, end: int, *, quiet: bool = False
