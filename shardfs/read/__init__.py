@@ -5,5 +5,6 @@
 - ``fills``: filling a missing block from the store, one fetch per block;
 - ``readahead``: background fetches: the rest of a block, then whole shards;
 - ``files_ahead``: files an order hint names, fetched ahead as ranges when the cache is full;
-- ``local_blocks``: the news that a block is on local disk, for whoever pushes it to the kernel.
+- ``local_blocks``: the news that a block (or a file fetched ahead) is local, for whoever
+  pushes it to the kernel.
 """

@@ -50,8 +50,10 @@ class FilesAhead:
 
     An extent is claimed before its fetch (so a read arriving meanwhile waits for that
     fetch rather than fetching again), filled or failed, and dropped once reads have
-    taken its last byte. A kept block (``keep``) is read in any order, so it stays until
-    ``clear``: a read ending at its end says nothing of the files before it."""
+    taken its last byte, or a while after its file was opened from the kernel's page
+    cache, where the pusher put it (``opened``). A kept block (``keep``) is read in any
+    order, so it stays until ``clear``: a read ending at its end says nothing of the
+    files before it."""
 
     def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
         self.budget = budget
@@ -170,8 +172,8 @@ class FilesAhead:
 
     def fill(self, shard: str, start: int, fetch: Callable[[], bytes]) -> bytes | None:
         """Run the fetch for a claimed extent, unless a read took the claim over first (or
-        its file was opened from the kernel's cache: ``release``); a failure drops it (the
-        read fetches it). Returns the bytes fetched, None if it fetched nothing."""
+        its file was opened from the kernel's cache: ``release_due``); a failure drops it
+        (the read fetches it). Returns the bytes fetched, None if it fetched nothing."""
         with self._lock:
             entry = self._extents.get(shard, {}).get(start)
             if entry is None:

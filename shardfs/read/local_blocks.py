@@ -1,7 +1,9 @@
 """News that a block of a shard is on local disk, from the reader to whoever listens.
 
-The reader publishes once per block (stored by this process, or first found cached); the
-kernel pusher listens and puts the block's files into the kernel's page cache. The reader
+The reader publishes once per block (stored by this process, or first found cached), and
+once per file an order hint had fetched ahead as a range (its bytes held in memory); the
+kernel pusher listens and puts the files lying wholly in those bytes into the kernel's
+page cache. The reader
 owns this event source, so a miss never calls up into the layer that asked for the bytes:
 it returns its bytes, and the news goes out here.
 """
