@@ -31,7 +31,7 @@ from .config import (
 )
 from .errors import IndexFileError, UsageError
 from .index.db import BlockSink, IndexBuilder, Progress, connect, fingerprint
-from .read.reader import shard_key_of
+from .read.seam import shard_key_of
 from .stats import Stats
 from .store.remote import Store
 from .store.sets import open_store

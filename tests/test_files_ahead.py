@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from shardfs.read.files_ahead import FilesAhead
+from shardfs.read.files_ahead import OPENED_GRACE_S, FilesAhead
 
 DATA = bytes(range(256)) * 40
 
@@ -208,17 +208,17 @@ def test_a_file_opened_from_the_page_cache_lets_go_of_what_was_fetched_ahead_of_
     assert ahead.claim("s", 300, 400)  # not fetched yet
     assert ahead.claim("s", 500, 600) and ahead.fill("s", 500, lambda: fetcher(calls, 500, 600))
     assert ahead.keep("s", 1000, DATA[1000:2000])
-    ahead.opened("s", 0, 250, 1.0)  # only extents wholly inside the file's range
-    ahead.opened("s", 100, 300, 1.0)
-    ahead.opened("s", 300, 400, 2.0)
-    ahead.opened("s", 500, 600, 2.0)
-    ahead.opened("s", 1000, 2000, 1.0)  # a kept block: read in any order
-    assert ahead.release_due(0.5) == 0 and ahead.held == 1400  # a READ may still come
-    assert ahead.release_due(1.0) == 1 and ahead.held == 1200
+    grace = OPENED_GRACE_S
+    # only extents wholly inside a file's range; a kept block is read in any order
+    assert ahead.opened([("s", 0, 250), ("s", 100, 300), ("s", 1000, 2000)], now=1.0) == 0
+    assert ahead.held == 1400  # a READ may still come
+    assert ahead.opened([("s", 300, 400), ("s", 500, 600)], now=1.0 + grace) == 1
+    assert ahead.held == 1200
     assert ahead.take("s", 500, 600) == DATA[500:600]  # a READ came after all: taken
     assert ahead.claim("s", 500, 600)  # fetched again, for another epoch
     assert ahead.fill("s", 500, lambda: fetcher(calls, 500, 600))
-    assert ahead.release_due(5.0) == 1  # 300-400 only: the new 500-600 is not the one named
+    # 300-400 only: the new 500-600 is not the one the open named
+    assert ahead.opened([], now=5.0) == 1
     assert ahead.fill("s", 300, lambda: fetcher(calls, 300, 400)) is None
     assert ahead.held == 1100 and calls == [(100, 300), (500, 600), (500, 600)]
 

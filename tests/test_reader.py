@@ -23,7 +23,8 @@ from shardfs.read.block_runs import RUN_BLOCKS
 from shardfs.read.direct import DirectReader
 from shardfs.read.local_blocks import LocalBlocks
 from shardfs.read.readahead import Prefetcher
-from shardfs.read.reader import CachedReader, RangeReader
+from shardfs.read.reader import CachedReader
+from shardfs.read.seam import RangeReader
 from shardfs.stats import Stats
 from shardfs.store.remote import Store
 from shardfs.store.shards import ShardInfo

@@ -15,8 +15,9 @@ import pytest
 
 from shardfs.cache import RETIRED_BEFORE, BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
+from shardfs.read.files_ahead import OPENED_GRACE_S
 from shardfs.read.fills import BlockFills
-from shardfs.read.reader import OPENED_GRACE_S, CachedReader
+from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
 from shardfs.store.remote import Store
 from shardfs.store.responses import Fetched, Landing

@@ -15,7 +15,7 @@ from shardfs.config import IndexConfig, SourceConfig, ViewConfig
 from shardfs.dataset import open_source
 from shardfs.errors import UsageError
 from shardfs.index.db import IndexBuilder, write_sidecar
-from shardfs.read.reader import shard_key_of
+from shardfs.read.seam import shard_key_of
 from shardfs.store.remote import Store
 from shardfs.store.sets import StoreSet, open_store
 

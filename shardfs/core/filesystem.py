@@ -23,7 +23,8 @@ from ..formats.codecs import raw_span
 from ..formats.tar import MemberKind
 from ..formats.units import is_decoded
 from ..read.decoded import DecodedReads
-from ..read.reader import CachedReader, RangeReader
+from ..read.reader import CachedReader
+from ..read.seam import RangeReader
 from ..stats import Stats
 from ..store.shards import ShardInfo
 from ..views.nodes import ROOT_INO, Node

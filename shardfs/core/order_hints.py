@@ -19,7 +19,8 @@ from ..errors import UsageError
 from ..formats.codecs import raw_placement
 from ..formats.units import DecodedSpace, is_decoded
 from ..read.readahead import HINT_WINDOW, HintedOrder
-from ..read.reader import CachedReader, RangeReader
+from ..read.reader import CachedReader
+from ..read.seam import RangeReader
 from ..stats import Stats
 from ..views.nodes import Node
 from ..views.view import View

@@ -30,7 +30,8 @@ from ..fuse.session import FuseSession
 from ..index.db import Progress
 from ..read.direct import DirectReader
 from ..read.readahead import Prefetcher
-from ..read.reader import CachedReader, RangeReader
+from ..read.reader import CachedReader
+from ..read.seam import RangeReader
 from ..stats import Stats
 from . import allocator, process_limits, thread_names
 from .control import ControlServer, lock_mountpoint, pid_file, remove_created_mountpoint

@@ -1,6 +1,7 @@
 """Reading: where the bytes of a presented file come from.
 
-- ``reader``: the seam (``RangeReader``) and ``CachedReader``: cache hit, block fill, range;
+- ``seam``: what the core asks of a reader (``RangeReader``), and the cache key of a shard;
+- ``reader``: ``CachedReader``: cache hit, block fill, range;
 - ``direct``: ``DirectReader`` (``--no-cache``): every read a ranged GET;
 - ``fills``: filling a missing block from the store, one fetch per block;
 - ``readahead``: background fetches: the rest of a block, then whole shards;

@@ -24,7 +24,7 @@ from ..errors import CorruptShardError
 from ..formats import codecs
 from ..formats.units import Unit
 from ..store.shards import ShardInfo
-from .reader import RangeReader
+from .seam import RangeReader
 
 DEFAULT_BUDGET = 256 << 20  # decoded bytes kept
 OPEN_SEEKABLE = 8  # opened seekable decoders kept

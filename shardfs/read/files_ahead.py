@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 DEFAULT_BUDGET = 64 << 20
 """Bytes held at most: enough for a few hundred typical images ahead of the readers."""
+
+OPENED_GRACE_S = 0.2
+"""How long bytes fetched ahead of a file stay held once its open from the page cache was
+heard of: a READ that follows the open (the page cache let go of the file after its push)
+comes at once, well inside this."""
 
 
 def missing_span(
@@ -172,7 +178,7 @@ class FilesAhead:
 
     def fill(self, shard: str, start: int, fetch: Callable[[], bytes]) -> bytes | None:
         """Run the fetch for a claimed extent, unless a read took the claim over first (or
-        its file was opened from the kernel's cache: ``release_due``); a failure drops it
+        its file was opened from the kernel's cache: ``opened``); a failure drops it
         (the read fetches it). Returns the bytes fetched, None if it fetched nothing."""
         with self._lock:
             entry = self._extents.get(shard, {}).get(start)
@@ -189,31 +195,51 @@ class FilesAhead:
             entry.done.set()
         return data
 
-    def opened(self, shard: str, start: int, end: int, release_at: float) -> None:
-        """A reader opened the file at ``[start, end)`` from the kernel's page cache (the
-        pusher put it there): no read of it needs to come. Its extents fetched ahead go
-        at ``release_at`` (``release_due``), unless a read took them first. Kept blocks
-        stay."""
-        with self._lock:
-            kept = self._kept.get(shard, {})
-            self._opened.extend(
-                (release_at, shard, at, entry)
-                for at, entry in self._extents.get(shard, {}).items()
-                if start <= at and entry.end <= end and at not in kept
-            )
-
-    def release_due(self, now: float) -> int:
-        """Let go of the extents ``opened`` named for release by ``now`` that are still
-        held (the same ones: not an extent fetched since at the same place). Returns how
-        many went."""
+    def opened(self, files: Iterable[tuple[str, int, int]], now: float | None = None) -> int:
+        """Readers opened these files (shard, start, end) from the kernel's page cache (the
+        pusher put them there): no read of them needs to come. Their extents fetched ahead
+        go ``OPENED_GRACE_S`` later (at a later call), unless a read took them first: the
+        page cache may have let go of a file since its push, and then its READ follows the
+        open and takes them. Kept blocks stay. Returns how many extents went now, those of
+        earlier opens that are still held (the same ones: not an extent fetched since at
+        the same place)."""
+        now = time.monotonic() if now is None else now
         released = 0
         with self._lock:
+            for shard, start, end in files:
+                kept = self._kept.get(shard, {})
+                self._opened.extend(
+                    (now + OPENED_GRACE_S, shard, at, entry)
+                    for at, entry in self._extents.get(shard, {}).items()
+                    if start <= at and entry.end <= end and at not in kept
+                )
             while self._opened and self._opened[0][0] <= now:
                 _, shard, at, entry = self._opened.popleft()
                 if self._extents.get(shard, {}).get(at) is entry:
                     self._forget(shard, at, entry)
                     released += 1
         return released
+
+    def assemble(
+        self, shard: str, start: int, end: int, fetch: Callable[[int, int, int], bytes]
+    ) -> tuple[bytes, bool, bool]:
+        """Bytes ``[start, end)``: the parts extents hold taken from them, the rest from
+        ``fetch(at, upto, cap)`` (``cap``: where a read-ahead window must stop, an extent's
+        start, or ``end`` when none follows). Returns them, whether any part was taken and
+        whether any was fetched. A file that runs out of a kept block, or into one, fetches
+        only its part outside it."""
+        pieces: list[bytes] = []
+        at, taken, fetched = start, False, False
+        while at < end:
+            held = self.take(shard, at, end)
+            if held:
+                pieces.append(held)
+                at, taken = at + len(held), True
+                continue
+            upto = self.next_start(shard, at, end)
+            pieces.append(fetch(at, upto, upto))
+            at, fetched = upto, True
+        return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), taken, fetched
 
     def take(self, shard: str, start: int, end: int, *, wait: float = 60.0) -> bytes | None:
         """The bytes from ``start`` that a held extent holds (waiting for its fetch if it

@@ -1,9 +1,4 @@
-"""The seam between the filesystem core and where bytes come from.
-
-The core asks a ``RangeReader`` for byte ranges of a shard. ``DirectReader`` goes straight
-to the store; the block cache and readahead implement the same protocol. The store counts
-the bytes and GETs it fetches (``Store.stats``, the same ``Stats`` in a mount).
-"""
+"""``CachedReader``, ``seam``'s ``RangeReader`` through the persistent block cache."""
 
 from __future__ import annotations
 
@@ -11,9 +6,8 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
 
-from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, NoRoom, shard_key
+from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, NoRoom
 from ..cache.block_cache import VerifiedBlock
 from ..stats import Stats
 from ..store.remote import Store
@@ -24,26 +18,7 @@ from .files_ahead import FilesAhead
 from .fills import Arrivals, Block, BlockFetch, BlockFills, ColdClock, Completion, Fetch
 from .local_blocks import LocalBlocks
 from .readahead import MemoryReadahead, Prefetcher
-
-OPENED_GRACE_S = 0.2
-"""How long bytes fetched ahead of a file stay held once the hint heard of its open from
-the page cache: a READ that follows the open (the page cache let go of the file after its
-push) comes at once, well inside this."""
-
-
-def shard_key_of(store: Store, shard: ShardInfo, block_size: int) -> str:
-    """The cache key of ``shard`` as ``store`` reaches it: the one place for the recipe
-    (its location, size, ETag and the block size)."""
-    return shard_key(store.location(shard), shard.size, shard.etag, block_size)
-
-
-class RangeReader(Protocol):
-    def read(self, shard: ShardInfo, start: int, end: int, extent_end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of ``shard``; raises ShardfsError on failure.
-        ``extent_end``: where the file being read ends (reads ahead stop there)."""
-
-    def read_local(self, shard: ShardInfo, start: int, end: int) -> bytes | None:
-        """The same bytes if they can be had at once (no network, no disk wait), else None."""
+from .seam import shard_key_of
 
 
 class CachedReader:
@@ -313,23 +288,15 @@ class CachedReader:
         self, skey: str, start: int, end: int, limit: int, fetch: Callable[[int, int], bytes]
     ) -> tuple[bytes, bool]:
         """The bytes, and whether any had to be fetched now: what extents fetched ahead
-        (or kept) hold is taken from them, and only the rest fetched. A file that runs
-        from a kept block into one not held fetches only its part past the block."""
-        pieces: list[bytes] = []
-        at, taken, fetched = start, False, False
-        while at < end:
-            ahead = self._ahead.take(skey, at, end)
-            if ahead:
-                pieces.append(ahead)
-                at, taken = at + len(ahead), True
-                continue
-            upto = self._ahead.next_start(skey, at, end)
-            cap = upto if upto < end else limit  # no read-ahead window into an extent held
-            pieces.append(self._memory.read(skey, at, upto, cap, fetch))
-            at, fetched = upto, True
+        (or kept) hold is taken from them, and only the rest fetched."""
+
+        def rest(at: int, upto: int, cap: int) -> bytes:
+            return self._memory.read(skey, at, upto, cap if upto < end else limit, fetch)
+
+        data, taken, fetched = self._ahead.assemble(skey, start, end, rest)
         if taken:
             self.stats.add(files_ahead_read=1)
-        return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), fetched
+        return data, fetched
 
     def wants_files_ahead(self) -> bool:
         """Whether the next hinted files should be fetched as ranges: only while the cache
@@ -386,13 +353,8 @@ class CachedReader:
 
     def files_opened(self, files: list[tuple[ShardInfo, int, int]]) -> None:
         """Readers opened these files (shard, start, end) from the kernel's page cache: what
-        was fetched ahead of them is let go ``OPENED_GRACE_S`` later, as their reads would
-        have taken it. Not at once: the page cache may have let go of a file since its push
-        (the open cannot tell), and then its READ follows the open and takes the bytes."""
-        now = time.monotonic()
-        for shard, start, end in files:
-            self._ahead.opened(self.shard_key(shard), start, end, now + OPENED_GRACE_S)
-        released = self._ahead.release_due(now)
+        was fetched ahead of them goes soon after (``FilesAhead.opened``)."""
+        released = self._ahead.opened([(self.shard_key(s), a, b) for s, a, b in files])
         if released:
             self.stats.add(files_ahead_opened=released)
 
