@@ -34,6 +34,9 @@ DROP_EVERY = 10  # files read between two drops of the page cache
 LARGEST_FILE = 60_000
 FILES = 480
 SHARDS = 6
+# The mount's counters a failure of the paid-once check shows, since the mount started.
+WHY_TWICE = ("range_reads", "blocks_not_admitted", "blocks_kept_unstored", "blocks_evicted",
+             "evicted_unread_bytes", "files_fetched_ahead", "files_ahead_read")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Epoch:
     ratio: float  # egress / shard bytes
     refetched: int  # of those, bytes whose offsets the server had sent this epoch already
     twice: str = ""  # which fetches those were, and the earlier ones they repeated
+    counters: str = ""  # the mount's counters that tell why, when any byte came twice
 
 
 def through_daemon(mountpoint: Path) -> int:
@@ -128,8 +132,12 @@ def read_epoch(
         n for key, n in counts["get_object_bytes_by_key"].items() if key.startswith(data.key_prefix)
     )
     refetched = counts["get_object_refetched_bytes"]
-    twice = "\n".join(repeats(server.ranges_sent())[:20]) if refetched else ""
-    return Epoch(egress, egress / data.shard_bytes, refetched, twice)
+    twice = counters = ""
+    if refetched:
+        twice = "\n".join(repeats(server.ranges_sent())[:20])
+        stats = query(mountpoint)
+        counters = ", ".join(f"{name} {stats.get(name)}" for name in WHY_TWICE)
+    return Epoch(egress, egress / data.shard_bytes, refetched, twice, counters)
 
 
 def assert_paid_once(epoch: Epoch, number: int) -> None:
@@ -139,7 +147,7 @@ def assert_paid_once(epoch: Epoch, number: int) -> None:
     for yet is fetched as a range for that part, which the block's own GET brings again
     (seen in about 1 of 10 runs of these 5-block caches; before, 70-140 KB every run)."""
     assert epoch.refetched <= LARGEST_FILE, (
-        f"epoch {number}: {epoch.refetched} bytes fetched twice:\n{epoch.twice}"
+        f"epoch {number}: {epoch.refetched} bytes fetched twice ({epoch.counters}):\n{epoch.twice}"
     )
 
 

@@ -95,6 +95,19 @@ def open_cache(tmp_path: Path, fraction: float, stats: Stats) -> BlockCache:
     return BlockCache(config, stats)
 
 
+def bounded_reader(
+    tmp_path: Path, folder: Path, fraction: float
+) -> tuple[dict[str, bytes], Stats, CountingStore, BlockCache, CachedReader]:
+    """Fresh shards, and a reader over a cache of ``fraction`` of them that knows the
+    data's size (a cache smaller than the data); the caller closes the cache."""
+    shards = make_shards(folder)
+    stats = Stats()
+    store = CountingStore(str(folder), stats)
+    cache = open_cache(tmp_path, fraction, stats)
+    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    return shards, stats, store, cache, reader
+
+
 def epoch(reader: CachedReader, store: CountingStore, shards: dict[str, bytes], seed: int) -> float:
     """Read every file once in a shuffled order; the bytes fetched over the data's size."""
     files = files_of(store)
@@ -117,11 +130,7 @@ def cached(tmp_path: Path) -> Iterator[tuple[BlockCache, Stats]]:
 def test_shuffled_epochs_fetch_the_data_at_most_once(
     tmp_path: Path, folder: Path, fraction: float
 ) -> None:
-    shards = make_shards(folder)
-    stats = Stats()
-    store = CountingStore(str(folder), stats)
-    cache = open_cache(tmp_path, fraction, stats)
-    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, fraction)
     try:
         first = epoch(reader, store, shards, seed=1)
         second = epoch(reader, store, shards, seed=2)
@@ -157,11 +166,7 @@ def test_plain_lru_fetches_a_block_per_file(tmp_path: Path, folder: Path) -> Non
 def test_a_cache_that_holds_the_data_still_fetches_whole_blocks(
     tmp_path: Path, folder: Path
 ) -> None:
-    shards = make_shards(folder)
-    stats = Stats()
-    store = CountingStore(str(folder), stats)
-    cache = open_cache(tmp_path, 1.5, stats)
-    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 1.5)
     try:
         first = epoch(reader, store, shards, seed=1)
         second = epoch(reader, store, shards, seed=2)
@@ -328,11 +333,7 @@ def test_a_file_fetched_ahead_is_handed_to_the_pusher_and_let_go_at_its_open(
     """With the cache full, a hinted file fetched ahead is told to the block listeners (the
     kernel pusher puts it into the page cache, so no READ need come); its bytes stay held
     until the hint says a reader opened it."""
-    shards = make_shards(folder)
-    stats = Stats()
-    store = CountingStore(str(folder), stats)
-    cache = open_cache(tmp_path, 0.25, stats)
-    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 0.25)
     told: list[tuple[str, int, int, bytes]] = []
     reader.local_blocks.subscribe(
         lambda shard, start, end, block: told.append((shard.name, start, end, bytes(block or b"")))
@@ -369,11 +370,7 @@ def test_a_kept_block_pays_for_its_bytes_once_whatever_order_its_files_are_read_
     kept block, and a file running into a block not held fetches only its part there, even
     after a read that ended where the kept block ends (stop 41's plain shuffle=True epoch
     fetched a file twice after such a read)."""
-    shards = make_shards(folder)
-    stats = Stats()
-    store = CountingStore(str(folder), stats)
-    cache = open_cache(tmp_path, 0.25, stats)
-    reader = CachedReader(store, cache, stats, retries=1, dataset_bytes=data_bytes(store))
+    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 0.25)
     try:
         by_name = {s.name: s for s in store.list_shards()}
         shard, data = by_name["s1.tar"], shards["s1.tar"]
@@ -402,5 +399,34 @@ def test_a_kept_block_pays_for_its_bytes_once_whatever_order_its_files_are_read_
         assert fetched_for(2 * BLOCK - 30, 2 * BLOCK + 30) == 30  # from block 1 into kept 2
         assert fetched_for(2 * BLOCK + 100, 2 * BLOCK + 400) == 0
         assert stats.range_reads == 6
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("fetched_by", ["a read", "readahead"])
+def test_a_block_fetched_but_not_stored_pays_for_its_files_once(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, fetched_by: str
+) -> None:
+    """A whole block fetched whose store then fails (its room went to another fetch, or the
+    write failed) is held in memory: its other files are read from there, not fetched
+    again, by a read (a shard-mode epoch paid 1 MB twice so: stop 43) or by readahead."""
+    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 0.5)
+    try:
+        shard = next(s for s in store.list_shards() if s.name == "s2.tar")
+        data, start = shards["s2.tar"], 7 * BLOCK
+        monkeypatch.setattr(cache, "put", lambda *args, **kwargs: False)
+        if fetched_by == "a read":
+            end = start + FILE
+            assert reader.read(shard, start, end, end) == data[start:end]
+        else:
+            reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
+            reader.prefetch_blocks([(shard, 7)])
+        assert store.fetched == BLOCK  # the whole block, once
+        assert not cache.contains(BlockKey(reader.shard_key(shard), 7))
+        for at in range(start, start + BLOCK, FILE):
+            end = min(at + FILE, start + BLOCK)
+            assert reader.read(shard, at, end, end) == data[at:end]
+        assert store.fetched == BLOCK, "a file of the block was fetched again"
+        assert stats.blocks_kept_unstored == 1
     finally:
         cache.close()

@@ -221,13 +221,12 @@ class FilesAhead:
         return released
 
     def assemble(
-        self, shard: str, start: int, end: int, fetch: Callable[[int, int, int], bytes]
+        self, shard: str, start: int, end: int, fetch: Callable[[int, int], bytes]
     ) -> tuple[bytes, bool, bool]:
         """Bytes ``[start, end)``: the parts extents hold taken from them, the rest from
-        ``fetch(at, upto, cap)`` (``cap``: where a read-ahead window must stop, an extent's
-        start, or ``end`` when none follows). Returns them, whether any part was taken and
-        whether any was fetched. A file that runs out of a kept block, or into one, fetches
-        only its part outside it."""
+        ``fetch(at, upto)`` (``upto``: an extent's start, or ``end`` when none follows).
+        Returns them, whether any part was taken and whether any was fetched. A file that
+        runs out of a kept block, or into one, fetches only its part outside it."""
         pieces: list[bytes] = []
         at, taken, fetched = start, False, False
         while at < end:
@@ -237,7 +236,7 @@ class FilesAhead:
                 at, taken = at + len(held), True
                 continue
             upto = self.next_start(shard, at, end)
-            pieces.append(fetch(at, upto, upto))
+            pieces.append(fetch(at, upto))
             at, fetched = upto, True
         return (pieces[0] if len(pieces) == 1 else b"".join(pieces)), taken, fetched
 
@@ -262,6 +261,14 @@ class FilesAhead:
         if stop == entry.end and not self._is_kept(shard, offset):
             self._drop(shard, offset, entry)
         return entry.data[start - offset : stop - offset]
+
+    def fetching(self, shard: str, start: int) -> bool:
+        """Whether an extent whose fetch began (or a kept block) holds byte ``start``."""
+        if not self._held:
+            return False
+        with self._lock:
+            found = self._holding(shard, start)
+            return found is not None and found[1].started
 
     def next_start(self, shard: str, start: int, end: int) -> int:
         """Where the first extent held inside ``(start, end)`` begins; ``end`` if none: a

@@ -60,10 +60,13 @@ class BlockFills:
         *,
         evict_before: float = EVICT_ANY,
         stored: Stored | None = None,
+        unstored: Stored | None = None,
     ) -> tuple[bytes, Block | None]:
         """Bytes ``[start, end)`` of a block of ``block_len`` bytes, fetched whole and once
         on a miss; and the block if this call stored it (else None). ``stored`` is told of
-        the block once stored, before the threads waiting for it go on.
+        the block once stored, before the threads waiting for it go on; ``unstored`` of a
+        block fetched that could not be stored after all (its bytes are paid for: the
+        caller may hold them for its other reads).
 
         Storing may evict only blocks last used before ``evict_before``; when those would not
         make room nothing is fetched and ``NoRoom`` is raised (to the waiters too). Any other
@@ -81,7 +84,7 @@ class BlockFills:
             with claim:
                 try:
                     return self._fetch_whole(
-                        claim, start, end, block_len, fetch, evict_before, stored
+                        claim, start, end, block_len, fetch, evict_before, (stored, unstored)
                     )
                 except NoRoom as exc:
                     claim.fail(exc)  # waiters fetch their bytes as ranges too
@@ -98,7 +101,7 @@ class BlockFills:
         block_len: int,
         fetch: Fetch,
         evict_before: float,
-        on_stored: Stored | None,
+        told: tuple[Stored | None, Stored | None],
     ) -> tuple[bytes, Block | None]:
         data = self.cache.peek(claim.key, start, end, block_len)  # another mount stored it
         if data is not None:
@@ -111,10 +114,13 @@ class BlockFills:
             if len(block) != block_len:
                 raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
             stored = self.cache.put(claim, block, evict_before=evict_before)
+        on_stored, on_unstored = told
         if stored and on_stored is not None:
             on_stored(block)
         if not stored:
             claim.share(bytes(block))
+            if on_unstored is not None:
+                on_unstored(block)
         return bytes(block[start:end]), block if stored else None
 
     def read_split(
@@ -190,13 +196,14 @@ class BlockFills:
         evict_before: float = EVICT_NONE,
         held: int = 0,
         stored: Stored | None = None,
+        unstored: Stored | None = None,
     ) -> bytes | memoryview | None:
         """Fetch a whole block ahead of need; returns it if stored. Fetches nothing when the
         block is cached or in flight, when it would not fit without evicting a block used
         since ``evict_before`` (by default: without evicting anything), or while caching is
         paused. A failure is the task's own: waiters fetch the block themselves. ``held``:
         room already held for this block (``BlockCache.hold``), used or given back.
-        ``stored``: as for ``read``."""
+        ``stored``, ``unstored``: as for ``read``."""
         if not self.cache.accepts(key):
             self.cache.release(held)
             return None
@@ -214,6 +221,8 @@ class BlockFills:
                 if len(block) != block_len:
                     raise ValueError(f"assembled {len(block)} bytes for a block of {block_len}")
                 if not self.cache.put(claim, block, evict_before=evict_before, unread=True):
+                    if unstored is not None:
+                        unstored(block)
                     return None
                 if stored is not None:
                     stored(block)

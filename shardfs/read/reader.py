@@ -151,7 +151,8 @@ class CachedReader:
         size = self.block_size
         evict_before = self._cold.tick(end - start)
         first, last = start // size, (end - 1) // size
-        if self._over_budget(shard, skey, first, last, evict_before):
+        held = self._ahead.fetching(skey, start)  # its bytes are taken, not fetched again
+        if held or self._over_budget(shard, skey, first, last, evict_before):
             self.stats.add(range_reads=1)
             return self._read_uncached(shard, skey, start, end, extent_end, count_waits=True)
         pieces = []
@@ -177,10 +178,10 @@ class CachedReader:
                     self._complete_later(shard, skey, index, rest)
             else:
                 announce = functools.partial(self._announce, shard, skey, index)
+                keep = functools.partial(self.keep_unstored, shard, skey, index)
                 try:
-                    data, _ = self._fills.read(
-                        key, lo, hi, block_len, fetch, evict_before=evict_before, stored=announce
-                    )
+                    data, _ = self._fills.read(key, lo, hi, block_len, fetch,
+                        evict_before=evict_before, stored=announce, unstored=keep)  # fmt: skip
                 except NoRoom:  # the room went to another fetch meanwhile
                     self.stats.add(range_reads=1)
                     data = self._read_uncached(
@@ -290,8 +291,8 @@ class CachedReader:
         """The bytes, and whether any had to be fetched now: what extents fetched ahead
         (or kept) hold is taken from them, and only the rest fetched."""
 
-        def rest(at: int, upto: int, cap: int) -> bytes:
-            return self._memory.read(skey, at, upto, cap if upto < end else limit, fetch)
+        def rest(at: int, upto: int) -> bytes:  # a read-ahead window stops at a held extent
+            return self._memory.read(skey, at, upto, upto if upto < end else limit, fetch)
 
         data, taken, fetched = self._ahead.assemble(skey, start, end, rest)
         if taken:
@@ -312,9 +313,8 @@ class CachedReader:
 
     def prefetch_files(self, extents: list[tuple[ShardInfo, int, int]]) -> int:
         """Queue these files (shard, start, end), in this order, to be fetched as ranges
-        ahead of their reads (an order hint's next files) when their blocks cannot be
-        cached without evicting blocks still in use; files the cache holds or will take
-        are left to it."""
+        ahead of their reads (an order hint's next files) when their blocks cannot be cached
+        without evicting blocks still in use; files the cache holds or will take are not."""
         if not extents or self.prefetcher is None or not self.wants_files_ahead():
             return 0
         tasks = []
@@ -463,8 +463,8 @@ class CachedReader:
         return len(blocks)
 
     def keep_unstored(self, shard: ShardInfo, skey: str, index: int, block: Block) -> None:
-        """A readahead block that found no room after all: held with the files ahead, so
-        that no file of it is fetched again (``BlockRun.task``, before ``arrived``)."""
+        """A block fetched that could not be stored after all (no room by then, or a failed
+        write): held with the files ahead, so that none of its files is fetched again."""
         if self._ahead.keep(skey, index * self.block_size, bytes(block)):
             self.stats.add(blocks_kept_unstored=1)
 
@@ -484,9 +484,9 @@ class CachedReader:
         with self._lock:  # before the store: a read may come as soon as it lands
             self._unread_prefetched.add((skey, index))
         announce = functools.partial(self._announce, shard, skey, index)
-        block = self._fills.prefetch(
-            key, block_len, fetch, evict_before=evict_before, held=held, stored=announce
-        )
+        keep = functools.partial(self.keep_unstored, shard, skey, index)
+        block = self._fills.prefetch(key, block_len, fetch,
+            evict_before=evict_before, held=held, stored=announce, unstored=keep)  # fmt: skip
         stored = block is not None
         if stored:
             self.stats.add(prefetched_bytes=block_len)
