@@ -55,7 +55,7 @@ class Stats:
     folders_published: int = 0  # folders whose entries were handed to the compiled path
     landing_room_timeouts: int = 0  # readahead GETs that stopped waiting for landing memory
     landing_mapped_bytes: int = 0  # fresh landing memory mapped (its pages faulted in once)
-    blocks_kept_unstored: int = 0  # blocks a readahead GET brought, held as files ahead: no room
+    blocks_kept_unstored: int = 0  # blocks fetched, then not stored (no room, failed write): held
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
     _sources: list[Callable[[], dict[str, int]]] = field(
