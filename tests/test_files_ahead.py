@@ -274,3 +274,14 @@ def test_bytes_a_read_waited_for_are_not_handed_on_to_be_pushed() -> None:
     reader.join(10)
     assert sorted(got, key=repr) == sorted([None, DATA[100:164]], key=repr)
     assert calls == [(0, 64), (100, 164)]
+
+
+def test_take_kept_hands_over_only_a_whole_kept_block_once() -> None:
+    ahead = FilesAhead(budget=1 << 20)
+    assert ahead.claim("s", 0, 100)  # a file fetched ahead: not a kept block
+    assert ahead.take_kept("s", 0, 100) is None
+    assert ahead.keep("s", 4096, b"k" * 4096)
+    assert ahead.take_kept("s", 4096, 4000) is None  # not the block asked for
+    assert ahead.take_kept("s", 4096, 8192) == b"k" * 4096
+    assert ahead.take_kept("s", 4096, 8192) is None  # let go: its taker stores it
+    assert not ahead.fetching("s", 4096)

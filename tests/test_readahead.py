@@ -357,3 +357,57 @@ def test_a_miss_fetches_its_block_or_only_its_bytes_first(cache: BlockCache, spl
         assert sum(b - a for a, b in requests) == 3 * BLOCK  # every byte once either way
     finally:
         prefetcher.close()
+
+
+def test_a_read_racing_a_readahead_get_for_its_block_does_not_fetch_it_again(
+    cache: BlockCache,
+) -> None:
+    """A readahead run chooses the later blocks of its GET while a read of one of them is
+    between its look for a coming GET and its claim on the block (CI, stop 43: the last
+    block of a shard fetched twice). The read, owning the claim, takes the run's bytes."""
+    url = memory_url()
+    data = random.Random(5).randbytes(2 * BLOCK + 999)
+    put(url, "s.tar", data)
+    store = Store(SourceConfig(url))
+    (shard,) = store.list_shards()
+    requests: list[tuple[int, int]] = []
+    original_fetch, original_claim = store.fetch, cache.claim
+    at_claim, run_get, claimed = threading.Event(), threading.Event(), threading.Event()
+
+    def fetch(s: object, start: int, end: int, piece: int, **options: Any) -> Fetched:
+        requests.append((start, end))
+        if start == 0 and end > 2 * BLOCK:  # the run's GET, from block 0 through block 2
+            run_get.set()
+            claimed.wait(10)
+        return original_fetch(shard, start, end, piece, **options)
+
+    def claim(key: BlockKey, *, wait: bool = True) -> Any:
+        if wait and key.index == 2:  # the read, past its look for a coming GET
+            at_claim.set()
+            run_get.wait(10)
+            try:
+                return original_claim(key)
+            finally:
+                claimed.set()
+        return original_claim(key, wait=wait)
+
+    store.fetch = fetch  # type: ignore[method-assign]
+    cache.claim = claim  # type: ignore[method-assign,assignment]
+    prefetcher = Prefetcher(1)
+    reader = CachedReader(store, cache, cache.stats, retries=1, prefetcher=prefetcher)
+    got: list[bytes] = []
+    start = 2 * BLOCK + 10
+    demand = threading.Thread(target=lambda: got.append(reader.read(shard, start, start + 50)))
+    try:
+        demand.start()
+        assert at_claim.wait(10)
+        reader.prefetch_blocks([(shard, 0), (shard, 1), (shard, 2)])
+        demand.join(20)
+        assert prefetcher.wait_idle(10)
+        assert run_get.is_set() and claimed.is_set()  # the interleaving did happen
+        assert got == [data[start : start + 50]]
+        assert cache.contains(BlockKey(reader.shard_key(shard), 2))
+        assert reader.read(shard, 0, shard.size) == data
+        assert sum(b - a for a, b in requests) == shard.size, requests  # every byte once
+    finally:
+        prefetcher.close()

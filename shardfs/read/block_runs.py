@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 from ..cache import BlockCache, BlockKey
+from ..stats import Stats
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
 from .fills import Arrivals, Block, BlockFetch
@@ -29,6 +31,38 @@ def runs_of(blocks: list[tuple[ShardInfo, int]]) -> list[tuple[ShardInfo, list[i
             run = open_runs[shard] = [index]
             runs.append((shard, run))
     return runs
+
+
+class UnreadPrefetched:
+    """Blocks prefetched that no read has touched yet: ``prefetched_bytes_read`` counts
+    each once, at its first read."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+        self._lock = threading.Lock()
+        self._blocks: set[tuple[str, int]] = set()
+
+    def add(self, skey: str, index: int) -> None:
+        with self._lock:  # before the store: a read may come as soon as it lands
+            self._blocks.add((skey, index))
+
+    def first_read(self, skey: str, index: int, block_len: int) -> None:
+        """A read touched the block: counted if it was prefetched and is read first now."""
+        if self._blocks and (skey, index) in self._blocks:
+            with self._lock:
+                if (skey, index) not in self._blocks:
+                    return
+                self._blocks.discard((skey, index))
+            self.stats.add(prefetched_bytes_read=block_len)
+
+    def not_stored(self, skey: str, index: int, block_len: int) -> None:
+        """The prefetch stored nothing after all: a read that counted it meanwhile did
+        not read a prefetched block."""
+        with self._lock:
+            read_meanwhile = (skey, index) not in self._blocks
+            self._blocks.discard((skey, index))
+        if read_meanwhile:
+            self.stats.add(prefetched_bytes_read=-block_len)
 
 
 class RunOwner(Protocol):
@@ -76,6 +110,7 @@ class BlockRun:
         self.evict_before = evict_before
         self._got: dict[int, Block] = {}  # blocks the last GET brought, not yet stored
         self._held: dict[int, int] = {}  # room held for those blocks (bytes, per block)
+        self._marked: set[int] = set()  # blocks marked coming by this run's GETs
 
     def _stretch_end(self, index: int) -> int:
         """The end of the bytes worth one GET from block ``index`` (which holds its own
@@ -83,17 +118,25 @@ class BlockRun:
         held now, with a run's worth still free after them, until each is stored. A block
         fetched without held room could find it taken by another fetch meanwhile, and its
         bytes would be fetched for nothing."""
-        cache, size = self.reader.cache, self.reader.block_size
+        cache, size, coming = self.reader.cache, self.reader.block_size, self.reader.coming
         end = index + 1
         while end <= self.indices[-1]:
+            # Marked coming before the look: a read that claims the block after the look
+            # sees the mark, and waits for this GET's bytes rather than fetch them too.
+            if not coming.mark(self.skey, end):
+                break  # another GET is bringing it
             key = BlockKey(self.skey, end)
             if cache.contains(key) or cache.in_flight(key):
+                coming.arrived(self.skey, end)
                 break
             end += 1
         lens = [min(size, self.shard.size - i * size) for i in range(index + 1, end)]
         shares = cache.hold(lens, self.evict_before, spare=(1 + RUN_BLOCKS) * size)
         self._held.update(zip(range(index + 1, end), shares, strict=False))
-        return min(self.shard.size, (index + 1 + len(shares)) * size)
+        last = index + 1 + len(shares)  # the first block this GET leaves out
+        coming.arrived(self.skey, *range(last, end))
+        self._marked.update(range(index + 1, last))
+        return min(self.shard.size, last * size)
 
     def _fetcher(self, index: int) -> BlockFetch:
         reader, size = self.reader, self.reader.block_size
@@ -101,10 +144,9 @@ class BlockRun:
         def fetch_range(lo: int, hi: int) -> Block:
             block = self._got.pop(index, None)
             if block is None:
-                start, end = index * size, self._stretch_end(index)
                 # Reads of the later blocks wait for this GET and their store, rather
-                # than fetch the same bytes again.
-                reader.coming.expect(self.skey, range(index + 1, -(-end // size)))
+                # than fetch the same bytes again (``_stretch_end`` marks them coming).
+                start, end = index * size, self._stretch_end(index)
                 with reader.cache.landing_room(end - start):  # the pusher catches up first
                     pieces = reader.get_pieces(self.shard, start, end, size, reader.cache.landing)
                 self._got.clear()
@@ -131,9 +173,12 @@ class BlockRun:
                     if unstored is not None:  # brought by the GET, then no room to store it
                         reader.keep_unstored(self.shard, skey, index, unstored)
                 finally:
-                    reader.coming.arrived(skey, index)
+                    if index in self._marked:
+                        self._marked.discard(index)
+                        reader.coming.arrived(skey, index)
         finally:
-            reader.coming.arrived(skey, *self.indices)  # a failed GET: nobody waits any more
+            reader.coming.arrived(skey, *self._marked)  # a failed GET: nobody waits any more
+            self._marked.clear()
             self._got.clear()
             reader.cache.release(sum(self._held.values()))
             self._held.clear()

@@ -262,6 +262,17 @@ class FilesAhead:
             self._drop(shard, offset, entry)
         return entry.data[start - offset : stop - offset]
 
+    def take_kept(self, shard: str, start: int, end: int) -> bytes | None:
+        """The kept block ``[start, end)``, let go (its taker stores it); else None."""
+        if not self._held:
+            return None
+        with self._lock:
+            entry = self._extents.get(shard, {}).get(start)
+            if entry is None or self._kept.get(shard, {}).get(start) != end:
+                return None
+        self._drop(shard, start, entry)
+        return entry.data
+
     def fetching(self, shard: str, start: int) -> bool:
         """Whether an extent whose fetch began (or a kept block) holds byte ``start``."""
         if not self._held:

@@ -274,10 +274,13 @@ class Arrivals:
         self._lock = threading.Lock()
         self._coming: dict[tuple[str, int], threading.Event] = {}
 
-    def expect(self, skey: str, indices: range) -> None:
+    def mark(self, skey: str, index: int) -> bool:
+        """Mark block ``index`` coming; False if another GET's mark is on it already."""
         with self._lock:
-            for index in indices:
-                self._coming.setdefault((skey, index), threading.Event())
+            if (skey, index) in self._coming:
+                return False
+            self._coming[(skey, index)] = threading.Event()
+            return True
 
     def arrived(self, skey: str, *indices: int) -> None:
         with self._lock:

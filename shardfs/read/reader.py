@@ -13,7 +13,7 @@ from ..stats import Stats
 from ..store.remote import Store
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
-from .block_runs import BlockRun, runs_of
+from .block_runs import BlockRun, UnreadPrefetched, runs_of
 from .files_ahead import FilesAhead
 from .fills import Arrivals, Block, BlockFetch, BlockFills, ColdClock, Completion, Fetch
 from .local_blocks import LocalBlocks
@@ -73,8 +73,7 @@ class CachedReader:
         # ``streaming_hint``: they stream through a cache smaller than the data (retired
         # once read, ``retire_blocks``): no file is fetched ahead as a range.
         self.follow_hint = self.streaming_hint = False
-        # Blocks prefetched that no read has touched yet (the prefetched-but-unread count).
-        self._unread_prefetched: set[tuple[str, int]] = set()
+        self._unread = UnreadPrefetched(stats)  # the prefetched-but-unread count
         # Blocks a readahead GET for several blocks is bringing, not yet stored.
         self.coming = Arrivals(store.config.read_timeout)
 
@@ -103,11 +102,19 @@ class CachedReader:
             self._keys[shard] = key
         return key
 
-    def _fetch_range(self, shard: ShardInfo, index: int) -> Fetch:
-        """Bytes of block ``index``; the whole block lands in memory it is stored from."""
+    def _fetch_range(self, shard: ShardInfo, skey: str, index: int) -> Fetch:
+        """Bytes of block ``index`` for its claim's owner; the whole block lands in memory it
+        is stored from. A readahead GET that chose the block before the claim (its mark
+        seen too late) brings it, held as kept: its bytes are taken, not fetched again."""
         base, whole = index * self.block_size, self._block_len(shard, index)
+        brought: list[bytes | None] = []
 
         def fetch(lo: int, hi: int) -> Block:
+            if not brought:
+                self.coming.wait(skey, index)
+                brought.append(self._ahead.take_kept(skey, base, base + whole))
+            if brought[0] is not None:
+                return memoryview(brought[0])[lo:hi]
             if lo == 0 and hi == whole:
                 return self.get_pieces(shard, base, base + hi, hi, self.cache.landing)[0]
             return self._get(shard, base + lo, base + hi)
@@ -166,10 +173,10 @@ class CachedReader:
                     waited = True
                     self.stats.add(reads_waited_on_network=1)
                 self.coming.wait(skey, index)  # each one a GET brings, not only the first
-            self._first_read(skey, index, block_len)
+            self._unread.first_read(skey, index, block_len)
             lo = max(start, block_start) - block_start
             hi = min(end, block_start + block_len) - block_start
-            fetch = self._fetch_range(shard, index)
+            fetch = self._fetch_range(shard, skey, index)
             if self.prefetcher is not None and self.split_misses:
                 data, rest = self._fills.read_split(
                     key, lo, hi, block_len, fetch, evict_before=evict_before
@@ -206,15 +213,6 @@ class CachedReader:
             self.prefetcher.run_soon(complete)
         except Exception:
             complete()  # it holds the block's claim: it must run
-
-    def _first_read(self, skey: str, index: int, block_len: int) -> None:
-        """Count a prefetched block as read the first time a read touches it."""
-        if self._unread_prefetched and (skey, index) in self._unread_prefetched:
-            with self._lock:
-                if (skey, index) not in self._unread_prefetched:
-                    return
-                self._unread_prefetched.discard((skey, index))
-            self.stats.add(prefetched_bytes_read=block_len)
 
     def _over_budget(
         self, shard: ShardInfo, skey: str, first: int, last: int, evict_before: float
@@ -385,7 +383,7 @@ class CachedReader:
         if data is not None and not quiet:
             self._cold.tick(end - start)
             self._announce(shard, skey, first)
-            self._first_read(skey, first, self._block_len(shard, first))
+            self._unread.first_read(skey, first, self._block_len(shard, first))
             ahead = self.prefetcher is not None and not self.follow_hint
             if ahead and skey not in self._scheduled:
                 self.read_ahead(shard, after=last)
@@ -481,8 +479,7 @@ class CachedReader:
         for it, used or given back); whether it was stored."""
         block_len = self._block_len(shard, index)
         key = BlockKey(skey, index)
-        with self._lock:  # before the store: a read may come as soon as it lands
-            self._unread_prefetched.add((skey, index))
+        self._unread.add(skey, index)
         announce = functools.partial(self._announce, shard, skey, index)
         keep = functools.partial(self.keep_unstored, shard, skey, index)
         block = self._fills.prefetch(key, block_len, fetch,
@@ -491,10 +488,6 @@ class CachedReader:
         if stored:
             self.stats.add(prefetched_bytes=block_len)
         else:
-            with self._lock:
-                read_meanwhile = (skey, index) not in self._unread_prefetched
-                self._unread_prefetched.discard((skey, index))
-            if read_meanwhile:  # a read counted it, but it was not prefetched
-                self.stats.add(prefetched_bytes_read=-block_len)
+            self._unread.not_stored(skey, index, block_len)
             self._announce_if_local(shard, skey, index)  # cached before
         return stored
