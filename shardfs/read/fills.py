@@ -83,9 +83,8 @@ class BlockFills:
                 continue  # stored (by that thread or another mount): read it from disk
             with claim:
                 try:
-                    return self._fetch_whole(
-                        claim, start, end, block_len, fetch, evict_before, (stored, unstored)
-                    )
+                    return self._fetch_whole(claim, start, end, block_len, fetch,
+                        evict_before, on_stored=stored, on_unstored=unstored)  # fmt: skip
                 except NoRoom as exc:
                     claim.fail(exc)  # waiters fetch their bytes as ranges too
                     raise
@@ -101,7 +100,9 @@ class BlockFills:
         block_len: int,
         fetch: Fetch,
         evict_before: float,
-        told: tuple[Stored | None, Stored | None],
+        *,
+        on_stored: Stored | None,
+        on_unstored: Stored | None,
     ) -> tuple[bytes, Block | None]:
         data = self.cache.peek(claim.key, start, end, block_len)  # another mount stored it
         if data is not None:
@@ -114,7 +115,6 @@ class BlockFills:
             if len(block) != block_len:
                 raise ValueError(f"fetched {len(block)} bytes for a block of {block_len}")
             stored = self.cache.put(claim, block, evict_before=evict_before)
-        on_stored, on_unstored = told
         if stored and on_stored is not None:
             on_stored(block)
         if not stored:
