@@ -98,6 +98,9 @@ def shardfs(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 # cold epoch is also paired with a fresh measurement of the server's peak.
 PAIRED = ("shardfs", "shardfs-shard", "shardfs-uniform", "webdataset")
 PEAK_PAIRED = ("shardfs", "shardfs-shard")
+# HintCounters' sampling: every SAMPLE_DENSE_S for the first DENSE_S of an epoch (where the
+# first shard's READs end), every SAMPLE_SPARSE_S after.
+DENSE_S, SAMPLE_DENSE_S, SAMPLE_SPARSE_S = 3.0, 0.05, 0.25
 
 
 @dataclass(frozen=True)
@@ -146,13 +149,13 @@ class HintCounters:
         self.hints = [self.hints[0] if self.samples else stats["hints_taken"], stats["hints_taken"]]
         self.samples.append((int(stats["hinted_reads"]), int(stats["reads_waited_on_network"])))
 
-    DENSE_S = 3.0
-
     def _poll(self) -> None:
         if self.cores:
             os.sched_setaffinity(0, self.cores)  # this thread only
-        dense_until = time.monotonic() + self.DENSE_S
-        while not self._stop.wait(0.05 if time.monotonic() < dense_until else 0.25):
+        dense_until = time.monotonic() + DENSE_S
+        while not self._stop.wait(
+            SAMPLE_DENSE_S if time.monotonic() < dense_until else SAMPLE_SPARSE_S
+        ):
             self._sample()
 
     def __enter__(self) -> HintCounters:
