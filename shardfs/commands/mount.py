@@ -180,10 +180,10 @@ def _session_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _view_config(args: argparse.Namespace) -> ViewConfig:
-    from ..views.view import parse_classes
-
     classes = None
     if args.classes is not None:
+        from ..views.view import parse_classes  # here only: it brings in the store's stack
+
         try:
             classes = tuple(parse_classes(args.classes.read_text(encoding="utf-8")))
         except OSError as exc:

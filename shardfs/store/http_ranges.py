@@ -17,7 +17,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from fsspec.asyn import sync
 
 from .responses import (
@@ -64,11 +63,15 @@ def _request_options(fs: Any, extra_headers: dict[str, str], timeout: float) -> 
     headers.update(extra_headers)
     options["headers"] = headers
     options["allow_redirects"] = True
+    import aiohttp  # here, not at the top: a mount of another store never loads it
+
     options.setdefault("timeout", aiohttp.ClientTimeout(total=timeout))
     return options
 
 
 def _is_transient(exc: BaseException) -> bool:
+    import aiohttp
+
     return isinstance(
         exc, (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, ConnectionError)
     )
