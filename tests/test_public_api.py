@@ -94,6 +94,37 @@ def test_importing_the_package_does_not_load_fuse_or_fsspec() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_the_daemon_of_a_local_folder_does_not_load_aiohttp() -> None:
+    """aiohttp (with fsspec's HTTP and s3fs's stack, 0.15 s to import) is loaded by the
+    stores that use it, not by every mount."""
+    code = (
+        "import shardfs.mount.lifecycle, shardfs.core.filesystem, shardfs.store.sets, sys; "
+        "assert 'aiohttp' not in sys.modules, 'aiohttp was imported'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_mount_command_leaves_the_store_to_its_daemon(tmp_path: Path) -> None:
+    """``shardfs mount`` without --classes checks its arguments and starts the daemon
+    without importing the view, the index or the store (a quarter of a second)."""
+    code = (
+        "import sys; from shardfs.cli import build_parser; "
+        "from shardfs.commands import mount; "
+        f"args = build_parser().parse_args(['mount', {str(tmp_path)!r}, {str(tmp_path)!r}]); "
+        "mount._view_config(args); mount._mount_config(args, mount.source_config(args)); "
+        "loaded = [m for m in ('shardfs.views.view', 'shardfs.index.db', "
+        "'shardfs.store.remote', 'fsspec') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def _imported_modules(path: Path) -> set[str]:
     """Absolute names of the shardfs modules a source file imports."""
     package = "shardfs." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts[:-1])
