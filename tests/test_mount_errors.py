@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.mounts import assert_one_error_line, mount, new_bucket, umount
-from support.processes import is_mounted, run_shardfs
+from support.processes import daemons_naming, is_mounted, run_shardfs
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.integration
@@ -53,6 +53,8 @@ def mount_fails(
     )
     line = assert_one_error_line(result)
     assert not is_mounted(mountpoint)
+    # The daemon that reported the error has exited: a retry at once finds the mountpoint free.
+    assert daemons_naming(mountpoint) == []
     return result.returncode, line
 
 

@@ -190,7 +190,12 @@ def spawn_daemon(
                 with os.fdopen(read_fd, "r") as pipe:
                     read_fd = -1
                     outcome = lines.follow(pipe)
-                return _daemon_outcome(outcome, child, log_path, log_start, verbose=verbose)
+                code, summary = _daemon_outcome(
+                    outcome, child, log_path, log_start, verbose=verbose
+                )
+                if code != 0:
+                    _reap_failed(child, mountpoint)
+                return code, summary
             except _Stopped as stopped:
                 lines.close()
                 if child is not None:
@@ -253,6 +258,17 @@ def _daemon_outcome(
     if verbose:
         _show_daemon_traceback(child, log_path, log_start)
     return 1, f"the mount daemon exited with status {status} before it was ready; see {log_path}"
+
+
+def _reap_failed(child: subprocess.Popen[bytes], mountpoint: Path) -> None:
+    """Wait for a daemon that reported an error to exit, as it does on its own, so that its
+    hold on the mountpoint is gone once ``shardfs mount`` returns: a retry at once (say with
+    --skip-bad-shards) would otherwise find "another shardfs mount is starting or running
+    here". One that has not exited within the grace period is stopped."""
+    try:
+        child.wait(_DAEMON_STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        _stop_daemon(child, mountpoint)
 
 
 def _stop_daemon(child: subprocess.Popen[bytes], mountpoint: Path) -> None:

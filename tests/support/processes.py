@@ -120,6 +120,24 @@ def is_mounted(path: Path) -> bool:
     return os.path.ismount(path)
 
 
+def daemons_naming(path: Path) -> list[int]:
+    """Pids of live mount daemons (``shardfs mount ... --foreground``) whose arguments name
+    ``path``."""
+    wanted = os.fsencode(str(path))
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if b"--foreground" in args and wanted in args and b"shardfs" in args:
+            found.append(int(entry.name))
+    return found
+
+
 def unmount(path: Path) -> None:
     """Lazily unmount ``path``; errors are ignored (teardown must not raise)."""
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
