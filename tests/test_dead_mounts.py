@@ -16,6 +16,7 @@ import pytest
 from support.datagen import make_imagefolder, pack_with_gnu_tar, sha256_tree
 from support.mounts import assert_one_error_line, mount, process_gone, umount, wait_for
 from support.processes import (
+    daemons_naming,
     is_mounted,
     require_fuse,
     run_shardfs,
@@ -47,14 +48,7 @@ def daemon_pid(mountpoint: Path) -> int:
     """The pid of the daemon serving ``mountpoint`` (mounted by its absolute path), found
     from its command line: pid_file() resolves the mountpoint, and that stat would leave the
     root's attributes in the kernel, so a dead mount would no longer look dead to stat."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--foreground" in argv and os.fsencode(mountpoint) in argv:
-            found.append(int(entry.name))
+    found = daemons_naming(mountpoint)
     assert len(found) == 1, f"daemons of {mountpoint}: {found}"
     return found[0]
 

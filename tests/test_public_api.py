@@ -69,6 +69,14 @@ def test_version_is_a_release_string() -> None:
     assert len(parts) == 3 and all(part.isdigit() for part in parts)
 
 
+def _python_passes(code: str) -> None:
+    """``code`` run by a fresh interpreter exits 0 (its asserts hold)."""
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_importing_the_package_does_not_import_torch() -> None:
     code = (
         "import shardfs, shardfs.cli, shardfs.mount.lifecycle, shardfs.core.filesystem, sys; "
@@ -76,10 +84,7 @@ def test_importing_the_package_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'; "
         "assert 'torchvision' not in sys.modules, 'torchvision was imported'"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode == 0, result.stderr
+    _python_passes(code)
 
 
 def test_importing_the_package_does_not_load_fuse_or_fsspec() -> None:
@@ -88,10 +93,7 @@ def test_importing_the_package_does_not_load_fuse_or_fsspec() -> None:
         "loaded = [m for m in ('shardfs.fuse.binding', 'fsspec', 'torch') if m in sys.modules]; "
         "assert not loaded, loaded"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode == 0, result.stderr
+    _python_passes(code)
 
 
 def test_the_daemon_of_a_local_folder_does_not_load_aiohttp() -> None:
@@ -101,10 +103,7 @@ def test_the_daemon_of_a_local_folder_does_not_load_aiohttp() -> None:
         "import shardfs.mount.lifecycle, shardfs.core.filesystem, shardfs.store.sets, sys; "
         "assert 'aiohttp' not in sys.modules, 'aiohttp was imported'"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode == 0, result.stderr
+    _python_passes(code)
 
 
 def test_the_mount_command_leaves_the_store_to_its_daemon(tmp_path: Path) -> None:
@@ -119,10 +118,7 @@ def test_the_mount_command_leaves_the_store_to_its_daemon(tmp_path: Path) -> Non
         "'shardfs.store.remote', 'fsspec') if m in sys.modules]; "
         "assert not loaded, loaded"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode == 0, result.stderr
+    _python_passes(code)
 
 
 def _imported_modules(path: Path) -> set[str]:
