@@ -430,3 +430,53 @@ def test_a_block_fetched_but_not_stored_pays_for_its_files_once(
         assert stats.blocks_kept_unstored == 1
     finally:
         cache.close()
+
+
+@pytest.mark.parametrize("room_taken_by", ["readahead", "a read"])
+def test_a_block_part_of_which_came_as_a_range_is_not_fetched_whole_that_epoch(
+    tmp_path: Path, folder: Path, room_taken_by: str
+) -> None:
+    """While a hint is followed, a file fetched ahead as a range (the cache full) marks its
+    block: when room comes back later in the epoch, neither the hint's block plan nor a read
+    fetches that block whole, which would pay for the file's bytes again (CI on stop 45's
+    head: 87 KB fetched twice in a uniform-mode epoch); its other files come as ranges. The
+    next hint may fetch it whole again."""
+    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 0.25)
+    try:
+        by_name = {s.name: s for s in store.list_shards()}
+        shard, data = by_name["s1.tar"], shards["s1.tar"]
+        s0_blocks = [(by_name["s0.tar"], i) for i in range(BLOCKS_PER_SHARD)]
+        for info, index in s0_blocks:  # fill the cache with s0's blocks
+            if not cache.room_for(BLOCK, RETIRED_BEFORE):
+                break
+            reader.read(info, index * BLOCK, index * BLOCK + 1, None)
+        reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
+        reader.follow_hint = True
+        reader.new_order()
+        assert reader.wants_files_ahead()
+        lo, hi = 4 * BLOCK + 10, 4 * BLOCK + 310
+        before = store.fetched
+        assert reader.prefetch_files([(shard, lo, hi)]) == 1
+        assert reader.read(shard, lo, hi, hi) == data[lo:hi]
+        assert store.fetched - before == 300
+        rest = [(4 * BLOCK, lo)]  # block 4's other files
+        rest += [(at, min(at + FILE, 5 * BLOCK)) for at in range(hi, 5 * BLOCK, FILE)]
+        reader.retire_blocks(s0_blocks)  # room comes back: whole blocks again, not block 4
+        if room_taken_by == "readahead":
+            reader.prefetch_blocks([(shard, 3), (shard, 4)])
+        else:  # a read of block 3, then one of block 4
+            for at, end in [(3 * BLOCK, 3 * BLOCK + FILE), rest.pop()]:
+                assert reader.read(shard, at, end, end) == data[at:end]
+        skey = reader.shard_key(shard)
+        assert cache.contains(BlockKey(skey, 3)) and not cache.contains(BlockKey(skey, 4))
+        ranged = stats.range_reads
+        for at, end in rest:
+            assert reader.read(shard, at, end, end) == data[at:end]
+        assert stats.range_reads - ranged == len(rest)
+        assert store.fetched - before == 2 * BLOCK, "bytes of block 4 were fetched twice"
+        reader.new_order()  # the next epoch may cache block 4 whole
+        reader.retire_blocks(s0_blocks)
+        reader.prefetch_blocks([(shard, 4)])
+        assert cache.contains(BlockKey(skey, 4))
+    finally:
+        cache.close()

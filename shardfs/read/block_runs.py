@@ -9,6 +9,7 @@ from ..cache import BlockCache, BlockKey
 from ..stats import Stats
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
+from .files_ahead import PaidInPart
 from .fills import Arrivals, Block, BlockFetch
 
 RUN_BLOCKS = 4
@@ -71,6 +72,7 @@ class RunOwner(Protocol):
     cache: BlockCache
     block_size: int
     coming: Arrivals
+    paid_in_part: PaidInPart
 
     def get_pieces(
         self, shard: ShardInfo, start: int, end: int, piece: int, land: Landing | None = ...
@@ -93,7 +95,8 @@ class BlockRun:
     """One readahead task over consecutive blocks ``indices`` of a shard: one GET covers
     every block from the first one still needed to the end of the run, as far as the
     blocks are missing and fit (evicting only blocks used before ``evict_before``); each
-    block is then stored on its own."""
+    block is then stored on its own. A block part of which came as a range this epoch
+    (``PaidInPart``) is left out: its files come as ranges."""
 
     def __init__(
         self,
@@ -126,7 +129,8 @@ class BlockRun:
             if not coming.mark(self.skey, end):
                 break  # another GET is bringing it
             key = BlockKey(self.skey, end)
-            if cache.contains(key) or cache.in_flight(key):
+            paid = self.reader.paid_in_part.holds(self.skey, end)  # not to be fetched whole
+            if paid or cache.contains(key) or cache.in_flight(key):
                 coming.arrived(self.skey, end)
                 break
             end += 1
@@ -163,6 +167,8 @@ class BlockRun:
         try:
             for index in self.indices:
                 try:
+                    if index not in self._got and reader.paid_in_part.holds(skey, index):
+                        continue  # part of it came as a range this epoch: not paid twice
                     fetch = self._fetcher(index)
                     held = self._held.pop(index, 0)
                     stored_now = reader.prefetch_one(

@@ -14,7 +14,7 @@ from ..store.remote import Store
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
 from .block_runs import BlockRun, UnreadPrefetched, runs_of
-from .files_ahead import FilesAhead
+from .files_ahead import FilesAhead, PaidInPart
 from .fills import Arrivals, Block, BlockFetch, BlockFills, ColdClock, Completion, Fetch
 from .local_blocks import LocalBlocks
 from .readahead import MemoryReadahead, Prefetcher
@@ -67,6 +67,8 @@ class CachedReader:
         self.local_blocks = local_blocks if local_blocks is not None else LocalBlocks()
         self._announced: set[tuple[str, int]] = set()
         self._memory, self._ahead = MemoryReadahead(), FilesAhead()
+        # Blocks with bytes fetched as ranges this epoch: never fetched whole after that.
+        self.paid_in_part = PaidInPart(self.block_size)
         self._cache_full = (-1.0, False)  # (when checked, whether the cache was full)
         # While an order hint is followed, reads no longer queue their whole shard: the
         # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
@@ -218,12 +220,16 @@ class CachedReader:
         self, shard: ShardInfo, skey: str, first: int, last: int, evict_before: float
     ) -> bool:
         """Whether a block of this read is missing and could be kept only by evicting
-        blocks that are not cold (then the read is fetched as a range)."""
-        if evict_before == EVICT_ANY:
+        blocks that are not cold, or had bytes fetched as a range this epoch (then the
+        read is fetched as a range: a whole block would pay for those bytes again)."""
+        paid = self.paid_in_part
+        if evict_before == EVICT_ANY and not paid:
             return False
         for index in range(first, last + 1):
             if self._coming_or_cached(skey, index):
                 continue
+            if paid.holds(skey, index):
+                return True
             if not self.cache.room_for(self._block_len(shard, index), evict_before):
                 return True
         return False
@@ -251,6 +257,7 @@ class CachedReader:
         its bytes neither cached nor fetched ahead counts as waiting on the network."""
 
         def fetch(lo: int, hi: int) -> bytes:
+            self.paid_in_part.add(skey, lo, hi)
             return self._get(shard, lo, hi)
 
         limit = shard.size if extent_end is None else min(shard.size, max(end, extent_end))
@@ -333,6 +340,7 @@ class CachedReader:
             )
 
         def fetch(lo: int, hi: int) -> bytes:
+            self.paid_in_part.add(skey, lo, hi)
             data = self._get(shard, lo, hi)
             self.stats.add(files_fetched_ahead=1)
             return data
@@ -415,8 +423,11 @@ class CachedReader:
             self.cache.retire(keys)
 
     def new_order(self) -> None:
-        """A new order hint: reads warm the blocks they use again."""
+        """A new order hint: reads warm the blocks they use again, and a new epoch may
+        fetch whole any block (``paid_in_part``)."""
         self.cache.unretire_all()
+        self.paid_in_part.clear()
+        self.paid_in_part.active = self.follow_hint
 
     def cache_holds_dataset(self, beside: int = 0) -> bool:
         """Whether the cache, with ``beside`` bytes kept elsewhere, holds the dataset."""
