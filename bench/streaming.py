@@ -86,7 +86,7 @@ CEILING_FOR: dict[str, int | None] = {"uniform": STREAMS, "random": None}
 COUNTERS = ("reads_waited_on_network", "files_fetched_ahead", "files_ahead_read",
             "blocks_evicted", "evicted_unread_bytes", "range_reads", "blocks_not_admitted",
             "bytes_fetched", "store_requests", "cache_misses", "bytes_pushed",
-            "bytes_served", "blocks_kept_unstored", "python_reads",
+            "bytes_served", "blocks_kept_unstored", "blocks_paid_in_part", "python_reads",
             "hot_path_reads")  # fmt: skip
 SHAPED_GOAL = 0.03  # every cold ratio under shaping within this of its unshaped value
 

@@ -56,6 +56,7 @@ class Stats:
     landing_room_timeouts: int = 0  # readahead GETs that stopped waiting for landing memory
     landing_mapped_bytes: int = 0  # fresh landing memory mapped (its pages faulted in once)
     blocks_kept_unstored: int = 0  # blocks fetched, then not stored (no room, failed write): held
+    blocks_paid_in_part: int = 0  # blocks a hint's plan left out: part came as a range this epoch
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
     _sources: list[Callable[[], dict[str, int]]] = field(

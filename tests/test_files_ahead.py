@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from shardfs.read.files_ahead import OPENED_GRACE_S, FilesAhead, PaidInPart
+from shardfs.stats import Stats
 
 DATA = bytes(range(256)) * 40
 
@@ -168,7 +169,7 @@ def test_a_run_block_with_no_room_left_is_kept_not_dropped() -> None:
 
     class Reader:
         cache, block_size, coming = Cache(), size, Arrivals(1.0)
-        paid_in_part = PaidInPart(size)
+        paid_in_part, stats = PaidInPart(size), Stats()
 
         def get_pieces(
             self, shard: object, start: int, end: int, piece: int, land: object

@@ -73,6 +73,7 @@ class RunOwner(Protocol):
     block_size: int
     coming: Arrivals
     paid_in_part: PaidInPart
+    stats: Stats
 
     def get_pieces(
         self, shard: ShardInfo, start: int, end: int, piece: int, land: Landing | None = ...
@@ -168,6 +169,7 @@ class BlockRun:
             for index in self.indices:
                 try:
                     if index not in self._got and reader.paid_in_part.holds(skey, index):
+                        reader.stats.add(blocks_paid_in_part=1)
                         continue  # part of it came as a range this epoch: not paid twice
                     fetch = self._fetcher(index)
                     held = self._held.pop(index, 0)
