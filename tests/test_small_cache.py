@@ -143,12 +143,12 @@ def read_epoch(
 
 def assert_paid_once(epoch: Epoch, number: int) -> None:
     """Within an epoch a byte is paid for once: never as a block and again as a file's
-    range, nor as a block a GET brought that found no room. The bound leaves one file's
-    part for the race docs/design.md names (a block GET that looks just as a range GET is
-    sent). The way bytes came twice before stop 46, a block fetched whole once room came
-    back after part of it had come as a range (one file's part in about 1 run of 10; two
-    files, 87 KB, in one CI run), is closed (``PaidInPart``): 0 bytes twice in 144 epochs
-    of 12 runs of this file, against 51 KB in 1 of 144 on the previous head."""
+    range, nor as a block a GET brought that found no room. The way bytes still came twice
+    before stop 46, a block fetched whole once room came back after part of it had come
+    as a range (one file's part in about 1 run of 10; two files, 87 KB, in one CI run), is
+    closed (``PaidInPart``, docs/design.md): 0 bytes twice in 144 epochs of 12 runs of this
+    file, against 51 KB in 1 of 144 on the previous head. The bound of one file is a margin
+    for a way not known yet; the message names the ranges sent twice."""
     assert epoch.refetched <= LARGEST_FILE, (
         f"epoch {number}: {epoch.refetched} bytes fetched twice ({epoch.counters}):\n{epoch.twice}"
     )

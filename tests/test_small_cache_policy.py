@@ -480,3 +480,88 @@ def test_a_block_part_of_which_came_as_a_range_is_not_fetched_whole_that_epoch(
         assert cache.contains(BlockKey(skey, 4))
     finally:
         cache.close()
+
+
+def _hinted_full_cache(
+    tmp_path: Path, folder: Path
+) -> tuple[dict[str, bytes], Stats, CountingStore, BlockCache, CachedReader, list[Any]]:
+    """A 0.25x cache filled with s0's blocks, its reader following a hint; and s0's blocks,
+    which ``retire_blocks`` turns into room."""
+    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 0.25)
+    s0 = next(s for s in store.list_shards() if s.name == "s0.tar")
+    s0_blocks = [(s0, i) for i in range(BLOCKS_PER_SHARD)]
+    for info, index in s0_blocks:
+        if not cache.room_for(BLOCK, RETIRED_BEFORE):
+            break
+        reader.read(info, index * BLOCK, index * BLOCK + 1, None)
+    reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
+    reader.follow_hint = True
+    reader.new_order()
+    return shards, stats, store, cache, reader, s0_blocks
+
+
+@pytest.mark.parametrize("whole_by", ["readahead", "a read"])
+def test_a_block_marked_paid_in_part_between_a_look_and_its_claim_is_not_fetched_whole(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, whole_by: str
+) -> None:
+    """A whole-block GET looks at the paid-in-part marks again once it holds the block's
+    claim: a range GET that marked the block after the first look (forced here, at the
+    claim) is not paid for again. The hint's plan leaves the block out; a read fetches its
+    own bytes as a range."""
+    shards, stats, store, cache, reader, s0_blocks = _hinted_full_cache(tmp_path, folder)
+    try:
+        shard = next(s for s in store.list_shards() if s.name == "s1.tar")
+        skey, data = reader.shard_key(shard), shards["s1.tar"]
+        reader.retire_blocks(s0_blocks)  # room for whole blocks
+        claim = cache.claim
+
+        def claim_after_a_range_marked(key: BlockKey, **kwargs: Any) -> Any:
+            if key == BlockKey(skey, 4):
+                reader.paid_in_part.add(skey, 4 * BLOCK + 10, 4 * BLOCK + 310)
+            return claim(key, **kwargs)
+
+        monkeypatch.setattr(cache, "claim", claim_after_a_range_marked)
+        lo, hi = 4 * BLOCK + 400, 4 * BLOCK + 700
+        before, ranged = store.fetched, stats.range_reads
+        if whole_by == "readahead":
+            reader.prefetch_blocks([(shard, 4)])
+            assert store.fetched == before and stats.blocks_paid_in_part == 1
+        else:
+            assert reader.read(shard, lo, hi, hi) == data[lo:hi]
+            assert store.fetched - before == hi - lo and stats.range_reads == ranged + 1
+        assert not cache.contains(BlockKey(skey, 4))
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("range_by", ["a file fetched ahead", "a read"])
+def test_a_range_takes_from_the_cache_a_block_fetched_whole_as_it_marked_it(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, range_by: str
+) -> None:
+    """A range GET marks its blocks paid in part, then looks at the cache again: a block
+    that a whole-block GET brought meanwhile (one that looked at the marks just before
+    they were made: forced here, as the range marks) is taken from the cache, and only
+    the rest of the range fetched."""
+    shards, stats, store, cache, reader, s0_blocks = _hinted_full_cache(tmp_path, folder)
+    try:
+        shard = next(s for s in store.list_shards() if s.name == "s1.tar")
+        skey, data = reader.shard_key(shard), shards["s1.tar"]
+        add = reader.paid_in_part.add
+
+        def a_block_get_lands_first(key: str, start: int, end: int) -> None:
+            if not cache.contains(BlockKey(skey, 4)):
+                reader.retire_blocks(s0_blocks)
+                assert reader.prefetch_blocks([(shard, 4)]) == 1
+            add(key, start, end)
+
+        monkeypatch.setattr(reader.paid_in_part, "add", a_block_get_lands_first)
+        lo, hi = 4 * BLOCK - 100, 4 * BLOCK + 200  # from block 3 into block 4
+        before, ranged = store.fetched, stats.range_reads
+        if range_by == "a file fetched ahead":
+            assert reader.prefetch_files([(shard, lo, hi)]) == 1
+        assert reader.read(shard, lo, hi, hi) == data[lo:hi]
+        assert cache.contains(BlockKey(skey, 4)) and not cache.contains(BlockKey(skey, 3))
+        assert store.fetched - before == BLOCK + 100, "block 4's part was fetched again"
+        assert stats.range_reads == ranged + 1
+    finally:
+        cache.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from ..cache import BlockCache, BlockKey
+from ..cache import BlockCache, BlockKey, NoRoom
 from ..stats import Stats
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
@@ -149,6 +149,8 @@ class BlockRun:
         def fetch_range(lo: int, hi: int) -> Block:
             block = self._got.pop(index, None)
             if block is None:
+                if reader.paid_in_part.holds(self.skey, index):  # looked at again, claimed
+                    raise NoRoom(BlockKey(self.skey, index))
                 # Reads of the later blocks wait for this GET and their store, rather
                 # than fetch the same bytes again (``_stretch_end`` marks them coming).
                 start, end = index * size, self._stretch_end(index)

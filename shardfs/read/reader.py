@@ -107,7 +107,9 @@ class CachedReader:
     def _fetch_range(self, shard: ShardInfo, skey: str, index: int) -> Fetch:
         """Bytes of block ``index`` for its claim's owner; the whole block lands in memory it
         is stored from. A readahead GET that chose the block before the claim (its mark
-        seen too late) brings it, held as kept: its bytes are taken, not fetched again."""
+        seen too late) brings it, held as kept: its bytes are taken, not fetched again. A
+        block a range GET marked paid in part since the read's look (``_over_budget``) is
+        not fetched whole: ``NoRoom``, and the read fetches its own bytes."""
         base, whole = index * self.block_size, self._block_len(shard, index)
         brought: list[bytes | None] = []
 
@@ -118,10 +120,43 @@ class CachedReader:
             if brought[0] is not None:
                 return memoryview(brought[0])[lo:hi]
             if lo == 0 and hi == whole:
+                if self.paid_in_part.holds(skey, index):  # looked at again, claimed
+                    raise NoRoom(BlockKey(skey, index))
                 return self.get_pieces(shard, base, base + hi, hi, self.cache.landing)[0]
             return self._get(shard, base + lo, base + hi)
 
         return fetch
+
+    def _get_paid_once(self, shard: ShardInfo, skey: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` as ranges, for a read or a file fetched ahead, never twice
+        in a hinted epoch: their blocks are marked paid in part (``PaidInPart``) before a
+        look at the cache, and a block found cached or being fetched whole then (by a GET
+        that looked at the marks just before they were made) is taken from the cache. A
+        whole-block GET looks at the marks after it claimed its block or marked it coming,
+        so one of the two sees the other."""
+        paid = self.paid_in_part
+        if not paid.active:
+            return self._get(shard, start, end)
+        paid.add(skey, start, end)
+        size, pieces, gap = self.block_size, [], start  # gap: start of bytes not found cached
+        for index in range(start // size, (end - 1) // size + 1):
+            key = BlockKey(skey, index)
+            self.coming.wait(skey, index)
+            self.cache.wait_flight(key, self.store.config.read_timeout)
+            block_start = index * size
+            lo, hi = max(start, block_start), min(end, block_start + size)
+            data = None
+            if self.cache.contains(key):
+                block_len = self._block_len(shard, index)
+                data = self.cache.peek(key, lo - block_start, hi - block_start, block_len)
+            if data is not None:
+                if gap < lo:
+                    pieces.append(self._get(shard, gap, lo))
+                pieces.append(data)
+                gap = hi
+        if gap < end:
+            pieces.append(self._get(shard, gap, end))
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _get(self, shard: ShardInfo, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` from the store in one piece (a join of one is no copy)."""
@@ -257,8 +292,7 @@ class CachedReader:
         its bytes neither cached nor fetched ahead counts as waiting on the network."""
 
         def fetch(lo: int, hi: int) -> bytes:
-            self.paid_in_part.add(skey, lo, hi)
-            return self._get(shard, lo, hi)
+            return self._get_paid_once(shard, skey, lo, hi)
 
         limit = shard.size if extent_end is None else min(shard.size, max(end, extent_end))
         size = self.block_size
@@ -340,8 +374,7 @@ class CachedReader:
             )
 
         def fetch(lo: int, hi: int) -> bytes:
-            self.paid_in_part.add(skey, lo, hi)
-            data = self._get(shard, lo, hi)
+            data = self._get_paid_once(shard, skey, lo, hi)
             self.stats.add(files_fetched_ahead=1)
             return data
 
@@ -487,14 +520,19 @@ class CachedReader:
         held: int = 0,
     ) -> bool:
         """Fetch and store one block ahead of need (``Fills.prefetch``; ``held``: room held
-        for it, used or given back); whether it was stored."""
+        for it, used or given back); whether it was stored. ``fetch`` raises ``NoRoom`` for
+        a block marked paid in part by the time it is claimed: nothing is fetched."""
         block_len = self._block_len(shard, index)
         key = BlockKey(skey, index)
         self._unread.add(skey, index)
         announce = functools.partial(self._announce, shard, skey, index)
         keep = functools.partial(self.keep_unstored, shard, skey, index)
-        block = self._fills.prefetch(key, block_len, fetch,
-            evict_before=evict_before, held=held, stored=announce, unstored=keep)  # fmt: skip
+        try:
+            block = self._fills.prefetch(key, block_len, fetch,
+                evict_before=evict_before, held=held, stored=announce, unstored=keep)  # fmt: skip
+        except NoRoom:  # marked paid in part between the run's look and its claim
+            self.stats.add(blocks_paid_in_part=1)
+            block = None
         stored = block is not None
         if stored:
             self.stats.add(prefetched_bytes=block_len)
