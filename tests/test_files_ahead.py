@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from shardfs.read.files_ahead import OPENED_GRACE_S, FilesAhead, PaidInPart
+from shardfs.read.files_ahead import OPENED_GRACE_S, FilesAhead
+from shardfs.read.range_reads import PaidInPart
 from shardfs.stats import Stats
 
 DATA = bytes(range(256)) * 40

@@ -9,8 +9,8 @@ from ..cache import BlockCache, BlockKey, NoRoom
 from ..stats import Stats
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
-from .files_ahead import PaidInPart
 from .fills import Arrivals, Block, BlockFetch
+from .range_reads import PaidInPart
 
 RUN_BLOCKS = 4
 """Consecutive blocks of a shard that readahead fetches with one GET: a server that reads

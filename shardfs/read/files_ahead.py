@@ -41,38 +41,6 @@ def missing_span(
     return max(start, missing[0] * block_size), min(end, (missing[-1] + 1) * block_size)
 
 
-class PaidInPart:
-    """Blocks some of whose bytes were fetched as ranges while an order hint is followed.
-
-    Each byte of an epoch is paid for once: a block that lost part of its bytes to a range
-    (a file fetched ahead, or read, while the cache had no room) is not fetched whole later
-    in the epoch, when room comes back, since that GET would bring those bytes again. Its
-    other files come as ranges too. A new hint starts afresh (``clear``)."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self.active = False  # only while a hint is followed: without one there is no epoch
-        self._blocks: set[tuple[str, int]] = set()
-
-    def add(self, shard: str, start: int, end: int) -> None:
-        """Bytes ``[start, end)`` of ``shard`` are being fetched as a range (call before
-        the GET: a block GET that looks after this sees it)."""
-        if self.active and start < end:
-            size = self.block_size
-            first, last = start // size, (end - 1) // size
-            self._blocks.update((shard, index) for index in range(first, last + 1))
-
-    def __bool__(self) -> bool:
-        return bool(self._blocks)
-
-    def holds(self, shard: str, index: int) -> bool:
-        """Whether block ``index`` of ``shard`` had bytes fetched as a range this epoch."""
-        return bool(self._blocks) and (shard, index) in self._blocks
-
-    def clear(self) -> None:
-        self._blocks = set()
-
-
 @dataclass
 class _Entry:
     end: int

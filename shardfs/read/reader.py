@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
 
 from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, NoRoom
 from ..cache.block_cache import VerifiedBlock
@@ -14,10 +13,11 @@ from ..store.remote import Store
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
 from .block_runs import BlockRun, UnreadPrefetched, runs_of
-from .files_ahead import FilesAhead, PaidInPart
+from .files_ahead import FilesAhead
 from .fills import Arrivals, Block, BlockFetch, BlockFills, ColdClock, Completion, Fetch
 from .local_blocks import LocalBlocks
-from .readahead import MemoryReadahead, Prefetcher
+from .range_reads import RangeReads
+from .readahead import Prefetcher
 from .seam import shard_key_of
 
 
@@ -66,9 +66,7 @@ class CachedReader:
         # this process, or hit), with its bytes when this process just stored it.
         self.local_blocks = local_blocks if local_blocks is not None else LocalBlocks()
         self._announced: set[tuple[str, int]] = set()
-        self._memory, self._ahead = MemoryReadahead(), FilesAhead()
-        # Blocks with bytes fetched as ranges this epoch: never fetched whole after that.
-        self.paid_in_part = PaidInPart(self.block_size)
+        self._ahead = FilesAhead()
         self._cache_full = (-1.0, False)  # (when checked, whether the cache was full)
         # While an order hint is followed, reads no longer queue their whole shard: the
         # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
@@ -78,6 +76,11 @@ class CachedReader:
         self._unread = UnreadPrefetched(stats)  # the prefetched-but-unread count
         # Blocks a readahead GET for several blocks is bringing, not yet stored.
         self.coming = Arrivals(store.config.read_timeout)
+        self._ranges = RangeReads(
+            cache, self.coming, stats, self._ahead, self._get, store.config.read_timeout
+        )
+        # Blocks with bytes fetched as ranges this epoch: never fetched whole after that.
+        self.paid_in_part = self._ranges.paid
 
     def _announce(
         self, shard: ShardInfo, skey: str, index: int, block: Block | None = None
@@ -127,37 +130,6 @@ class CachedReader:
 
         return fetch
 
-    def _get_paid_once(self, shard: ShardInfo, skey: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` as ranges, for a read or a file fetched ahead, never twice
-        in a hinted epoch: their blocks are marked paid in part (``PaidInPart``) before a
-        look at the cache, and a block found cached or being fetched whole then (by a GET
-        that looked at the marks just before they were made) is taken from the cache. A
-        whole-block GET looks at the marks after it claimed its block or marked it coming,
-        so one of the two sees the other."""
-        paid = self.paid_in_part
-        if not paid.active:
-            return self._get(shard, start, end)
-        paid.add(skey, start, end)
-        size, pieces, gap = self.block_size, [], start  # gap: start of bytes not found cached
-        for index in range(start // size, (end - 1) // size + 1):
-            key = BlockKey(skey, index)
-            self.coming.wait(skey, index)
-            self.cache.wait_flight(key, self.store.config.read_timeout)
-            block_start = index * size
-            lo, hi = max(start, block_start), min(end, block_start + size)
-            data = None
-            if self.cache.contains(key):
-                block_len = self._block_len(shard, index)
-                data = self.cache.peek(key, lo - block_start, hi - block_start, block_len)
-            if data is not None:
-                if gap < lo:
-                    pieces.append(self._get(shard, gap, lo))
-                pieces.append(data)
-                gap = hi
-        if gap < end:
-            pieces.append(self._get(shard, gap, end))
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
     def _get(self, shard: ShardInfo, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` from the store in one piece (a join of one is no copy)."""
         return b"".join(self.get_pieces(shard, start, end, max(1, end - start)))
@@ -191,14 +163,14 @@ class CachedReader:
             return b""
         skey = self.shard_key(shard)
         if self.cache.degraded:
-            return self._read_uncached(shard, skey, start, end, extent_end)
+            return self._ranges.read(shard, skey, start, end, extent_end)
         size = self.block_size
         evict_before = self._cold.tick(end - start)
         first, last = start // size, (end - 1) // size
         held = self._ahead.fetching(skey, start)  # its bytes are taken, not fetched again
         if held or self._over_budget(shard, skey, first, last, evict_before):
             self.stats.add(range_reads=1)
-            return self._read_uncached(shard, skey, start, end, extent_end, count_waits=True)
+            return self._ranges.read(shard, skey, start, end, extent_end, count_waits=True)
         pieces = []
         waited = False
         for index in range(first, last + 1):
@@ -228,7 +200,7 @@ class CachedReader:
                         evict_before=evict_before, stored=announce, unstored=keep)  # fmt: skip
                 except NoRoom:  # the room went to another fetch meanwhile
                     self.stats.add(range_reads=1)
-                    data = self._read_uncached(
+                    data = self._ranges.read(
                         shard, skey, block_start + lo, block_start + hi, extent_end
                     )
             pieces.append(data)
@@ -276,68 +248,6 @@ class CachedReader:
         held = self.cache.contains(key) or self.cache.in_flight(key)
         return held or self.coming.expected(skey, index)
 
-    def _read_uncached(
-        self,
-        shard: ShardInfo,
-        skey: str,
-        start: int,
-        end: int,
-        extent_end: int | None,
-        *,
-        count_waits: bool = False,
-    ) -> bytes:
-        """Blocks the cache holds still serve; anything else comes from the store, range
-        by range, never a whole block per read (a paused cache, or one that is full of
-        blocks as likely to be read as the missing one). ``count_waits``: a read that finds
-        its bytes neither cached nor fetched ahead counts as waiting on the network."""
-
-        def fetch(lo: int, hi: int) -> bytes:
-            return self._get_paid_once(shard, skey, lo, hi)
-
-        limit = shard.size if extent_end is None else min(shard.size, max(end, extent_end))
-        size = self.block_size
-        pieces = []
-        missing_from: int | None = None  # start of the run of bytes no cached block holds
-        waited = False
-        for index in range(start // size, (end - 1) // size + 1):
-            block_start = index * size
-            lo, hi = max(start, block_start), min(end, block_start + size)
-            key = BlockKey(skey, index)
-            self.coming.wait(skey, index)  # a readahead GET brings it: no second fetch
-            data = self.cache.peek(
-                key, lo - block_start, hi - block_start, self._block_len(shard, index)
-            )
-            if data is None:
-                missing_from = lo if missing_from is None else missing_from
-                continue
-            if missing_from is not None:
-                data_missing, fetched = self._fetch_missing(skey, missing_from, lo, limit, fetch)
-                pieces.append(data_missing)
-                waited |= fetched
-                missing_from = None
-            pieces.append(data)
-        if missing_from is not None:
-            data_missing, fetched = self._fetch_missing(skey, missing_from, end, limit, fetch)
-            pieces.append(data_missing)
-            waited |= fetched
-        if count_waits and waited:
-            self.stats.add(reads_waited_on_network=1)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-
-    def _fetch_missing(
-        self, skey: str, start: int, end: int, limit: int, fetch: Callable[[int, int], bytes]
-    ) -> tuple[bytes, bool]:
-        """The bytes, and whether any had to be fetched now: what extents fetched ahead
-        (or kept) hold is taken from them, and only the rest fetched."""
-
-        def rest(at: int, upto: int) -> bytes:  # a read-ahead window stops at a held extent
-            return self._memory.read(skey, at, upto, upto if upto < end else limit, fetch)
-
-        data, taken, fetched = self._ahead.assemble(skey, start, end, rest)
-        if taken:
-            self.stats.add(files_ahead_read=1)
-        return data, fetched
-
     def wants_files_ahead(self) -> bool:
         """Whether the next hinted files should be fetched as ranges: only while the cache
         is full (otherwise it takes whole blocks, which the hint's block plan brings)."""
@@ -374,7 +284,7 @@ class CachedReader:
             )
 
         def fetch(lo: int, hi: int) -> bytes:
-            data = self._get_paid_once(shard, skey, lo, hi)
+            data = self._ranges.get_paid_once(shard, skey, lo, hi)
             self.stats.add(files_fetched_ahead=1)
             return data
 
