@@ -432,6 +432,24 @@ def test_a_block_fetched_but_not_stored_pays_for_its_files_once(
         cache.close()
 
 
+def _hinted_full_cache(
+    tmp_path: Path, folder: Path
+) -> tuple[dict[str, bytes], Stats, CountingStore, BlockCache, CachedReader, list[Any]]:
+    """A 0.25x cache filled with s0's blocks, its reader following a hint; and s0's blocks,
+    which ``retire_blocks`` turns into room."""
+    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 0.25)
+    s0 = next(s for s in store.list_shards() if s.name == "s0.tar")
+    s0_blocks = [(s0, i) for i in range(BLOCKS_PER_SHARD)]
+    for info, index in s0_blocks:
+        if not cache.room_for(BLOCK, RETIRED_BEFORE):
+            break
+        reader.read(info, index * BLOCK, index * BLOCK + 1, None)
+    reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
+    reader.follow_hint = True
+    reader.new_order()
+    return shards, stats, store, cache, reader, s0_blocks
+
+
 @pytest.mark.parametrize("room_taken_by", ["readahead", "a read"])
 def test_a_block_part_of_which_came_as_a_range_is_not_fetched_whole_that_epoch(
     tmp_path: Path, folder: Path, room_taken_by: str
@@ -441,18 +459,10 @@ def test_a_block_part_of_which_came_as_a_range_is_not_fetched_whole_that_epoch(
     fetches that block whole, which would pay for the file's bytes again (CI on stop 45's
     head: 87 KB fetched twice in a uniform-mode epoch); its other files come as ranges. The
     next hint may fetch it whole again."""
-    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 0.25)
+    shards, stats, store, cache, reader, s0_blocks = _hinted_full_cache(tmp_path, folder)
     try:
-        by_name = {s.name: s for s in store.list_shards()}
-        shard, data = by_name["s1.tar"], shards["s1.tar"]
-        s0_blocks = [(by_name["s0.tar"], i) for i in range(BLOCKS_PER_SHARD)]
-        for info, index in s0_blocks:  # fill the cache with s0's blocks
-            if not cache.room_for(BLOCK, RETIRED_BEFORE):
-                break
-            reader.read(info, index * BLOCK, index * BLOCK + 1, None)
-        reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
-        reader.follow_hint = True
-        reader.new_order()
+        shard = next(s for s in store.list_shards() if s.name == "s1.tar")
+        data = shards["s1.tar"]
         assert reader.wants_files_ahead()
         lo, hi = 4 * BLOCK + 10, 4 * BLOCK + 310
         before = store.fetched
@@ -480,24 +490,6 @@ def test_a_block_part_of_which_came_as_a_range_is_not_fetched_whole_that_epoch(
         assert cache.contains(BlockKey(skey, 4))
     finally:
         cache.close()
-
-
-def _hinted_full_cache(
-    tmp_path: Path, folder: Path
-) -> tuple[dict[str, bytes], Stats, CountingStore, BlockCache, CachedReader, list[Any]]:
-    """A 0.25x cache filled with s0's blocks, its reader following a hint; and s0's blocks,
-    which ``retire_blocks`` turns into room."""
-    shards, stats, store, cache, reader = bounded_reader(tmp_path, folder, 0.25)
-    s0 = next(s for s in store.list_shards() if s.name == "s0.tar")
-    s0_blocks = [(s0, i) for i in range(BLOCKS_PER_SHARD)]
-    for info, index in s0_blocks:
-        if not cache.room_for(BLOCK, RETIRED_BEFORE):
-            break
-        reader.read(info, index * BLOCK, index * BLOCK + 1, None)
-    reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
-    reader.follow_hint = True
-    reader.new_order()
-    return shards, stats, store, cache, reader, s0_blocks
 
 
 @pytest.mark.parametrize("whole_by", ["readahead", "a read"])
