@@ -54,7 +54,10 @@ class PaidInPart:
         return bool(self._blocks) and (shard, index) in self._blocks
 
     def clear(self) -> None:
-        self._blocks = set()
+        """Forget the marks (a new hint). In place: a mark a range GET makes meanwhile is
+        kept, as a mark too many only sends a block's reads to ranges, while one lost could
+        let the block be fetched whole and pay again."""
+        self._blocks.clear()
 
 
 class RangeReads:
