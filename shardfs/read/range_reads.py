@@ -98,34 +98,18 @@ class RangeReads:
             return self.get_paid_once(shard, skey, lo, hi)
 
         limit = shard.size if extent_end is None else min(shard.size, max(end, extent_end))
-        size = self.block_size
-        pieces = []
-        missing_from: int | None = None  # start of the run of bytes no cached block holds
         waited = False
-        for index in range(start // size, (end - 1) // size + 1):
-            block_start = index * size
-            lo, hi = max(start, block_start), min(end, block_start + size)
-            key = BlockKey(skey, index)
-            self.coming.wait(skey, index)  # a readahead GET brings it: no second fetch
-            data = self.cache.peek(
-                key, lo - block_start, hi - block_start, _block_len(shard, index, size)
-            )
-            if data is None:
-                missing_from = lo if missing_from is None else missing_from
-                continue
-            if missing_from is not None:
-                data_missing, fetched = self._fetch_missing(skey, missing_from, lo, limit, fetch)
-                pieces.append(data_missing)
-                waited |= fetched
-                missing_from = None
-            pieces.append(data)
-        if missing_from is not None:
-            data_missing, fetched = self._fetch_missing(skey, missing_from, end, limit, fetch)
-            pieces.append(data_missing)
+
+        def missing(lo: int, hi: int) -> bytes:
+            nonlocal waited
+            data, fetched = self._fetch_missing(skey, lo, hi, limit, fetch)
             waited |= fetched
+            return data
+
+        data = self._assemble(shard, skey, start, end, missing)
         if count_waits and waited:
             self.stats.add(reads_waited_on_network=1)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return data
 
     def _fetch_missing(
         self, skey: str, start: int, end: int, limit: int, fetch: Callable[[int, int], bytes]
@@ -152,22 +136,39 @@ class RangeReads:
         if not paid.active:
             return self._get(shard, start, end)
         paid.add(skey, start, end)
+        return self._assemble(
+            shard, skey, start, end, lambda lo, hi: self._get(shard, lo, hi), settle=True
+        )
+
+    def _assemble(
+        self,
+        shard: ShardInfo,
+        skey: str,
+        start: int,
+        end: int,
+        fill: Callable[[int, int], bytes],
+        *,
+        settle: bool = False,
+    ) -> bytes:
+        """Bytes ``[start, end)``: each block's part from the cache where it holds it, once
+        a readahead GET bringing the block has stored it (``settle``: once any fetch of it
+        in flight has ended too), and each run of bytes between from ``fill(lo, hi)``."""
         size, pieces, gap = self.block_size, [], start  # gap: start of bytes not found cached
         for index in range(start // size, (end - 1) // size + 1):
             key = BlockKey(skey, index)
-            self.coming.wait(skey, index)
-            self.cache.wait_flight(key, self.timeout)
+            self.coming.wait(skey, index)  # a readahead GET brings it: no second fetch
+            if settle:
+                self.cache.wait_flight(key, self.timeout)
             block_start = index * size
             lo, hi = max(start, block_start), min(end, block_start + size)
-            data = None
-            if self.cache.contains(key):
-                block_len = _block_len(shard, index, size)
-                data = self.cache.peek(key, lo - block_start, hi - block_start, block_len)
-            if data is not None:
-                if gap < lo:
-                    pieces.append(self._get(shard, gap, lo))
-                pieces.append(data)
-                gap = hi
+            block_len = _block_len(shard, index, size)
+            data = self.cache.peek(key, lo - block_start, hi - block_start, block_len)
+            if data is None:
+                continue
+            if gap < lo:
+                pieces.append(fill(gap, lo))
+            pieces.append(data)
+            gap = hi
         if gap < end:
-            pieces.append(self._get(shard, gap, end))
+            pieces.append(fill(gap, end))
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
