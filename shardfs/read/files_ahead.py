@@ -273,6 +273,18 @@ class FilesAhead:
         self._drop(shard, start, entry)
         return entry.data
 
+    def kept_part(self, shard: str, start: int, end: int) -> bytes | None:
+        """Bytes ``[start, end)`` where one kept block holds them all, the block left kept
+        (unlike ``take_kept``); else None. Never waits: a kept block is there or not."""
+        if not self._held:
+            return None
+        with self._lock:
+            for offset, stop in self._kept.get(shard, {}).items():
+                if offset <= start and end <= stop:
+                    data = self._extents[shard][offset].data
+                    return None if data is None else data[start - offset : end - offset]
+        return None
+
     def fetching(self, shard: str, start: int) -> bool:
         """Whether an extent whose fetch began (or a kept block) holds byte ``start``."""
         if not self._held:
