@@ -492,15 +492,18 @@ def test_a_block_part_of_which_came_as_a_range_is_not_fetched_whole_that_epoch(
         cache.close()
 
 
-@pytest.mark.parametrize("whole_by", ["readahead", "a read"])
+@pytest.mark.parametrize("whole_by", ["readahead", "a read", "a split miss"])
 def test_a_block_marked_paid_in_part_between_a_look_and_its_claim_is_not_fetched_whole(
     tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, whole_by: str
 ) -> None:
     """A whole-block GET looks at the paid-in-part marks again once it holds the block's
     claim: a range GET that marked the block after the first look (forced here, at the
     claim) is not paid for again. The hint's plan leaves the block out; a read fetches its
-    own bytes as a range."""
+    own bytes as a range, and so does a split miss (``--miss-fetch range``: its own bytes
+    first, the rest of the block after), which fetched the whole block in two parts
+    before stop 47."""
     shards, stats, store, cache, reader, s0_blocks = _hinted_full_cache(tmp_path, folder)
+    reader.split_misses = whole_by == "a split miss"
     try:
         shard = next(s for s in store.list_shards() if s.name == "s1.tar")
         skey, data = reader.shard_key(shard), shards["s1.tar"]

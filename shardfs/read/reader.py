@@ -112,7 +112,9 @@ class CachedReader:
         is stored from. A readahead GET that chose the block before the claim (its mark
         seen too late) brings it, held as kept: its bytes are taken, not fetched again. A
         block a range GET marked paid in part since the read's look (``_over_budget``) is
-        not fetched whole: ``NoRoom``, and the read fetches its own bytes."""
+        not fetched, whole or as a split miss's first part: ``NoRoom``, and the read
+        fetches its own bytes as a range (a split miss's later parts need no look: a
+        range marking the block then waits for the claim, and takes the stored block)."""
         base, whole = index * self.block_size, self._block_len(shard, index)
         brought: list[bytes | None] = []
 
@@ -120,11 +122,11 @@ class CachedReader:
             if not brought:
                 self.coming.wait(skey, index)
                 brought.append(self._ahead.take_kept(skey, base, base + whole))
+                if brought[0] is None and self.paid_in_part.holds(skey, index):
+                    raise NoRoom(BlockKey(skey, index))  # looked at again, claimed
             if brought[0] is not None:
                 return memoryview(brought[0])[lo:hi]
             if lo == 0 and hi == whole:
-                if self.paid_in_part.holds(skey, index):  # looked at again, claimed
-                    raise NoRoom(BlockKey(skey, index))
                 return self.get_pieces(shard, base, base + hi, hi, self.cache.landing)[0]
             return self._get(shard, base + lo, base + hi)
 
@@ -186,23 +188,23 @@ class CachedReader:
             lo = max(start, block_start) - block_start
             hi = min(end, block_start + block_len) - block_start
             fetch = self._fetch_range(shard, skey, index)
-            if self.prefetcher is not None and self.split_misses:
-                data, rest = self._fills.read_split(
-                    key, lo, hi, block_len, fetch, evict_before=evict_before
-                )
-                if rest is not None:
-                    self._complete_later(shard, skey, index, rest)
-            else:
-                announce = functools.partial(self._announce, shard, skey, index)
-                keep = functools.partial(self.keep_unstored, shard, skey, index)
-                try:
+            try:
+                if self.prefetcher is not None and self.split_misses:
+                    data, rest = self._fills.read_split(
+                        key, lo, hi, block_len, fetch, evict_before=evict_before
+                    )
+                    if rest is not None:
+                        self._complete_later(shard, skey, index, rest)
+                else:
+                    announce = functools.partial(self._announce, shard, skey, index)
+                    keep = functools.partial(self.keep_unstored, shard, skey, index)
                     data, _ = self._fills.read(key, lo, hi, block_len, fetch,
                         evict_before=evict_before, stored=announce, unstored=keep)  # fmt: skip
-                except NoRoom:  # the room went to another fetch meanwhile
-                    self.stats.add(range_reads=1)
-                    data = self._ranges.read(
-                        shard, skey, block_start + lo, block_start + hi, extent_end
-                    )
+            except NoRoom:  # the room went to another fetch, or a range marked it, meanwhile
+                self.stats.add(range_reads=1)
+                data = self._ranges.read(
+                    shard, skey, block_start + lo, block_start + hi, extent_end
+                )
             pieces.append(data)
             self._announce_if_local(shard, skey, index)
         if self.prefetcher is not None and skey not in self._scheduled and not self.follow_hint:
