@@ -529,14 +529,17 @@ def test_a_block_marked_paid_in_part_between_a_look_and_its_claim_is_not_fetched
         cache.close()
 
 
+@pytest.mark.parametrize("landed", ["stored", "kept"])
 @pytest.mark.parametrize("range_by", ["a file fetched ahead", "a read"])
-def test_a_range_takes_from_the_cache_a_block_fetched_whole_as_it_marked_it(
-    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, range_by: str
+def test_a_range_takes_its_part_of_a_block_fetched_whole_as_it_marked_it(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, range_by: str, landed: str
 ) -> None:
-    """A range GET marks its blocks paid in part, then looks at the cache again: a block
-    that a whole-block GET brought meanwhile (one that looked at the marks just before
-    they were made: forced here, as the range marks) is taken from the cache, and only
-    the rest of the range fetched."""
+    """A range GET marks its blocks paid in part, then looks again: a block that a
+    whole-block GET brought meanwhile (one that looked at the marks just before they were
+    made: forced here, as the range marks) is taken from the cache, and only the rest of
+    the range fetched. Where that GET then found no room to store the block (forced: every
+    store fails), the block is held in memory as kept, and the range takes its part from
+    there (before stop 47 it fetched that part again)."""
     shards, stats, store, cache, reader, s0_blocks = _hinted_full_cache(tmp_path, folder)
     try:
         shard = next(s for s in store.list_shards() if s.name == "s1.tar")
@@ -544,9 +547,13 @@ def test_a_range_takes_from_the_cache_a_block_fetched_whole_as_it_marked_it(
         add = reader.paid_in_part.add
 
         def a_block_get_lands_first(key: str, start: int, end: int) -> None:
-            if not cache.contains(BlockKey(skey, 4)):
+            if not cache.contains(BlockKey(skey, 4)) and not stats.blocks_kept_unstored:
                 reader.retire_blocks(s0_blocks)
-                assert reader.prefetch_blocks([(shard, 4)]) == 1
+                with monkeypatch.context() as store:
+                    if landed == "kept":
+                        store.setattr(cache, "put", lambda *args, **kwargs: False)
+                    reader.prefetch_blocks([(shard, 4)])
+                assert stats.blocks_kept_unstored == (landed == "kept")
             add(key, start, end)
 
         monkeypatch.setattr(reader.paid_in_part, "add", a_block_get_lands_first)
@@ -555,45 +562,11 @@ def test_a_range_takes_from_the_cache_a_block_fetched_whole_as_it_marked_it(
         if range_by == "a file fetched ahead":
             assert reader.prefetch_files([(shard, lo, hi)]) == 1
         assert reader.read(shard, lo, hi, hi) == data[lo:hi]
-        assert cache.contains(BlockKey(skey, 4)) and not cache.contains(BlockKey(skey, 3))
+        assert cache.contains(BlockKey(skey, 4)) == (landed == "stored")
+        assert not cache.contains(BlockKey(skey, 3))
         assert store.fetched - before == BLOCK + 100, "block 4's part was fetched again"
         assert stats.range_reads == ranged + 1
-    finally:
-        cache.close()
-
-
-@pytest.mark.parametrize("range_by", ["a file fetched ahead", "a read"])
-def test_a_range_takes_its_part_of_a_block_fetched_whole_then_kept_as_it_marked_it(
-    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch, range_by: str
-) -> None:
-    """As above, but the whole-block GET then finds no room to store the block (forced:
-    every store fails), so the block is held in memory as kept: the range takes its part
-    of the block from there, and fetches only the rest. Before, it fetched the part again
-    (a race noted in stop 46, never seen in a run)."""
-    shards, stats, store, cache, reader, s0_blocks = _hinted_full_cache(tmp_path, folder)
-    try:
-        shard = next(s for s in store.list_shards() if s.name == "s1.tar")
-        skey, data = reader.shard_key(shard), shards["s1.tar"]
-        add = reader.paid_in_part.add
-
-        def a_block_get_lands_first(key: str, start: int, end: int) -> None:
-            if not stats.blocks_kept_unstored:
-                reader.retire_blocks(s0_blocks)
-                with monkeypatch.context() as store_fails:
-                    store_fails.setattr(cache, "put", lambda *args, **kwargs: False)
-                    reader.prefetch_blocks([(shard, 4)])
-                assert stats.blocks_kept_unstored == 1
-            add(key, start, end)
-
-        monkeypatch.setattr(reader.paid_in_part, "add", a_block_get_lands_first)
-        lo, hi = 4 * BLOCK - 100, 4 * BLOCK + 200  # from block 3 into block 4
-        before = store.fetched
-        if range_by == "a file fetched ahead":
-            assert reader.prefetch_files([(shard, lo, hi)]) == 1
-        assert reader.read(shard, lo, hi, hi) == data[lo:hi]
-        assert not cache.contains(BlockKey(skey, 4)) and not cache.contains(BlockKey(skey, 3))
-        assert store.fetched - before == BLOCK + 100, "block 4's part was fetched again"
-        at, end = 4 * BLOCK + 200, 4 * BLOCK + 500  # the kept block serves its other files
+        at, end = 4 * BLOCK + 200, 4 * BLOCK + 500  # block 4's other files: no GET either
         assert reader.read(shard, at, end, end) == data[at:end]
         assert store.fetched - before == BLOCK + 100
     finally:
