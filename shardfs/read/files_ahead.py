@@ -281,8 +281,10 @@ class FilesAhead:
         with self._lock:
             for offset, stop in self._kept.get(shard, {}).items():
                 if offset <= start and end <= stop:
-                    data = self._extents[shard][offset].data
-                    return None if data is None else data[start - offset : end - offset]
+                    entry = self._extents.get(shard, {}).get(offset)
+                    if entry is None or entry.data is None:
+                        return None
+                    return entry.data[start - offset : end - offset]
         return None
 
     def fetching(self, shard: str, start: int) -> bool:
