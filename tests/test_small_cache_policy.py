@@ -549,9 +549,9 @@ def test_a_range_takes_its_part_of_a_block_fetched_whole_as_it_marked_it(
         def a_block_get_lands_first(key: str, start: int, end: int) -> None:
             if not cache.contains(BlockKey(skey, 4)) and not stats.blocks_kept_unstored:
                 reader.retire_blocks(s0_blocks)
-                with monkeypatch.context() as store:
+                with monkeypatch.context() as patch:
                     if landed == "kept":
-                        store.setattr(cache, "put", lambda *args, **kwargs: False)
+                        patch.setattr(cache, "put", lambda *args, **kwargs: False)
                     reader.prefetch_blocks([(shard, 4)])
                 assert stats.blocks_kept_unstored == (landed == "kept")
             add(key, start, end)

@@ -152,8 +152,9 @@ class RangeReads:
     ) -> bytes:
         """Bytes ``[start, end)``: each block's part from the cache where it holds it, once
         a readahead GET bringing the block has stored it (``settle``: once any fetch of it
-        in flight has ended too), or from the block held as kept where that fetch could
-        not store it; each run of bytes between from ``fill(lo, hi)``."""
+        in flight has ended too, and from the block held as kept where that fetch could not
+        store it); each run of bytes between from ``fill(lo, hi)`` (a read's fill takes
+        held bytes itself: ``_fetch_missing``)."""
         size, pieces, gap = self.block_size, [], start  # gap: start of bytes not found cached
         for index in range(start // size, (end - 1) // size + 1):
             key = BlockKey(skey, index)
@@ -164,7 +165,7 @@ class RangeReads:
             lo, hi = max(start, block_start), min(end, block_start + size)
             block_len = _block_len(shard, index, size)
             data = self.cache.peek(key, lo - block_start, hi - block_start, block_len)
-            if data is None:
+            if data is None and settle:
                 data = self._ahead.kept_part(skey, lo, hi)  # fetched whole, then no room
             if data is None:
                 continue
