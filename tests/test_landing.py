@@ -68,18 +68,45 @@ def test_idle_buffers_beyond_keep_are_unmapped() -> None:
     assert sum(m is taken.obj for m in landing._maps) == 1
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The kernel's VmFlags of the mapping holding ``address`` (/proc/self/smaps)."""
-    flags: list[str] | None = None
+def _mapping_field(address: int, field: str) -> str:
+    """A field of /proc/self/smaps (``"Rss:"``, ``"VmFlags:"``) for the mapping holding
+    ``address``: what follows the field's name."""
+    inside = False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
             head = line.split(maxsplit=1)[0]
             if "-" in head and not head.endswith(":"):
                 start, end = (int(x, 16) for x in head.split("-"))
-                flags = [] if start <= address < end else None
-            elif head == "VmFlags:" and flags is not None:
-                return line.split()[1:]
+                inside = start <= address < end
+            elif head == field and inside:
+                return line.split(maxsplit=1)[1]
     raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The kernel's VmFlags of the mapping holding ``address``."""
+    return _mapping_field(address, "VmFlags:").split()
+
+
+def test_prefilled_buffers_are_resident_kept_and_taken_without_mapping_more() -> None:
+    length = 200_000
+    landing = LandingBuffers(CHUNK, keep=0)  # no idle buffer kept, but prefilled ones
+    mapped = landing.prefill(length, 3)
+    assert mapped == landing.mapped_bytes == 3 * len(landing._maps[0])
+    assert len(landing._maps) == 3
+    size = -(-(header_len(length, CHUNK) + length) // PAGE) * PAGE
+    resident = [int(_mapping_field(_address(m), "Rss:").split()[0]) << 10 for m in landing._maps]
+    assert min(resident) >= size  # faulted in already: no page left for a fetch to fault
+    views = [landing.take(length) for _ in range(3)]
+    assert landing.mapped_bytes == mapped  # the three prefilled buffers, no new mapping
+    assert {id(view.obj) for view in views} == {id(m) for m in landing._maps}
+    del views
+    gc.collect()
+    again = landing.take(length)  # all three idle again: none unmapped, one taken
+    assert len(landing._maps) == 3 and landing.mapped_bytes == mapped
+    fourth = [landing.take(length) for _ in range(3)]  # a fourth at once: mapped fresh
+    assert landing.mapped_bytes > mapped
+    del again, fourth
 
 
 def test_a_block_sized_buffer_is_private_and_asks_for_huge_pages() -> None:

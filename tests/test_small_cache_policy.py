@@ -9,15 +9,17 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from shardfs.cache import RETIRED_BEFORE, BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
+from shardfs.read import reader as reader_module
 from shardfs.read.files_ahead import OPENED_GRACE_S
 from shardfs.read.fills import BlockFills
-from shardfs.read.reader import CachedReader
+from shardfs.read.reader import ROOM_CHECK_S, CachedReader
 from shardfs.stats import Stats
 from shardfs.store.remote import Store
 from shardfs.store.responses import Fetched, Landing
@@ -323,6 +325,42 @@ def test_a_file_fetched_ahead_leaves_out_the_block_the_cache_holds(
         assert stats.files_ahead_read == 1
         # A file the cache holds whole is not fetched ahead at all.
         assert reader.prefetch_files([(shard, 6 * BLOCK, 6 * BLOCK + 300)]) == 0
+    finally:
+        cache.close()
+
+
+def test_an_order_hint_looks_at_the_room_seldom_while_much_is_free_and_often_when_not(
+    tmp_path: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wants_files_ahead`` (asked on every hinted read) looks at the cache's room (a
+    ledger query and a statvfs) at most every ``ROOM_CHECK_S`` while the cache is near
+    full; while it has room for many blocks, only once fetches at ``FASTEST_FILL`` could
+    have filled it. A look finds a cache filled meanwhile."""
+    _, _, store, cache, reader = bounded_reader(tmp_path, folder, 0.25)
+    reader.prefetcher = _InlinePrefetcher()  # type: ignore[assignment]
+    clock = [1000.0]
+    monkeypatch.setattr(reader_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    looks: list[int] = []
+    free_bytes = cache.free_bytes
+    monkeypatch.setattr(cache, "free_bytes", lambda: looks.append(1) or free_bytes())
+    # the empty cache's room would take 0.5 s to fill at FASTEST_FILL
+    monkeypatch.setattr(reader_module, "FASTEST_FILL", free_bytes() / 0.5)
+    try:
+        assert not reader.wants_files_ahead() and len(looks) == 1
+        clock[0] += 0.4
+        assert not reader.wants_files_ahead() and len(looks) == 1  # not looked at again
+        by_name = {s.name: s for s in store.list_shards()}
+        for index in range(BLOCKS_PER_SHARD):  # the cache fills meanwhile
+            if not cache.room_for(BLOCK, RETIRED_BEFORE):
+                break
+            reader.read(by_name["s0.tar"], index * BLOCK, index * BLOCK + 1, None)
+        assert not reader.wants_files_ahead() and len(looks) == 1
+        clock[0] += 0.11
+        assert reader.wants_files_ahead() and len(looks) == 2  # full: seen at the next look
+        clock[0] += ROOM_CHECK_S * 0.8
+        assert reader.wants_files_ahead() and len(looks) == 2
+        clock[0] += ROOM_CHECK_S * 0.4
+        assert reader.wants_files_ahead() and len(looks) == 3  # near full: looked at often
     finally:
         cache.close()
 

@@ -36,6 +36,7 @@ from .block_format import (
 )
 from .claims import Claim, Claims, LockFile, claim_block
 from .health import DiskHealth, disk_wide
+from .landing import READAHEAD_BYTES
 from .ledger import Ledger, open_connection
 from .open_blocks import OpenBlock, OpenBlocks
 from .space import EVICT_ANY, EVICT_NONE, Space
@@ -148,6 +149,13 @@ class BlockCache:
         """Memory to receive a block of ``length`` bytes into: ``put`` writes it from there,
         without a copy (``landing.LandingBuffers``)."""
         return self._writer.landing.take(length)
+
+    def prefill_landing(self, block_size: int, streams: int) -> int:
+        """Landing memory for ``streams`` concurrent GETs of whole blocks (at most what
+        readahead may hold, ``landing.READAHEAD_BYTES``), mapped and faulted in now, at
+        mount, rather than by the first epoch's fetches; returns the bytes mapped."""
+        count = max(1, min(streams, READAHEAD_BYTES // block_size))
+        return self._writer.landing.prefill(block_size, count)
 
     @contextlib.contextmanager
     def landing_room(self, length: int) -> Iterator[None]:
@@ -281,6 +289,10 @@ class BlockCache:
         """Whether a block of ``block_len`` bytes fits under the bound now, counting as free
         the blocks last used before ``evict_before`` (a wall time) that no read holds."""
         return self._space.room_for(block_len, evict_before)
+
+    def free_bytes(self) -> int:
+        """Bytes that fit under the bound now without evicting anything (``Space``)."""
+        return self._space.free_bytes()
 
     def evict_to(self, target: int, evict_before: float = EVICT_ANY) -> int:
         """Remove least recently used blocks (of those last used before ``evict_before``)

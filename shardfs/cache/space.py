@@ -48,6 +48,15 @@ class Space:
         incoming = encoded_size(block_len, self.chunk_size)
         return self._room(incoming + self._reserved, evict_before)
 
+    def free_bytes(self) -> int:
+        """Bytes that fit under the bound now without evicting anything, past what the
+        fetches in flight hold (0 when the ledger cannot be read)."""
+        try:
+            used = self.ledger.usage()
+        except sqlite3.Error:
+            return 0
+        return max(0, self.ledger.limit(used) - used - self._reserved)
+
     def hold(self, block_lens: list[int], evict_before: float, spare: int = 0) -> list[int]:
         """Hold room for the next blocks one GET brings besides the block reserving now, as
         many leading ones as fit with ``spare`` bytes still free after them; returns the

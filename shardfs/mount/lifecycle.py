@@ -177,6 +177,7 @@ class Mount:
         readahead = self.settings.readahead
         if readahead.prefetch != "none":
             self.prefetcher = Prefetcher(readahead.streams)
+            self.cache.prefill_landing(self.settings.cache.block_size, readahead.streams)
         return CachedReader(
             dataset.store,
             self.cache,

@@ -20,6 +20,11 @@ from .range_reads import RangeReads
 from .readahead import Prefetcher
 from .seam import shard_key_of
 
+# How often an order hint's reads look at the cache's room (``wants_files_ahead``).
+ROOM_CHECK_S = 0.05
+ROOM_CHECK_MAX_S = 1.0
+FASTEST_FILL = 2e9  # bytes/s: no store fills the cache faster than this
+
 
 class CachedReader:
     """Reads through the persistent block cache: each block of a shard is fetched once.
@@ -67,7 +72,7 @@ class CachedReader:
         self.local_blocks = local_blocks if local_blocks is not None else LocalBlocks()
         self._announced: set[tuple[str, int]] = set()
         self._ahead = FilesAhead()
-        self._cache_full = (-1.0, False)  # (when checked, whether the cache was full)
+        self._cache_full = (-1.0, False)  # (when to look again, whether the cache is full)
         # While an order hint is followed, reads no longer queue their whole shard: the
         # hint's plan queues blocks in the order they will be read (``prefetch_blocks``).
         # ``streaming_hint``: they stream through a cache smaller than the data (retired
@@ -256,11 +261,23 @@ class CachedReader:
         if self.prefetcher is None or self.dataset_bytes is None or self.streaming_hint:
             return False
         now = time.monotonic()
-        checked, full = self._cache_full
-        if now - checked > 0.05:  # asked on every hinted read: a ledger query at most 20/s
-            full = not self.cache.room_for(self.block_size, RETIRED_BEFORE)
-            self._cache_full = (now, full)
+        next_check, full = self._cache_full
+        if now >= next_check:  # asked on every hinted read: a ledger query and a statvfs
+            self._cache_full = self._look_for_room(now)
+            full = self._cache_full[1]
         return full
+
+    def _look_for_room(self, now: float) -> tuple[float, bool]:
+        """(when to look again, whether the cache is full): full is no room for a block
+        without evicting blocks still in use. Looked at again within ``ROOM_CHECK_S``, or,
+        while the free room is many blocks, once fetches at ``FASTEST_FILL`` could have
+        used it up (at most ``ROOM_CHECK_MAX_S`` later: other writers share the disk)."""
+        free = self.cache.free_bytes()
+        if free < 2 * self.block_size:
+            full = not self.cache.room_for(self.block_size, RETIRED_BEFORE)
+            return now + ROOM_CHECK_S, full
+        wait = min(ROOM_CHECK_MAX_S, max(ROOM_CHECK_S, free / FASTEST_FILL))
+        return now + wait, False
 
     def prefetch_files(self, extents: list[tuple[ShardInfo, int, int]]) -> int:
         """Queue these files (shard, start, end), in this order, to be fetched as ranges
