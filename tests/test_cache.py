@@ -31,6 +31,7 @@ import shardfs.cache.health
 import shardfs.cache.ledger
 from shardfs.cache import (
     EVICT_ANY,
+    EVICT_NONE,
     MAGIC,
     RETIRED_BEFORE,
     BlockCache,
@@ -541,6 +542,20 @@ def test_eviction_takes_least_recently_used_first(
     assert source.calls == list(range(22))
 
 
+def test_a_look_tells_the_bytes_free_without_eviction(
+    open_cache: Callable[..., BlockCache],
+) -> None:
+    """``look``: room_for's answer and the bytes that fit under the bound now, less what a
+    fetch in flight holds."""
+    cache, source = open_cache(size=str(6 * ENCODED)), Source()
+    assert cache.look(BLOCK) == (True, 6 * ENCODED)
+    source.get(cache, 0)
+    assert cache.look(BLOCK) == (True, 5 * ENCODED)
+    with cache.reserving(BLOCK, EVICT_NONE) as reserved:
+        assert reserved and cache.look(BLOCK) == (True, 4 * ENCODED)
+    assert cache.look(BLOCK) == (True, 5 * ENCODED)
+
+
 def test_retired_blocks_go_first_and_reads_do_not_warm_them(
     open_cache: Callable[..., BlockCache],
 ) -> None:
@@ -551,9 +566,11 @@ def test_retired_blocks_go_first_and_reads_do_not_warm_them(
     for index in range(6):
         source.get(cache, index)
     assert not cache.room_for(BLOCK, RETIRED_BEFORE)  # nothing retired: no room
+    assert cache.look(BLOCK, RETIRED_BEFORE) == (False, 0)  # and no byte free
     cache.retire([BlockKey(KEY, 4), BlockKey(KEY, 1)])
     source.get(cache, 1, 0, 1)  # read after retirement: still retired
     assert cache.room_for(BLOCK, RETIRED_BEFORE)
+    assert cache.look(BLOCK, RETIRED_BEFORE) == (True, 0)  # room by eviction, none free
     assert source.get(cache, 6) == source.block(6)  # a fetch evicting only retired blocks
     get(cache, BlockKey(KEY, 7), 0, BLOCK, BLOCK, source.fetcher(7), evict_before=RETIRED_BEFORE)
     kept = {i for i in range(8) if cache.path_of(BlockKey(KEY, i)).exists()}

@@ -341,10 +341,10 @@ def test_an_order_hint_looks_at_the_room_seldom_while_much_is_free_and_often_whe
     clock = [1000.0]
     monkeypatch.setattr(reader_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     looks: list[int] = []
-    free_bytes = cache.free_bytes
-    monkeypatch.setattr(cache, "free_bytes", lambda: looks.append(1) or free_bytes())
+    look = cache.look
+    monkeypatch.setattr(cache, "look", lambda *args: looks.append(1) or look(*args))
     # the empty cache's room would take 0.5 s to fill at FASTEST_FILL
-    monkeypatch.setattr(reader_module, "FASTEST_FILL", free_bytes() / 0.5)
+    monkeypatch.setattr(reader_module, "FASTEST_FILL", look(BLOCK)[1] / 0.5)
     try:
         assert not reader.wants_files_ahead() and len(looks) == 1
         clock[0] += 0.4

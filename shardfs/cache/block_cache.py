@@ -290,9 +290,10 @@ class BlockCache:
         the blocks last used before ``evict_before`` (a wall time) that no read holds."""
         return self._space.room_for(block_len, evict_before)
 
-    def free_bytes(self) -> int:
-        """Bytes that fit under the bound now without evicting anything (``Space``)."""
-        return self._space.free_bytes()
+    def look(self, block_len: int, evict_before: float = EVICT_NONE) -> tuple[bool, int]:
+        """(``room_for``'s answer, the bytes that fit now without evicting anything): one
+        look at the ledger and the disk (``Space.look``)."""
+        return self._space.look(block_len, evict_before)
 
     def evict_to(self, target: int, evict_before: float = EVICT_ANY) -> int:
         """Remove least recently used blocks (of those last used before ``evict_before``)

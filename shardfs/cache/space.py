@@ -45,17 +45,21 @@ class Space:
     def room_for(self, block_len: int, evict_before: float = EVICT_NONE) -> bool:
         """Whether a block of ``block_len`` bytes fits under the bound now, counting as free
         the blocks last used before ``evict_before`` (a wall time) that no read holds."""
-        incoming = encoded_size(block_len, self.chunk_size)
-        return self._room(incoming + self._reserved, evict_before)
+        return self.look(block_len, evict_before)[0]
 
-    def free_bytes(self) -> int:
-        """Bytes that fit under the bound now without evicting anything, past what the
-        fetches in flight hold (0 when the ledger cannot be read)."""
+    def look(self, block_len: int, evict_before: float = EVICT_NONE) -> tuple[bool, int]:
+        """(``room_for``'s answer, the bytes that fit now without evicting anything past
+        what the fetches in flight hold), from one look at the ledger and the disk; a
+        ledger that cannot be read has no room."""
+        reserved = self._reserved
         try:
             used = self.ledger.usage()
         except sqlite3.Error:
-            return 0
-        return max(0, self.ledger.limit(used) - used - self._reserved)
+            return False, 0
+        limit = self.ledger.limit(used)
+        incoming = encoded_size(block_len, self.chunk_size) + reserved
+        fits = self._fits(used, limit, incoming, evict_before)
+        return fits, max(0, limit - used - reserved)
 
     def hold(self, block_lens: list[int], evict_before: float, spare: int = 0) -> list[int]:
         """Hold room for the next blocks one GET brings besides the block reserving now, as
@@ -112,7 +116,9 @@ class Space:
             used = self.ledger.usage()
         except sqlite3.Error:
             return False
-        limit = self.ledger.limit(used)
+        return self._fits(used, self.ledger.limit(used), incoming, evict_before)
+
+    def _fits(self, used: int, limit: int, incoming: int, evict_before: float) -> bool:
         if used + incoming <= limit:
             return True
         if incoming > limit or evict_before == EVICT_NONE:

@@ -272,10 +272,9 @@ class CachedReader:
         without evicting blocks still in use. Looked at again within ``ROOM_CHECK_S``, or,
         while the free room is many blocks, once fetches at ``FASTEST_FILL`` could have
         used it up (at most ``ROOM_CHECK_MAX_S`` later: other writers share the disk)."""
-        free = self.cache.free_bytes()
+        fits, free = self.cache.look(self.block_size, RETIRED_BEFORE)
         if free < 2 * self.block_size:
-            full = not self.cache.room_for(self.block_size, RETIRED_BEFORE)
-            return now + ROOM_CHECK_S, full
+            return now + ROOM_CHECK_S, not fits
         wait = min(ROOM_CHECK_MAX_S, max(ROOM_CHECK_S, free / FASTEST_FILL))
         return now + wait, False
 
