@@ -85,12 +85,8 @@ def _fault_in(mapping: mmap.mmap, size: int) -> None:
     with contextlib.suppress(OSError, ValueError):
         mapping.madvise(MADV_POPULATE_WRITE, 0, size)
         return
-    view = memoryview(mapping)
-    try:
-        for at in range(0, size, PAGE):
-            view[at] = 0
-    finally:
-        view.release()
+    with memoryview(mapping) as view:
+        view[:size:PAGE] = bytes(-(-size // PAGE))
 
 
 class LandingBuffers:
@@ -105,18 +101,26 @@ class LandingBuffers:
         self.mapped_bytes = 0  # fresh memory mapped so far (each page faulted in once)
         self._lock = threading.Lock()
 
+    def _sizes(self, length: int) -> tuple[int, int]:
+        """(the header room before a block of ``length`` bytes, the whole pages both fill)."""
+        lead = header_len(length, self.chunk_size)
+        return lead, -(-(lead + length) // PAGE) * PAGE
+
+    def _add_locked(self, mapping: mmap.mmap) -> None:
+        """Count and keep a new mapping (under the lock)."""
+        self.mapped_bytes += len(mapping)
+        self._maps.append(mapping)
+        self._bases[id(mapping)] = _address(mapping)
+
     def take(self, length: int) -> memoryview:
         """A writable view of ``length`` bytes to receive a block's data into, placed just
         after the room its header needs."""
-        lead = header_len(length, self.chunk_size)
-        size = -(-(lead + length) // PAGE) * PAGE
+        lead, size = self._sizes(length)
         with self._lock:
             found = self._free_map(size)
             if found is None:
                 found = anonymous_map(size)
-                self.mapped_bytes += len(found)
-                self._maps.append(found)
-                self._bases[id(found)] = _address(found)
+                self._add_locked(found)
         return memoryview(found)[lead : lead + length]
 
     def prefill(self, length: int, count: int) -> int:
@@ -125,16 +129,13 @@ class LandingBuffers:
         reader waits: a fresh page costs this VM microseconds at its first touch, paid by a
         fetch otherwise). They are kept like any idle buffer (``keep`` grows to hold them).
         Returns the bytes mapped."""
-        lead = header_len(length, self.chunk_size)
-        size = -(-(lead + length) // PAGE) * PAGE
+        _, size = self._sizes(length)
         mapped = 0
         for _ in range(count):
             mapping = anonymous_map(size)
             _fault_in(mapping, size)
             with self._lock:
-                self._maps.append(mapping)
-                self._bases[id(mapping)] = _address(mapping)
-                self.mapped_bytes += len(mapping)
+                self._add_locked(mapping)
             mapped += len(mapping)
         with self._lock:
             self.keep = max(self.keep, sum(len(mapping) for mapping in self._maps))

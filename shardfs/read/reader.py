@@ -261,11 +261,9 @@ class CachedReader:
         if self.prefetcher is None or self.dataset_bytes is None or self.streaming_hint:
             return False
         now = time.monotonic()
-        next_check, full = self._cache_full
-        if now >= next_check:  # asked on every hinted read: a ledger query and a statvfs
+        if now >= self._cache_full[0]:  # asked on every hinted read: a ledger query, a statvfs
             self._cache_full = self._look_for_room(now)
-            full = self._cache_full[1]
-        return full
+        return self._cache_full[1]
 
     def _look_for_room(self, now: float) -> tuple[float, bool]:
         """(when to look again, whether the cache is full): full is no room for a block
