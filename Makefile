@@ -11,7 +11,7 @@ setup: system-deps $(STAMP)
 system-deps:
 	@bash scripts/install-system-deps.sh
 
-$(STAMP): pyproject.toml shardfs/fuse/_hot.c shardfs/fuse/_entries.c shardfs/fuse/_entries.h
+$(STAMP): pyproject.toml $(wildcard shardfs/fuse/*.c shardfs/fuse/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

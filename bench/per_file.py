@@ -334,7 +334,7 @@ class PerFileBench:
             cold["daemon_after_reads_us"] = tail / len(paths) * 1e6
             cold["egress_ratio"] = counts["get_object_bytes"] / self.shard_bytes
             for key in ("bytes_pushed", "bytes_served", "reads_waited_on_network",
-                        "files_published", "hot_path_reads", "publish_read_backs",
+                        "files_published", "hot_path_reads", "publishes_after_reads",
                         "hot_path_disk_reads", "hot_path_memory_reads", "python_reads",
                         "python_reads_later", "cache_misses", "prefetched_blocks",
                         "hot_path_lookups", "python_lookups", "landing_mapped_bytes"):  # fmt: skip
@@ -347,7 +347,7 @@ class PerFileBench:
             with self.profiled(pid, f"{variant}-recached-{seed}"):
                 recached = self.phase(pid, paths, buffering)
             after_recached = query(self.mnt)
-            for key in ("bytes_served", "hot_path_reads", "publish_read_backs",
+            for key in ("bytes_served", "hot_path_reads", "publishes_after_reads",
                         "hot_path_disk_reads", "hot_path_memory_reads"):  # fmt: skip
                 recached[key] = after_recached.get(key, 0) - before_recached.get(key, 0)
             ioctl = self.ioctl_phase(pid, paths[0])

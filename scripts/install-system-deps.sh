@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what pip cannot: FUSE 3 (fusermount3 and libfuse3) from Debian's packages.
 set -euo pipefail
-# A C compiler builds the FUSE hot path (shardfs/fuse/_hot.c); without one pip skips it.
+# A C compiler and libxxhash's header build the FUSE hot path (shardfs/fuse/_hot.c); without
+# them pip skips it.
 if command -v fusermount3 >/dev/null 2>&1 && ldconfig -p | grep -q 'libfuse3\.so' \
-    && command -v cc >/dev/null 2>&1; then
+    && command -v cc >/dev/null 2>&1 && [ -f /usr/include/xxhash.h ]; then
     exit 0
 fi
 sudo=""
@@ -13,4 +14,4 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
-$sudo apt-get install -y -qq fuse3 gcc libc6-dev >/dev/null
+$sudo apt-get install -y -qq fuse3 gcc libc6-dev libxxhash-dev >/dev/null

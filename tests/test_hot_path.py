@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import test_mount_cache as cache_tests
+import xxhash
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import umount, wait_for
 from support.s3 import S3Server
@@ -25,7 +26,9 @@ from test_mount_cache import (
     wrong_files,
 )
 
-from shardfs.fuse import hot_path
+from shardfs.cache.block_cache import BlockFile
+from shardfs.cache.block_format import BlockKey, encode_block, read_header
+from shardfs.fuse import hot_library, hot_path
 from shardfs.fuse.binding import EntryParam
 from shardfs.mount.control import pid_file
 
@@ -125,7 +128,7 @@ def test_a_read_only_slice_of_fetched_bytes_is_handed_to_c_in_place() -> None:
 
 
 @pytest.mark.integration
-def test_blocks_pushed_from_memory_are_published_without_reading_them_back(
+def test_pushed_blocks_are_published_before_any_read_of_theirs_reaches_python(
     dataset: Dataset, env: dict[str, str], mountpoint: Path, tmp_path: Path
 ) -> None:
     if not hot_path.available():
@@ -138,9 +141,9 @@ def test_blocks_pushed_from_memory_are_published_without_reading_them_back(
     after = stats(mountpoint)
     umount(mountpoint)
     assert cold["files_published"] > 0
-    # The second read found the blocks published already: none was read back whole to
-    # publish it, and the READs of their files waited on the disk in C.
-    assert after["publish_read_backs"] == cold["publish_read_backs"]
+    # The second read found the blocks published already: none had to be published after
+    # a READ in Python, and the READs of their files waited on the disk in C.
+    assert after["publishes_after_reads"] == cold["publishes_after_reads"]
     assert after["hot_path_disk_reads"] > cold["hot_path_disk_reads"]
     assert after["checksum_failures"] == 0
 
@@ -437,3 +440,51 @@ def test_a_folder_looked_up_before_any_listing_is_published_after_its_first_look
     # Each name, and the two folders above them once: all three folders were published.
     assert after["hot_path_lookups"] - before["hot_path_lookups"] >= len(names)
     assert after["python_lookups"] == before["python_lookups"]
+
+
+@pytest.mark.parametrize("build", ["shardfs_xxh3_plain", "shardfs_xxh3_avx2"])
+def test_c_sums_a_chunk_as_the_block_format_does(build: str) -> None:
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    loaded = hot_library.load()
+    assert loaded is not None
+    lib = ctypes.CDLL(loaded._name)  # its own function objects, argtypes set here
+    if build.endswith("avx2") and not lib.shardfs_has_avx2():
+        pytest.skip("this CPU has no AVX2")
+    xxh3 = getattr(lib, build)
+    xxh3.restype, xxh3.argtypes = ctypes.c_uint64, [ctypes.c_char_p, ctypes.c_size_t]
+    # every length class of xxh3's: empty, 1-3, 4-8, 9-16, 17-128, 129-240, long, long+tail
+    for length in (0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 4097, 65536, 65599):
+        data = os.urandom(length)
+        assert xxh3(data, length) == xxhash.xxh3_64_intdigest(data), length
+
+
+def _block_file(path: Path, data: bytes, chunk: int) -> BlockFile:
+    key = BlockKey("ab" * 16, 0)
+    path.write_bytes(encode_block(key, data, chunk))
+    fd = os.open(path, os.O_RDONLY)
+    header = read_header(fd, key, len(data))
+    return BlockFile(fd, header.header_len, header.data_len, header.chunk, header.sums)
+
+
+def test_a_published_block_file_is_served_checked_against_its_headers_sums(
+    compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]], tmp_path: Path
+) -> None:
+    hot, fuse, read = compiled
+    data, chunk = os.urandom(40_000), 4096
+    path = tmp_path / "block"
+    block = _block_file(path, data, chunk)
+    hot.publish(block, [(1, 100, 9000), (2, 9100, 30_000)], token="b")
+    read(1, 128 << 10, 0)  # whole, across three chunks
+    read(2, 5000, 25_000)  # the last 5,000 bytes, in the block's last chunk
+    assert fuse.replies == [data[100:9100], data[34_100:39_100]]
+    assert fuse.to_python == [] and hot.counters()["checksum_failures"] == 0
+    # One byte of chunk 2 changed on disk: a READ touching it is never served from C.
+    with open(path, "r+b") as f:
+        f.seek(block.data_at + 2 * chunk + 7)
+        f.write(bytes([data[2 * chunk + 7] ^ 0xFF]))
+    read(1, 128 << 10, 0)
+    assert fuse.to_python == [(1, 128 << 10, 0)] and len(fuse.replies) == 2
+    assert hot.counters()["checksum_failures"] == 1
+    read(2, 4096, 0)  # the whole block was dropped with it: Python's too
+    assert fuse.to_python[-1] == (2, 4096, 0)

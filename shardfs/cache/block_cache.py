@@ -51,12 +51,15 @@ class NoRoom(Exception):
 
 
 @dataclass(frozen=True)
-class VerifiedBlock:
-    """A block file opened for a reader of its own, with the data it was verified to hold."""
+class BlockFile:
+    """A block file opened for a reader of its own, its header verified: what that reader
+    needs to check every chunk it reads (``block_format.read_data``'s rule)."""
 
     fd: int
     data_at: int  # where the data starts in the file
-    data: memoryview  # of the caller's buffer
+    data_len: int
+    chunk: int  # bytes per checksummed chunk
+    sums: bytes  # each chunk's xxh3-64, little-endian 64-bit words
 
 
 def _names(path: str, fd: int) -> bool:
@@ -230,29 +233,32 @@ class BlockCache:
             self.stats.add(cache_hits=1)
         return data
 
-    def verified_copy(
+    def read_into(
         self, key: BlockKey, block_len: int, buffer: bytearray | memoryview
-    ) -> VerifiedBlock | None:
-        """A cached block's file and its data, read into ``buffer`` and every chunk verified
-        just now, or None. The descriptor is a duplicate the caller owns (and must close)."""
+    ) -> memoryview | None:
+        """A cached block's data, read into ``buffer`` with every chunk verified just now,
+        or None (missing, or damaged: then discarded)."""
         with self._pinned_block(key, block_len) as (path, block):
             if block is None:
                 return None
-            header = block.header
             try:
-                data = read_all_into(block.fd, header, buffer)
-                return VerifiedBlock(os.dup(block.fd), header.header_len, data)
+                return read_all_into(block.fd, block.header, buffer)
             except CorruptBlockError as exc:
                 self._discard(path, exc, block.fd)
             except OSError as exc:
                 log.warning("cannot read cached block %s: %s", path, exc)
         return None
 
-    def opened(self, key: BlockKey, block_len: int) -> tuple[int, int] | None:
-        """A cached block's file, its header verified and its data not read: a duplicate
-        descriptor the caller owns (and must close) and where the data starts; or None."""
+    def opened(self, key: BlockKey, block_len: int) -> BlockFile | None:
+        """A cached block's file, its header verified and its data not read, on a duplicate
+        descriptor the caller owns (and must close); or None."""
         with self._pinned_block(key, block_len) as (_, block):
-            return None if block is None else (os.dup(block.fd), block.header.header_len)
+            if block is None:
+                return None
+            header = block.header
+            return BlockFile(
+                os.dup(block.fd), header.header_len, header.data_len, header.chunk, header.sums
+            )
 
     @contextlib.contextmanager
     def _pinned_block(

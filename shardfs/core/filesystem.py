@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .. import placement
-from ..cache.block_cache import VerifiedBlock
+from ..cache.block_cache import BlockFile
 from ..cache.block_format import BlockKey
 from ..config import ReadConfig
 from ..errors import IsADirError, NoSuchAttributeError, NotADirError, NotFoundError
@@ -280,21 +279,19 @@ class ShardFileSystem:
         edges)."""
         return self.view.files_touching(self.view.shard_ids[shard], start, end)
 
-    def published_block(
-        self, node: Node, buffer: bytearray | memoryview
-    ) -> tuple[VerifiedBlock, list[tuple[int, int, int]]] | None:
+    def published_block(self, node: Node) -> tuple[BlockFile, list[tuple[int, int, int]]] | None:
         """The cached block holding all of ``node``, for reads answered without this core:
-        the block, read into ``buffer`` (of ``block_size`` bytes) and verified now, and
-        (ino, position in its data, size) of every file lying
-        wholly in it; None when the file is not in one cached block. The caller owns the
-        block's descriptor. Reads answered that way skip the order hint, the block cache's
-        recency and the statistics; the caller counts them."""
+        its file, header verified (each read checks its chunks against the header's sums),
+        and (ino, position in its data, size) of every file lying wholly in it; None when
+        the file is not in one cached block. The caller owns the block's descriptor. Reads
+        answered that way skip the order hint, the block cache's recency and the
+        statistics; the caller counts them."""
         reader, index = self.reader, self._block_of(node)
         if index is None or not isinstance(reader, CachedReader):
             return None
         size = reader.block_size
         shard = self.view.shards[node.shard]
-        found = reader.verified_block(shard, index, buffer)
+        found = reader.block_file(shard, index)
         if found is None:
             return None
         start = index * size
@@ -325,22 +322,14 @@ class ShardFileSystem:
             return True
         return reader.cache.wait_flight(BlockKey(skey, index), reader.coming.timeout)
 
-    def block_in_memory(
-        self, shard: ShardInfo, start: int, data: bytes | memoryview
-    ) -> VerifiedBlock | None:
-        """``published_block``'s block for a cached block whose verified bytes the caller
-        holds already (the pusher's: just fetched, or read for its pushes): its file opened
-        (the caller owns the descriptor), its data not read again. None when ``start`` is no
-        block's start or the block is not cached."""
+    def block_file(self, shard: ShardInfo, start: int) -> BlockFile | None:
+        """``published_block``'s file for the block starting at shard offset ``start`` (the
+        pusher's, whose files it knows): None when ``start`` is no block's start or the
+        block is not cached. The caller owns the descriptor."""
         reader = self.reader
-        if not isinstance(reader, CachedReader) or start % reader.block_size or not data:
+        if not isinstance(reader, CachedReader) or start % reader.block_size:
             return None
-        key = BlockKey(reader.shard_key(shard), start // reader.block_size)
-        opened = reader.cache.opened(key, len(data))  # the caller holds the whole block
-        if opened is None:
-            return None
-        fd, data_at = opened
-        return VerifiedBlock(fd, data_at, memoryview(data))
+        return reader.block_file(shard, start // reader.block_size)
 
     def block_used(self, shard: int, index: int) -> None:
         """Reads of files in block ``index`` of shard ``shard`` were answered without this
@@ -357,11 +346,7 @@ class ShardFileSystem:
         reader = self.reader
         if not isinstance(reader, CachedReader):
             return None
-        found = reader.verified_block(shard, start // reader.block_size, buffer)
-        if found is None:
-            return None
-        os.close(found.fd)
-        return found.data
+        return reader.verified_block(shard, start // reader.block_size, buffer)
 
     def file_bytes_local(self, node: Node) -> bytes | None:
         """A whole file if its bytes are in the block cache, or decoded in memory (no

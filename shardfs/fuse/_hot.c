@@ -6,8 +6,9 @@
  * Python handler it replaced for anything it does not answer itself:
  *   - read: a file of a block published *in memory* (fetched, its files not pushed to the
  *     kernel yet) is answered from those bytes. A file Python has *published* (its bytes
- *     lie wholly in one cache block file whose every chunk Python verified) is answered
- *     with one pread; else Python. A pread
+ *     lie wholly in one cache block file, whose header Python verified) is answered with
+ *     one pread of the chunks that hold it, checked against the header's xxh3 sums (the
+ *     block format's, _xxh3.h); else Python. A pread
  *     that would wait on the disk (the block file's pages are not in memory) is queued for
  *     this module's disk readers, threads that read it, check it and answer it, so neither
  *     the session's thread nor the interpreter waits on the disk for it.
@@ -39,6 +40,7 @@
 #include <unistd.h>
 
 #include "_entries.h"
+#include "_xxh3.h"
 
 typedef void *req_t;
 typedef int (*reply_err_fn)(req_t, int);
@@ -62,9 +64,9 @@ struct entry_param {
 typedef int (*reply_entry_fn)(req_t, const struct entry_param *);
 
 /* Published block files held open at once, oldest dropped first: at most this many, and at
- * most what hot_limit_blocks allows (each holds a descriptor and its sums, 16 KiB for an
- * 8 MiB block). A dataset whose blocks outnumber them publishes blocks again and again, each
- * time reading a whole block back; 4096 8 MiB blocks are 32 GiB. */
+ * most what hot_limit_blocks allows (each holds a descriptor and its sums, 1 KiB for an
+ * 8 MiB block of 64 KiB chunks). A dataset whose blocks outnumber them publishes blocks
+ * again and again, each time reading a block file's header; 4096 8 MiB blocks are 32 GiB. */
 #define MAX_BLOCKS 4096
 #define MAX_OPENED 4096 /* opens queued for Python at once; past that, Python is called */
 
@@ -82,7 +84,7 @@ struct block {
     int64_t data_pos;   /* where the block's data starts in the file */
     int64_t data_len;
     int64_t chunk;      /* bytes per checked chunk */
-    uint64_t *sums;     /* this module's checksum of each chunk, from verified bytes */
+    uint64_t *sums;     /* each chunk's xxh3, from the block file's verified header */
     uint64_t count;
     uint64_t *inos;
     int used; /* a READ was answered from it since the last hot_sweep */
@@ -150,38 +152,8 @@ struct ctx {
     double timeout;
 };
 
-/* A fast 64-bit checksum of a chunk (eight multiply-xor lanes): any change of one 8-byte
- * word changes it, since each step is a bijection of the lane. It guards bytes on disk
- * between reads, as the block format's xxh3 sums do for Python's reads; it is no hash
- * of record (those stay in the block's header), so it may change between versions. Every
- * READ answered here sums the chunks it returns: GCC builds an AVX2 copy too (about
- * 25 GB/s against 8 of the plain -O2 build of four lanes), chosen at load time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define SUM_CLONES __attribute__((target_clones("avx2", "default"), optimize("O3")))
-#else
-#define SUM_CLONES
-#endif
-SUM_CLONES static uint64_t chunk_sum(const unsigned char *p, size_t n) {
-    const uint64_t k = 0x9E3779B97F4A7C15ull;
-    uint64_t h[8];
-    for (int lane = 0; lane < 8; lane++)
-        h[lane] = k ^ (uint64_t)lane;
-    size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        for (int lane = 0; lane < 8; lane++) {
-            uint64_t w;
-            memcpy(&w, p + i + 8 * lane, 8);
-            h[lane] = (h[lane] ^ w) * k;
-            h[lane] ^= h[lane] >> 29;
-        }
-    }
-    uint64_t t = 0;
-    for (int lane = 0; lane < 8; lane++)
-        t = (t ^ h[lane]) * k;
-    for (; i < n; i++)
-        t = (t ^ p[i]) * k;
-    return (t ^ (t >> 31) ^ n) * k;
-}
+/* The checksum of a chunk: xxh3-64, the build this CPU runs best (set at module load). */
+static uint64_t (*chunk_sum)(const void *, size_t) = shardfs_xxh3_plain;
 
 /* Whether a block slot holds a published block (a block file, or a block in memory). */
 static int in_use(const struct block *b) { return b->fd >= 0 || b->mem != NULL; }
@@ -684,15 +656,17 @@ static unsigned install_locked(struct ctx *c, int fd, const unsigned char *mem,
     return index;
 }
 
-/* Publish the files of one block file, whose data (``data_len`` bytes at ``data_pos`` in
- * the file) the caller just verified and hands over in ``data``: this module's chunk sums
- * are taken from those bytes. File i is inode inos[i], at byte pos[i] of the data, sizes[i]
- * long. The descriptor is this module's from now on, even on an error. Returns the block's
- * slot (what hot_sweep reports), or a negative errno. */
+/* Publish the files of one block file: ``data_len`` bytes of data at ``data_pos`` in the
+ * file, cut into chunks of ``chunk`` bytes whose xxh3 sums (``sums_le``: one little-endian
+ * 64-bit word per chunk) the caller read from the file's header and verified. Every READ
+ * answered here checks the chunks it serves against them, as Python's reads do. File i is
+ * inode inos[i], at byte pos[i] of the data, sizes[i] long. The descriptor is this module's
+ * from now on, even on an error. Returns the block's slot (what hot_sweep reports), or a
+ * negative errno. */
 int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int64_t chunk,
-                const unsigned char *data, uint64_t count, const uint64_t *inos,
+                const unsigned char *sums_le, uint64_t count, const uint64_t *inos,
                 const int64_t *pos, const int64_t *sizes) {
-    if (chunk <= 0 || data_len < 0) {
+    if (chunk <= 0 || data_len < 0 || sums_le == NULL) {
         close(own);
         return -EINVAL;
     }
@@ -706,9 +680,10 @@ int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int6
         return -ENOMEM;
     }
     for (uint64_t i = 0; i < chunks; i++) {
-        int64_t at = (int64_t)i * chunk;
-        int64_t len = data_len - at < chunk ? data_len - at : chunk;
-        sums[i] = chunk_sum(data + at, (size_t)len);
+        uint64_t word = 0;
+        for (int byte = 7; byte >= 0; byte--)
+            word = word << 8 | sums_le[8 * i + (uint64_t)byte];
+        sums[i] = word;
     }
     pthread_mutex_lock(&c->lock);
     unsigned index = install_locked(c, own, NULL, data_pos, data_len, chunk, sums, kept,
@@ -873,4 +848,8 @@ static struct PyModuleDef hot_module = {
     -1, NULL, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__hot(void) { return PyModule_Create(&hot_module); }
+PyMODINIT_FUNC PyInit__hot(void) {
+    if (shardfs_has_avx2())
+        chunk_sum = shardfs_xxh3_avx2;
+    return PyModule_Create(&hot_module);
+}

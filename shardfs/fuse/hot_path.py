@@ -4,8 +4,9 @@ kernel pushes in one call; this module is its control plane. The opens C sees of
 order hint follows reach the hint on a thread of their own (``shardfs-opened``), never on
 the one answering requests.
 
-A file is *published* once the block file holding all of it was verified chunk by chunk
-(``ShardFileSystem.published_block``): its later READs are one ``pread`` in C. Files an order
+A file is *published* once the block file holding all of it was opened and its header
+verified (``ShardFileSystem.published_block``): its later READs are one ``pread`` in C,
+checked against that header's xxh3 sums chunk by chunk. Files an order
 hint follows are never answered in C (``OrderHints.watched``): the hint must see their reads.
 Without the built extension (no compiler at install) or with ``SHARDFS_HOT_PATH=0``, every
 request is answered in Python as before: same replies, more CPU per file.
@@ -33,7 +34,7 @@ from .hot_library import Counters as _Counters
 from .hot_library import load
 
 if TYPE_CHECKING:
-    from ..cache.block_cache import VerifiedBlock
+    from ..cache.block_cache import BlockFile
 
 FolderEntry = tuple[bytes, int, int, int, int]
 """A folder entry as ``HotPath.publish_folder`` takes it: name, ino, st_mode, size, mtime."""
@@ -51,10 +52,6 @@ _TAKE_OPENED = 1024  # inodes taken from C's queue of opens at a time
 # thread's CPU went per wake-up: at 10 ms, 0.11-0.16 s per 3,000-file epoch; at 50 ms,
 # 0.05-0.07 s (docs/benchmark.md, stop 39).
 OPENED_BATCH_S = 0.05
-# Bytes per checksum C keeps of a published block: a READ reads and sums the chunks that
-# hold what it returns, so a page keeps that to the file's own pages (a 98 KB file at a
-# random offset: about 102 KB, against 162 KB with the block format's 64 KiB chunks).
-SUM_CHUNK = 4096
 # Threads of C's that answer READs of published files whose pages are not in memory (the
 # page cache dropped, a dataset larger than RAM): they wait on the disk, so that the session
 # thread never does and no such READ goes through the interpreter. Idle ones cost nothing.
@@ -295,21 +292,20 @@ class HotPath:
                 return
 
     def publish(
-        self, block: VerifiedBlock, files: list[tuple[int, int, int]], token: Any = None
+        self, block: BlockFile, files: list[tuple[int, int, int]], token: Any = None
     ) -> None:
         """Answer READs of ``files`` ((ino, position in the block's data, size)) from the
-        block's file, which this call takes over (closed when no longer used). C keeps
-        checksums of its own, taken from ``block.data``, and checks them at every read;
-        ``token`` names the block to ``used``."""
+        block's file, which this call takes over (closed when no longer used). C checks
+        every chunk it reads against the sums of the block's verified header, as Python's
+        reads do; ``token`` names the block to ``used``."""
         assert self._ctx is not None
         try:
             inos, positions, sizes = _file_arrays(files)
-            address, _held = _data_address(block.data) if block.data else (None, None)
         except BaseException:
             os.close(block.fd)  # taken over: never left open, even when C never got it
             raise
         result = self._lib.hot_publish(
-            self._ctx, block.fd, block.data_at, len(block.data), SUM_CHUNK, address,
+            self._ctx, block.fd, block.data_at, block.data_len, block.chunk, block.sums,
             len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
         )  # fmt: skip
         if result < 0:

@@ -16,10 +16,8 @@ import ctypes
 import errno
 import functools
 import logging
-import mmap
 import os
 import termios
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -148,8 +146,6 @@ class FuseOperations:
                 pusher.release = pushed.release_early
         self._publishing: set[tuple[int, int]] = set()
         self._folders = FolderEntries(core, self.hot, self.workers)
-        self._publish_lock = threading.Lock()
-        self._publish_buffer: mmap.mmap | None = None
 
     def callbacks(self) -> dict[str, Callable[..., None]]:
         names = [
@@ -272,7 +268,7 @@ class FuseOperations:
 
     def _publish_soon(self, node: Node) -> None:
         """Have the compiled path answer the later READs of the files of ``node``'s block
-        (verified first, on a worker thread: a block's worth of disk read and hashing)."""
+        (on a worker thread: the block file opened, its header read and verified)."""
         if is_decoded(node.offset):
             return  # a decoded file has no block of its own to publish
         key = (node.shard, node.offset // self.core.block_size)
@@ -286,14 +282,11 @@ class FuseOperations:
     def _publish(self, node: Node, key: tuple[int, int]) -> None:
         hot = self.hot
         try:
-            with self._publish_lock:  # one reused buffer: no fresh pages to fault in
-                if hot is not None and not hot.published(node.ino):
-                    if self._publish_buffer is None:
-                        self._publish_buffer = mmap.mmap(-1, self.core.block_size)
-                    found = self.core.published_block(node, memoryview(self._publish_buffer))
-                    if found is not None:
-                        hot.publish(*found, token=key)
-                        self.core.stats.add(publish_read_backs=1)
+            if hot is not None and not hot.published(node.ino):
+                found = self.core.published_block(node)
+                if found is not None:
+                    hot.publish(*found, token=key)
+                    self.core.stats.add(publishes_after_reads=1)
         except Exception:  # the Python path still answers
             log.exception("publishing the block of inode %d failed", node.ino)
         finally:

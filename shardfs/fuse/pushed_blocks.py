@@ -39,25 +39,20 @@ class PushedBlocks:
             self.hot.drop(block)
 
     def publish_pushed(
-        self,
-        shard: ShardInfo,
-        start: int,
-        block: bytes | memoryview,
-        files: list[Node],
-        replacing: bool = False,
+        self, shard: ShardInfo, start: int, files: list[Node], replacing: bool = False
     ) -> None:
-        """The pusher's block, in memory and verified, published from those bytes: once the
-        page cache lets go of its files, their READs are answered in C from the first one,
-        with no read back of the whole block (``FuseOperations._publish``'s way). On the
-        pusher's thread. ``replacing``: it was published early, from memory, and is
-        published again here."""
+        """The pusher's block, its files pushed, published from its block file: once the
+        page cache lets go of its files, their READs are answered in C from the first one
+        (not after a READ in Python, ``FuseOperations._publish``'s way). On the pusher's
+        thread. ``replacing``: it was published early, from memory, and is published again
+        here."""
         hot, first = self.hot, files[0].ino
         if self.core.hints.watched[first]:
             return
         if not replacing and hot.published(first):
             return
         try:
-            found = self.core.block_in_memory(shard, start, block)
+            found = self.core.block_file(shard, start)
             if found is not None:
                 token = (self.core.view.shard_ids[shard], start // self.core.block_size)
                 files_at = [(f.ino, f.offset - start, f.size) for f in files]

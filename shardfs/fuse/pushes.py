@@ -77,11 +77,11 @@ class KernelPusher:
         self._batch: hot_path.BatchPush | None = None  # a block's files in one C call
         self._edges = EdgeFiles()  # parts of files crossing block edges (this thread's)
         self._abort = False
-        # Told of each block pushed from memory, with its files: the compiled path
-        # publishes it from those bytes (PushedBlocks.publish_pushed).
-        # ``publish(shard, start, data, files, replacing)``; ``replacing``: the block was
-        # published early (below) and must be published again, from its block file.
-        self.publish: Callable[[ShardInfo, int, Block, list[Node], bool], None] | None = None
+        # Told of each block pushed, with its files: the compiled path publishes its block
+        # file (PushedBlocks.publish_pushed). ``publish(shard, start, files, replacing)``;
+        # ``replacing``: the block was published early (below) and must be published
+        # again, from its block file.
+        self.publish: Callable[[ShardInfo, int, list[Node], bool], None] | None = None
         # Told of each block kept in memory as it is queued, with its files: the compiled
         # path answers their READs from those bytes until the pushes are done
         # (PushedBlocks.publish_early); what it returns goes to ``release`` after them.
@@ -170,8 +170,8 @@ class KernelPusher:
             # (no fresh pages), instead of one read per file
             block = self._read_block(shard, start)
         self._push_files(files, start, block)
-        if block is not None and files and self.publish is not None:
-            self.publish(shard, start, block, files, item.early is not None)
+        if files and self.publish is not None:
+            self.publish(shard, start, files, item.early is not None)
         if across and block is not None:
             for node, data in self._edges.add(across, start, block):
                 self._push_files([node], node.offset, data)

@@ -7,7 +7,7 @@ import threading
 import time
 
 from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, NoRoom
-from ..cache.block_cache import VerifiedBlock
+from ..cache.block_cache import BlockFile
 from ..stats import Stats
 from ..store.remote import Store
 from ..store.responses import Landing
@@ -358,10 +358,16 @@ class CachedReader:
 
     def verified_block(
         self, shard: ShardInfo, index: int, buffer: bytearray | memoryview
-    ) -> VerifiedBlock | None:
-        """Block ``index`` read into ``buffer``, verified, or None (``verified_copy``)."""
+    ) -> memoryview | None:
+        """Block ``index``'s data read into ``buffer``, verified, or None (``read_into``)."""
         key = BlockKey(self.shard_key(shard), index)
-        return self.cache.verified_copy(key, self._block_len(shard, index), buffer)
+        return self.cache.read_into(key, self._block_len(shard, index), buffer)
+
+    def block_file(self, shard: ShardInfo, index: int) -> BlockFile | None:
+        """Block ``index``'s file, its header verified, or None when it is not cached
+        (``BlockCache.opened``)."""
+        key = BlockKey(self.shard_key(shard), index)
+        return self.cache.opened(key, self._block_len(shard, index))
 
     def block_used(self, shard: ShardInfo, index: int) -> None:
         """Reads were answered from a cached block without this reader (``BlockCache.touch``)."""
