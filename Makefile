@@ -11,7 +11,7 @@ setup: system-deps $(STAMP)
 system-deps:
 	@bash scripts/install-system-deps.sh
 
-$(STAMP): pyproject.toml $(wildcard shardfs/fuse/*.c shardfs/fuse/*.h)
+$(STAMP): pyproject.toml $(wildcard shardfs/*/*.c shardfs/*/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

@@ -26,6 +26,7 @@ from test_mount_cache import (
     wrong_files,
 )
 
+from shardfs.cache import block_format
 from shardfs.cache.block_cache import BlockFile
 from shardfs.cache.block_format import BlockKey, encode_block, read_header
 from shardfs.fuse import hot_library, hot_path
@@ -457,6 +458,21 @@ def test_c_sums_a_chunk_as_the_block_format_does(build: str) -> None:
     for length in (0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 4097, 65536, 65599):
         data = os.urandom(length)
         assert xxh3(data, length) == xxhash.xxh3_64_intdigest(data), length
+
+
+def test_a_blocks_sums_are_the_same_from_c_and_from_xxhash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `make setup` builds the C sums (pyproject's ext-modules): a broken build fails here.
+    assert block_format._chunk_sums is not None
+    sizes = (0, 1, 65_535, 65_536, 65_537, 3 << 20)
+    datas = [os.urandom(size) for size in sizes]
+    compiled = [block_format.chunk_sums(memoryview(data), 65_536) for data in datas]
+    monkeypatch.setattr(block_format, "_chunk_sums", None)  # the fallback: xxhash
+    assert [block_format.chunk_sums(data, 65_536) for data in datas] == compiled
+    assert [len(sums) for sums in compiled] == [0, 8, 8, 8, 16, 8 * 48]
+    first = xxhash.xxh3_64_intdigest(datas[-1][:65_536])
+    assert int.from_bytes(compiled[-1][:8], "little") == first
 
 
 def _block_file(path: Path, data: bytes, chunk: int) -> BlockFile:

@@ -23,7 +23,9 @@ def _module_name(path: Path) -> str:
 
 
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+    """Every module by name, a compiled one by its stub (``.pyi``: a leaf of the graph)."""
+    paths = sorted([*PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.pyi")])
+    return {_module_name(p): p for p in paths}
 
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:

@@ -12,9 +12,16 @@ import hashlib
 import os
 import stat
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
+
+_chunk_sums: Callable[[bytes | memoryview, int], bytes] | None
+try:  # the same sums in C, without the interpreter lock (optional, like the FUSE hot path)
+    from ._sums import chunk_sums as _chunk_sums
+except ImportError:  # pragma: no cover - where no compiler built it
+    _chunk_sums = None
 
 MAGIC = b"SHFSBLK1"
 _FIXED = struct.Struct("<8sIIQQ16sII")  # magic, header len, chunk, data len, index, key, n, 0
@@ -52,10 +59,6 @@ def header_len(block_len: int, chunk_size: int) -> int:
 def block_header(key: BlockKey, data: bytes | memoryview, chunk_size: int) -> bytes:
     """The header written before a block's data: sizes, key, and per-chunk checksums."""
     count = (len(data) + chunk_size - 1) // chunk_size
-    view = memoryview(data)
-    sums = [
-        xxhash.xxh3_64_intdigest(view[i * chunk_size : (i + 1) * chunk_size]) for i in range(count)
-    ]
     head = _FIXED.pack(
         MAGIC,
         header_len(len(data), chunk_size),
@@ -65,8 +68,24 @@ def block_header(key: BlockKey, data: bytes | memoryview, chunk_size: int) -> by
         bytes.fromhex(key.shard),
         count,
         0,
-    ) + struct.pack(f"<{count}Q", *sums)
+    ) + chunk_sums(data, chunk_size)
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
+def chunk_sums(data: bytes | memoryview, chunk_size: int) -> bytes:
+    """Each chunk's xxh3-64 as little-endian 64-bit words: in C where it is built (one call
+    per block, the interpreter lock let go), else chunk by chunk through xxhash."""
+    if _chunk_sums is not None:
+        return _chunk_sums(data, chunk_size)
+    view = memoryview(data)
+    count = (len(data) + chunk_size - 1) // chunk_size
+    return struct.pack(
+        f"<{count}Q",
+        *(
+            xxhash.xxh3_64_intdigest(view[i * chunk_size : (i + 1) * chunk_size])
+            for i in range(count)
+        ),
+    )
 
 
 def encoded_size(block_len: int, chunk_size: int) -> int:

@@ -40,7 +40,7 @@
 #include <unistd.h>
 
 #include "_entries.h"
-#include "_xxh3.h"
+#include "../cache/_xxh3.h"
 
 typedef void *req_t;
 typedef int (*reply_err_fn)(req_t, int);

@@ -1,7 +1,8 @@
 /* xxh3-64 (seed 0) of a chunk, the checksum the block format keeps for every chunk of a
- * block file (cache/block_format.py, through Python's xxhash): the compiled READ path checks
- * the bytes it serves against those same sums. From libxxhash's header (libxxhash-dev),
- * inlined, in two builds: SSE2 (any x86-64) and AVX2, picked once at load time. */
+ * block file (cache/block_format.py): _sums.c computes them for a block's header, and the
+ * FUSE hot path (fuse/_hot.c) checks the bytes it serves against them. From libxxhash's
+ * header (libxxhash-dev), inlined, in two builds: SSE2 (any x86-64) and AVX2, picked once
+ * at load time; the same sums as Python's xxhash. */
 #ifndef SHARDFS_XXH3_H
 #define SHARDFS_XXH3_H
 
