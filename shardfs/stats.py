@@ -45,6 +45,7 @@ class Stats:
     hot_path_reads: int = 0  # of cache_hits, READs the compiled FUSE path answered
     files_published: int = 0  # files handed to the compiled path with their cached block
     hot_path_not_in_memory: int = 0  # READs C left to Python: the block's pages were not in memory
+    hot_path_checksum_failures: int = 0  # READs C left to Python: a chunk failed its sum there
     publishes_after_reads: int = 0  # blocks published to C after a READ in Python (header read)
     hot_path_disk_reads: int = 0  # of hot_path_reads, READs waiting on the disk in C's readers
     hot_path_memory_reads: int = 0  # of hot_path_reads, READs of fetched blocks before their push

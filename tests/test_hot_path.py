@@ -86,7 +86,7 @@ def test_reads_of_cached_blocks_are_answered_in_c_with_the_same_bytes(
     assert "shardfs-fuse" in names
     assert after["hot_path_reads"] > 0
     assert after["hot_path_reads"] <= after["cache_hits"]
-    assert after["checksum_failures"] == 0
+    assert after["checksum_failures"] == after["hot_path_checksum_failures"] == 0
     # The page cache was dropped under published blocks: their READs waited on the disk in
     # C's disk readers, never in Python.
     assert 0 < after["hot_path_disk_reads"] <= after["hot_path_reads"]
@@ -115,6 +115,8 @@ def test_a_published_block_damaged_on_disk_is_never_served(
     after = stats(mountpoint)
     umount(mountpoint)
     assert after["checksum_failures"] > before["checksum_failures"]
+    # C met the damage first (the blocks were published), then Python, which counted it.
+    assert after["hot_path_checksum_failures"] > before["hot_path_checksum_failures"]
     assert s3_server.counts()["get_object_requests"] > 0  # fetched again, not served damaged
 
 
@@ -146,7 +148,7 @@ def test_pushed_blocks_are_published_before_any_read_of_theirs_reaches_python(
     # a READ in Python, and the READs of their files waited on the disk in C.
     assert after["publishes_after_reads"] == cold["publishes_after_reads"]
     assert after["hot_path_disk_reads"] > cold["hot_path_disk_reads"]
-    assert after["checksum_failures"] == 0
+    assert after["checksum_failures"] == after["hot_path_checksum_failures"] == 0
 
 
 class _FakeFuse:
@@ -504,3 +506,16 @@ def test_a_published_block_file_is_served_checked_against_its_headers_sums(
     assert hot.counters()["checksum_failures"] == 1
     read(2, 4096, 0)  # the whole block was dropped with it: Python's too
     assert fuse.to_python[-1] == (2, 4096, 0)
+
+
+def test_a_block_file_whose_sums_do_not_fit_its_length_is_not_published(
+    compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]], tmp_path: Path
+) -> None:
+    hot, fuse, read = compiled
+    block = _block_file(tmp_path / "block", os.urandom(10_000), 4096)  # 3 chunks
+    short = BlockFile(block.fd, block.data_at, block.data_len, block.chunk, block.sums[:16])
+    hot.publish(short, [(1, 0, 10_000)])
+    read(1, 4096, 0)
+    assert fuse.to_python == [(1, 4096, 0)] and not hot.published(1)
+    with pytest.raises(OSError):
+        os.fstat(block.fd)  # taken over, and closed on the refusal

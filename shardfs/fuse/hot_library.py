@@ -37,7 +37,8 @@ def load() -> ctypes.CDLL | None:
     lib.hot_publish.restype = ctypes.c_int
     lib.hot_publish.argtypes = [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p,
     ]  # fmt: skip
     lib.hot_publish_memory.restype = ctypes.c_int
     lib.hot_publish_memory.argtypes = [

@@ -306,7 +306,7 @@ class HotPath:
             raise
         result = self._lib.hot_publish(
             self._ctx, block.fd, block.data_at, block.data_len, block.chunk, block.sums,
-            len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
+            len(block.sums), len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
         )  # fmt: skip
         if result < 0:
             log.debug("publishing a block failed: %s", os.strerror(-result))
@@ -373,7 +373,8 @@ class HotPath:
             "hot_path_memory_reads": counts["memory_reads"],
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
-            "checksum_failures": counts["checksum_failures"],
+            # Python reads those chunks again and counts the damage in checksum_failures
+            "hot_path_checksum_failures": counts["checksum_failures"],
             "hot_path_lookups": counts["lookups"],
         }
 
