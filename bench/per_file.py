@@ -264,9 +264,8 @@ class PerFileBench:
                        "-p", str(pid), "-o", str(out)]  # fmt: skip
         else:
             out = folder / f"{name}.txt"
-            tool = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-            command = [tool, "record", "--nonblocking", "--threads", "--format", "raw",
-                       "--rate", str(self.args.profile_rate), "--pid", str(pid),
+            command = [str(_profiler_tool("py-spy")), "record", "--nonblocking", "--threads",
+                       "--format", "raw", "--rate", str(self.args.profile_rate), "--pid", str(pid),
                        "--output", str(out)]  # fmt: skip
         recorder = subprocess.Popen(
             [*command, *self.args.profiler_arg],
@@ -692,7 +691,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--work", type=Path, default=ROOT / "results" / "tmp")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.profile is not None and _profiler_tool(args.profiler) is None:
+        where = "`make bench-deps` installs py-spy" if args.profiler == "py-spy" else "the system's"
+        parser.error(f"--profile needs {args.profiler} ({where})")
+    return args
+
+
+def _profiler_tool(profiler: str) -> str | None:
+    """The profiler's executable: on PATH, or py-spy beside this Python (the venv's)."""
+    beside = Path(sys.executable).with_name(profiler)
+    return shutil.which(profiler) or (str(beside) if beside.exists() else None)
 
 
 def run_section(args: argparse.Namespace) -> dict[str, Any] | None:
