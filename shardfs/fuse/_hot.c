@@ -659,15 +659,16 @@ static unsigned install_locked(struct ctx *c, int fd, const unsigned char *mem,
 /* Publish the files of one block file: ``data_len`` bytes of data at ``data_pos`` in the
  * file, cut into chunks of ``chunk`` bytes whose xxh3 sums (``sums_le``, ``sums_len`` bytes:
  * one little-endian 64-bit word per chunk) the caller read from the file's header and
- * verified. Every READ
- * answered here checks the chunks it serves against them, as Python's reads do. File i is
- * inode inos[i], at byte pos[i] of the data, sizes[i] long. The descriptor is this module's
- * from now on, even on an error. Returns the block's slot (what hot_sweep reports), or a
- * negative errno. */
+ * verified. Every READ answered here checks the chunks it serves against them, as Python's
+ * reads do. File i is inode inos[i], at byte pos[i] of the data, sizes[i] long. The
+ * descriptor is this module's from now on, even on an error. Returns the block's slot (what
+ * hot_sweep reports), or a negative errno. */
 int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int64_t chunk,
                 const unsigned char *sums_le, uint64_t sums_len, uint64_t count,
                 const uint64_t *inos, const int64_t *pos, const int64_t *sizes) {
-    uint64_t chunks = chunk > 0 && data_len >= 0 ? (uint64_t)((data_len + chunk - 1) / chunk) : 0;
+    uint64_t chunks = 0;
+    if (chunk > 0 && data_len >= 0)
+        chunks = (uint64_t)((data_len + chunk - 1) / chunk);
     if (chunk <= 0 || data_len < 0 || sums_le == NULL || sums_len != 8 * chunks) {
         close(own);
         return -EINVAL;
