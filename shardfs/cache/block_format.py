@@ -153,11 +153,8 @@ def read_data(fd: int, header: Header, start: int, end: int, *, nowait: bool = F
         data = os.pread(fd, length, header.header_len + span_start)
     if len(data) != length:
         raise CorruptBlockError("truncated data")
-    sums = struct.unpack_from(f"<{last - first + 1}Q", header.sums, 8 * first)
     view = memoryview(data)
-    for i, expected in enumerate(sums):
-        if xxhash.xxh3_64_intdigest(view[i * chunk : (i + 1) * chunk]) != expected:
-            raise CorruptBlockError(f"checksum mismatch in chunk {first + i}")
+    _check_chunks(view, header, first)
     return bytes(view[start - span_start : end - span_start])
 
 
@@ -169,12 +166,18 @@ def read_all_into(fd: int, header: Header, buffer: bytearray | memoryview) -> me
     view = memoryview(buffer)[: header.data_len]
     if os.preadv(fd, [view], header.header_len) != header.data_len:
         raise CorruptBlockError("truncated data")
-    chunk = header.chunk
-    sums = struct.unpack(f"<{len(header.sums) // 8}Q", header.sums)
-    for i, expected in enumerate(sums):
-        if xxhash.xxh3_64_intdigest(view[i * chunk : (i + 1) * chunk]) != expected:
-            raise CorruptBlockError(f"checksum mismatch in chunk {i}")
+    _check_chunks(view, header, 0)
     return view
+
+
+def _check_chunks(view: memoryview, header: Header, first: int) -> None:
+    """Check whole chunks read from chunk ``first`` on against the header's sums (one
+    ``chunk_sums`` call); CorruptBlockError naming the first chunk that differs."""
+    got = chunk_sums(view, header.chunk)
+    expected = header.sums[8 * first : 8 * first + len(got)]
+    if got != expected:
+        bad = next(i for i in range(0, len(got), 8) if got[i : i + 8] != expected[i : i + 8])
+        raise CorruptBlockError(f"checksum mismatch in chunk {first + bad // 8}")
 
 
 def _read_nowait(fd: int, length: int, offset: int) -> bytearray | None:
