@@ -32,6 +32,7 @@ from shardfs.cache.block_format import BlockKey, encode_block, read_header
 from shardfs.fuse import hot_library, hot_path
 from shardfs.fuse.binding import EntryParam
 from shardfs.mount.control import pid_file
+from shardfs.views.block_files import FileTable
 
 # The block cache tests' dataset (80 files in 6 shards) and what it is built from.
 bucket, sizes, dataset, env = (
@@ -252,7 +253,7 @@ def test_a_fetched_block_is_answered_from_memory_until_it_is_dropped(
 ) -> None:
     hot, fuse, read = compiled
     block = os.urandom(10_000)
-    early = hot.publish_memory(block, [(3, 100, 5000), (4, 6000, 4000)], token="b")
+    early = hot.publish_memory(block, FileTable.of([(3, 100, 5000), (4, 6000, 4000)]), token="b")
     assert early is not None
     read(3, 128 << 10, 0)  # the whole file in one READ
     read(4, 1000, 3500)  # its last 500 bytes
@@ -275,8 +276,8 @@ def test_dropping_an_early_block_spares_the_block_that_took_its_slot(
 ) -> None:
     hot, fuse, read = compiled
     hot._lib.hot_limit_blocks(hot.userdata, 1)  # every block into the one slot
-    first = hot.publish_memory(b"a" * 100, [(1, 0, 100)])
-    second = hot.publish_memory(b"b" * 100, [(2, 0, 100)])
+    first = hot.publish_memory(b"a" * 100, FileTable.of([(1, 0, 100)]))
+    second = hot.publish_memory(b"b" * 100, FileTable.of([(2, 0, 100)]))
     assert first is not None and second is not None
     assert (first.slot, second.slot) == (0, 0) and second.generation != first.generation
     read(1, 4096, 0)  # its block was replaced: Python's
@@ -492,7 +493,7 @@ def test_a_published_block_file_is_served_checked_against_its_headers_sums(
     data, chunk = os.urandom(40_000), 4096
     path = tmp_path / "block"
     block = _block_file(path, data, chunk)
-    hot.publish(block, [(1, 100, 9000), (2, 9100, 30_000)], token="b")
+    hot.publish(block, FileTable.of([(1, 100, 9000), (2, 9100, 30_000)]), token="b")
     read(1, 128 << 10, 0)  # whole, across three chunks
     read(2, 5000, 25_000)  # the last 5,000 bytes, in the block's last chunk
     assert fuse.replies == [data[100:9100], data[34_100:39_100]]
@@ -514,7 +515,7 @@ def test_a_block_file_whose_sums_do_not_fit_its_length_is_not_published(
     hot, fuse, read = compiled
     block = _block_file(tmp_path / "block", os.urandom(10_000), 4096)  # 3 chunks
     short = BlockFile(block.fd, block.data_at, block.data_len, block.chunk, block.sums[:16])
-    hot.publish(short, [(1, 0, 10_000)])
+    hot.publish(short, FileTable.of([(1, 0, 10_000)]))
     read(1, 4096, 0)
     assert fuse.to_python == [(1, 4096, 0)] and not hot.published(1)
     with pytest.raises(OSError):

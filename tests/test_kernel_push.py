@@ -31,6 +31,7 @@ from shardfs.index.db import IndexBuilder
 from shardfs.read.direct import DirectReader
 from shardfs.stats import Stats
 from shardfs.store.shards import ShardInfo
+from shardfs.views.block_files import FileTable
 from shardfs.views.view import Node, View, build_view
 
 FILES = {f"f{i}.bin": bytes([i]) * (1000 + i) for i in range(4)}
@@ -102,12 +103,10 @@ class AllLocal(ShardFileSystem):
     def file_bytes_local(self, node: Node) -> bytes | None:
         return SHARD[node.offset : node.offset + node.size]
 
-    def files_touching(
-        self, shard: ShardInfo, start: int, end: int
-    ) -> tuple[list[Node], list[Node]]:
+    def block_files(self, shard: ShardInfo, start: int, end: int) -> tuple[FileTable, list[Node]]:
         if start == end:
             self.fences += 1
-        return super().files_touching(shard, start, end)
+        return super().block_files(shard, start, end)
 
     def node(self, ino: int) -> Node:
         self.looked_up[ino] += 1
@@ -225,7 +224,7 @@ def test_a_retry_of_a_file_the_kernel_got_meanwhile_ends(core: AllLocal) -> None
         for ino in inodes.values():
             pusher.inode_known(ino)
         pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
-        wait_for(lambda: core.looked_up[target] == 1 and pusher.retrying == 0, "the retry dropped")
+        wait_for(lambda: pusher.retried == 1 and pusher.retrying == 0, "the retry dropped")
         _fence(pusher, core)
         assert session.calls[target] == 1  # the retry looked, saw the file there, pushed nothing
         assert target not in session.stored_inodes()
@@ -270,7 +269,7 @@ def test_the_compiled_push_keeps_the_pushers_rules() -> None:
     data = bytes(range(100))
     files = [(0, 0, 10), (1, 10, 10), (2, 20, 10), (3, 95, 10), (4, 30, 10), (5, 40, 60),
              (8, 0, 10)]  # fmt: skip
-    pushed, results = batch.push(data, files)
+    pushed, results = batch.push(data, FileTable.of(files))
     assert list(results) == [
         hot_path.PUSHED,
         hot_path.IN_KERNEL,
@@ -346,8 +345,8 @@ def _record_early(pusher: KernelPusher, session: FakeSession) -> tuple[list[Any]
     early: list[Any] = []
     released: list[Any] = []
 
-    def publish_early(_shard: ShardInfo, start: int, _block: Any, files: list[Node]) -> Any:
-        early.append((start, sorted(node.ino for node in files), len(session.stored)))
+    def publish_early(_shard: ShardInfo, start: int, _block: Any, files: FileTable) -> Any:
+        early.append((start, sorted(files.inos), len(session.stored)))
         return ("early", len(early))
 
     pusher.publish_early = publish_early

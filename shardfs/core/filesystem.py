@@ -26,6 +26,7 @@ from ..read.reader import CachedReader
 from ..read.seam import RangeReader
 from ..stats import Stats
 from ..store.shards import ShardInfo
+from ..views.block_files import FileTable
 from ..views.nodes import ROOT_INO, Node
 from ..views.view import View
 from .attributes import AttributeRule, Attributes, Owner
@@ -268,21 +269,15 @@ class ShardFileSystem:
             else:
                 events.subscribe(callback)
 
-    def files_within(self, shard: ShardInfo, start: int, end: int) -> list[Node]:
-        """Files lying wholly inside bytes ``[start, end)`` of ``shard``."""
-        return self.view.files_within(self.view.shard_ids[shard], start, end)
+    def block_files(self, shard: ShardInfo, start: int, end: int) -> tuple[FileTable, list[Node]]:
+        """Files with bytes in ``[start, end)`` of ``shard``: (wholly inside, positions
+        counted from ``start``; crossing its edges)."""
+        return self.view.block_files(self.view.shard_ids[shard], start, end)
 
-    def files_touching(
-        self, shard: ShardInfo, start: int, end: int
-    ) -> tuple[list[Node], list[Node]]:
-        """Files with bytes in ``[start, end)`` of ``shard``: (wholly inside, crossing its
-        edges)."""
-        return self.view.files_touching(self.view.shard_ids[shard], start, end)
-
-    def published_block(self, node: Node) -> tuple[BlockFile, list[tuple[int, int, int]]] | None:
+    def published_block(self, node: Node) -> tuple[BlockFile, FileTable] | None:
         """The cached block holding all of ``node``, for reads answered without this core:
         its file, header verified (each read checks its chunks against the header's sums),
-        and (ino, position in its data, size) of every file lying wholly in it; None when
+        and the table of every file lying wholly in it; None when
         the file is not in one cached block. The caller owns the block's descriptor. Reads
         answered that way skip the order hint, the block cache's recency and the
         statistics; the caller counts them."""
@@ -295,8 +290,8 @@ class ShardFileSystem:
         if found is None:
             return None
         start = index * size
-        files = self.view.files_within(node.shard, start, min(start + size, shard.size))
-        return found, [(f.ino, f.offset - start, f.size) for f in files]
+        files, _ = self.view.block_files(node.shard, start, min(start + size, shard.size))
+        return found, files
 
     def _block_of(self, node: Node) -> int | None:
         """The index of the one cache block holding all of ``node``'s bytes, if one does."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 from array import array
 
+from ..views.block_files import FileTable
+
 
 def table_address(buffer: bytearray | None) -> int | None:
     """The address of a table shared with C (None for none or an empty one)."""
@@ -59,13 +61,10 @@ def data_address(data: bytes | memoryview) -> tuple[int, object]:
     return address, data
 
 
-def file_arrays(files: list[tuple[int, int, int]]) -> tuple[array[int], array[int], array[int]]:
-    """(ino, position, size) of each file as the three arrays C takes."""
-    return (
-        array("Q", (ino for ino, _, _ in files)),
-        array("q", (at for _, at, _ in files)),
-        array("q", (size for _, _, size in files)),
-    )
+def tables(files: FileTable) -> tuple[int | None, int | None, int | None]:
+    """The addresses of a file table's three arrays (inodes, positions, sizes), as C takes
+    them (None for an empty table)."""
+    return array_address(files.inos), array_address(files.positions), array_address(files.sizes)
 
 
 def array_address(values: array[int]) -> int | None:

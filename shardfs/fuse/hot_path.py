@@ -27,14 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 from .c_memory import array_address as _buffer
 from .c_memory import data_address as _data_address
-from .c_memory import file_arrays as _file_arrays
 from .c_memory import table_address as _address
+from .c_memory import tables as _tables
 from .hot_library import COUNTERS as _COUNTERS
 from .hot_library import Counters as _Counters
 from .hot_library import load
 
 if TYPE_CHECKING:
     from ..cache.block_cache import BlockFile
+    from ..views.block_files import FileTable
 
 FolderEntry = tuple[bytes, int, int, int, int]
 """A folder entry as ``HotPath.publish_folder`` takes it: name, ino, st_mode, size, mtime."""
@@ -291,22 +292,20 @@ class HotPath:
             if count < len(taken):
                 return
 
-    def publish(
-        self, block: BlockFile, files: list[tuple[int, int, int]], token: Any = None
-    ) -> None:
-        """Answer READs of ``files`` ((ino, position in the block's data, size)) from the
-        block's file, which this call takes over (closed when no longer used). C checks
-        every chunk it reads against the sums of the block's verified header, as Python's
-        reads do; ``token`` names the block to ``used``."""
+    def publish(self, block: BlockFile, files: FileTable, token: Any = None) -> None:
+        """Answer READs of ``files`` (positions in the block's data) from the block's file,
+        which this call takes over (closed when no longer used). C checks every chunk it
+        reads against the sums of the block's verified header, as Python's reads do;
+        ``token`` names the block to ``used``."""
         assert self._ctx is not None
         try:
-            inos, positions, sizes = _file_arrays(files)
+            tables = _tables(files)
         except BaseException:
             os.close(block.fd)  # taken over: never left open, even when C never got it
             raise
         result = self._lib.hot_publish(
             self._ctx, block.fd, block.data_at, block.data_len, block.chunk, block.sums,
-            len(block.sums), len(files), _buffer(inos), _buffer(positions), _buffer(sizes),
+            len(block.sums), len(files), *tables,
         )  # fmt: skip
         if result < 0:
             log.debug("publishing a block failed: %s", os.strerror(-result))
@@ -314,21 +313,19 @@ class HotPath:
             self._tokens[result] = token
 
     def publish_memory(
-        self, data: bytes | memoryview, files: list[tuple[int, int, int]], token: Any = None
+        self, data: bytes | memoryview, files: FileTable, token: Any = None
     ) -> InMemory | None:
-        """Answer READs of ``files`` ((ino, position in ``data``, size)) from ``data`` itself,
+        """Answer READs of ``files`` (positions in ``data``) from ``data`` itself,
         a block in memory whose files are not in the kernel yet: no copy, no sums. ``data``
         must stay alive and unchanged until ``drop`` of the returned handle (None: not
         published, READs go on to Python)."""
         if self._ctx is None or not data:
             return None
-        inos, positions, sizes = _file_arrays(files)
         address, held = _data_address(data)
         generation = ctypes.c_int32()
         slot = self._lib.hot_publish_memory(
-            self._ctx, address, len(data), len(files), _buffer(inos), _buffer(positions),
-            _buffer(sizes), ctypes.byref(generation),
-        )  # fmt: skip
+            self._ctx, address, len(data), len(files), *_tables(files), ctypes.byref(generation)
+        )
         if slot < 0:
             log.debug("publishing a block in memory failed: %s", os.strerror(-slot))
             return None
@@ -419,18 +416,15 @@ class BatchPush:
         self._tables = tuple(_address(t) for t in (in_kernel, known, waiting))
         self._shared = (in_kernel, known, waiting)  # kept alive while C points into them
 
-    def push(
-        self, data: bytes | memoryview, files: list[tuple[int, int, int]]
-    ) -> tuple[int, array[int]]:
-        """Store ``files`` ((ino, position in ``data``, size)); returns the bytes pushed and
+    def push(self, data: bytes | memoryview, files: FileTable) -> tuple[int, array[int]]:
+        """Store ``files`` (positions in ``data``); returns the bytes pushed and
         each file's result (PUSHED, IN_KERNEL, WAITING, or a negative errno: EINVAL for a
         file outside ``data`` or an inode past the tables)."""
-        inos, positions, sizes = _file_arrays(files)
         results = array("i", bytes(4 * len(files)))
         base, _held = _data_address(data)
         pushed = self._lib.hot_push(
-            *self._store, base, len(data), len(files), _buffer(inos), _buffer(positions),
-            _buffer(sizes), self._inodes, *self._tables, _buffer(results),
+            *self._store, base, len(data), len(files), *_tables(files), self._inodes,
+            *self._tables, _buffer(results),
         )  # fmt: skip
         return int(pushed), results
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from ..core.filesystem import ShardFileSystem
 from ..store.shards import ShardInfo
+from ..views.block_files import FileTable
 from ..views.view import Node
 from . import binding as libfuse
 from . import hot_path
@@ -38,7 +39,7 @@ class _LocalBlock(NamedTuple):
     start: int
     end: int
     data: Block | None  # its bytes, when kept in memory
-    touching: tuple[list[Node], list[Node]] | None  # core.files_touching's, if looked up
+    touching: tuple[FileTable, list[Node]] | None  # core.block_files's, if looked up
     early: object  # what ``publish_early`` returned: released after the pushes
 
 
@@ -73,6 +74,7 @@ class KernelPusher:
         # Files of local blocks that could not be pushed because their inode was unknown.
         self._waiting = bytearray(size)
         self._retries: dict[int, tuple[float, int]] = {}  # inode -> (when, attempts)
+        self.retried = 0  # pushes tried again so far
         self._buffer: mmap.mmap | None = None  # a block read for its files (this thread's)
         self._batch: hot_path.BatchPush | None = None  # a block's files in one C call
         self._edges = EdgeFiles()  # parts of files crossing block edges (this thread's)
@@ -81,11 +83,11 @@ class KernelPusher:
         # file (PushedBlocks.publish_pushed). ``publish(shard, start, files, replacing)``;
         # ``replacing``: the block was published early (below) and must be published
         # again, from its block file.
-        self.publish: Callable[[ShardInfo, int, list[Node], bool], None] | None = None
+        self.publish: Callable[[ShardInfo, int, FileTable, bool], None] | None = None
         # Told of each block kept in memory as it is queued, with its files: the compiled
         # path answers their READs from those bytes until the pushes are done
         # (PushedBlocks.publish_early); what it returns goes to ``release`` after them.
-        self.publish_early: Callable[[ShardInfo, int, Block, list[Node]], object] | None = None
+        self.publish_early: Callable[[ShardInfo, int, Block, FileTable], object] | None = None
         self.release: Callable[[object], None] = lambda _: None
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
@@ -112,9 +114,9 @@ class KernelPusher:
         early, touching = None, None
         if block is not None and self.publish_early is not None and not self._abort:
             # READs that come before the pushes are answered from these bytes meanwhile
-            touching = self.core.files_touching(shard, start, end)
+            touching = self.core.block_files(shard, start, end)
             files = touching[0]
-            if files:
+            if len(files):
                 try:
                     early = self.publish_early(shard, start, block, files)
                 except Exception:  # READs of these files go to Python meanwhile
@@ -152,7 +154,7 @@ class KernelPusher:
                 if isinstance(item, _LocalBlock):
                     self._push_block(item)
                 elif item >= 0:
-                    self._push_files([self.core.node(item)])
+                    self._push_inodes([item])
                 self._push_retries()
             except Exception:
                 log.exception("pushing cached files to the kernel failed")
@@ -162,19 +164,22 @@ class KernelPusher:
 
     def _push_block(self, item: _LocalBlock) -> None:
         shard, start, end = item.shard, item.start, item.end
-        files, edges = item.touching or self.core.files_touching(shard, start, end)
+        files, edges = item.touching or self.core.block_files(shard, start, end)
         across = [node for node in edges if not self.in_kernel[node.ino]]
         block = item.data
         if block is None and len(files) + len(across) > 1:
             # one verified read of the block for all its files, into one reused buffer
             # (no fresh pages), instead of one read per file
             block = self._read_block(shard, start)
-        self._push_files(files, start, block)
-        if files and self.publish is not None:
+        if block is not None:
+            self._push_table(files, block)
+        else:  # not readable now: each file from the block cache
+            self._push_inodes(list(files.inos))
+        if len(files) and self.publish is not None:
             self.publish(shard, start, files, item.early is not None)
         if across and block is not None:
             for node, data in self._edges.add(across, start, block):
-                self._push_files([node], node.offset, data)
+                self._push_table(FileTable.of([(node.ino, 0, node.size)]), data)
 
     def _read_block(self, shard: ShardInfo, start: int) -> memoryview | None:
         if self._buffer is None:
@@ -185,23 +190,30 @@ class KernelPusher:
         now = time.monotonic()
         due = [ino for ino, (when, _) in self._retries.items() if when <= now]
         if due:
-            self._push_files([self.core.node(ino) for ino in due])
+            self.retried += len(due)
+            self._push_inodes(due)
 
-    def _push_files(
-        self, nodes: list[Node], start: int = 0, block: bytes | memoryview | None = None
-    ) -> None:
-        """Push files into the kernel, taking their bytes from ``block`` (the block starting
-        at shard offset ``start``, just fetched) when given, else from the block cache."""
+    def _push_table(self, files: FileTable, block: Block) -> None:
+        """Push files of a block in memory (``files``' positions are in ``block``): in one
+        C call when the compiled path is built, else file by file."""
+        if self._batch is not None and not self._abort:
+            self._push_batch(self._batch, files, block)
+        else:
+            self._push_each(files, block)
+
+    def _push_inodes(self, inos: list[int]) -> None:
+        """Push files from the block cache."""
+        self._push_each(FileTable.of((ino, 0, 0) for ino in inos), None)
+
+    def _push_each(self, files: FileTable, block: Block | None) -> None:
+        """Push files one by one, taking their bytes from ``block`` when given, else from
+        the block cache (positions and sizes unused)."""
         session = self.session
         assert session is not None
-        if block is not None and self._batch is not None and not self._abort:
-            self._push_batch(self._batch, nodes, start, block)
-            return
         pushed = 0
-        for node in nodes:
+        for ino, position, size in files:
             if self._abort:
                 break
-            ino = node.ino
             # A retry ends here whatever happens next; only "not there yet" renews it.
             attempts = self._retries.pop(ino, (0.0, 0))[1]
             if self.in_kernel[ino]:
@@ -212,15 +224,15 @@ class KernelPusher:
                     continue
                 self._waiting[ino] = 0
             if block is not None:  # the file's bytes, given in place (no copy)
-                result = session.notify_store(ino, 0, block, node.offset - start, node.size)
+                result = session.notify_store(ino, 0, block, position, size)
             else:
-                data = self.core.file_bytes_local(node)
+                data = self.core.file_bytes_local(self.core.node(ino))
                 if data is None:
                     continue
-                result = session.notify_store(ino, 0, data)
+                result, size = session.notify_store(ino, 0, data), len(data)
             if result == 0:
                 self.in_kernel[ino] = 1
-                pushed += node.size
+                pushed += size
             elif result == -errno.ENOENT:
                 self._not_there_yet(ino, attempts)
             else:
@@ -229,19 +241,20 @@ class KernelPusher:
             self.core.stats.add(bytes_pushed=pushed)
 
     def _push_batch(
-        self, batch: hot_path.BatchPush, nodes: list[Node], start: int, block: bytes | memoryview
+        self, batch: hot_path.BatchPush, files: FileTable, block: bytes | memoryview
     ) -> None:
-        """``_push_files`` of a block in memory, its per-file work in C (the same rules)."""
-        files = [(node.ino, node.offset - start, node.size) for node in nodes]
+        """``_push_each`` of a block in memory, its per-file work in C (the same rules)."""
         # A retry ends here whatever happens; only "not there yet" renews it.
-        retries = self._retries
-        attempts = {ino: retries.pop(ino)[1] for ino, _, _ in files if ino in retries}
+        retries, attempts = self._retries, {}
+        if retries:
+            attempts = {ino: retries.pop(ino)[1] for ino in files.inos if ino in retries}
         pushed, results = batch.push(block, files)
-        for (ino, _, _), result in zip(files, results, strict=True):
-            if result == -errno.ENOENT:
-                self._not_there_yet(ino, attempts.get(ino, 0))
-            elif result < 0:
-                log.debug("notify_store(%d) failed: %s", ino, os.strerror(-result))
+        if len(results) and min(results) < 0:  # most blocks: every file pushed or waiting
+            for ino, result in zip(files.inos, results, strict=True):
+                if result == -errno.ENOENT:
+                    self._not_there_yet(ino, attempts.get(ino, 0))
+                elif result < 0:
+                    log.debug("notify_store(%d) failed: %s", ino, os.strerror(-result))
         if pushed:
             self.core.stats.add(bytes_pushed=pushed)
 

@@ -106,12 +106,7 @@ class LeanResponse:
                 filled += len(data)
             return filled
         want = len(view) if self._left is None else min(len(view), self._left)
-        filled = 0
-        while filled < want:
-            got = conn.file.readinto(view[filled:want])
-            if not got:
-                break
-            filled += got
+        filled = _receive(conn, view[:want])
         if self._left is not None:
             self._left -= filled
             self._done = self._left == 0
@@ -155,6 +150,22 @@ class LeanResponse:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+def _receive(conn: _Connection, view: memoryview) -> int:
+    """Fill ``view`` from the connection (less only where it ends): first the bytes its
+    reader holds, then straight from the socket. A block's body arrives in dozens of
+    receives, and each one through the reader cost several interpreter calls more."""
+    held = conn.file.peek(1)  # the reader's buffered bytes (one read into it when none)
+    filled = conn.file.readinto(view[: len(held)]) if held else 0
+    if filled < len(held):  # the buffer holds more than the view takes: not emptied
+        return filled
+    while filled < len(view):
+        got = conn.sock.recv_into(view[filled:])
+        if not got:
+            break
+        filled += got
+    return filled
 
 
 def _read_head(file: BinaryIO) -> tuple[int, Headers, str]:

@@ -34,6 +34,7 @@ from ..formats.tar import MemberKind
 from ..formats.units import DecodedSpace, Unit
 from ..index.db import SCHEMA_VERSION, UNIT_COLUMNS, UNITS_TABLE, connect, iter_member_rows
 from ..store.shards import ShardInfo
+from .block_files import FileTable, ShardWindows
 from .imagefolder import IMAGE_EXTENSIONS, build_imagefolder, is_image_name
 from .nodes import NODE_COLUMNS, ROOT_INO, Node, node_of
 from .tree import TreeWriter, ViewReport
@@ -251,39 +252,29 @@ class View:
         # file about once, and one query per file was a tenth of the daemon's Python time.
         self._nodes: dict[int, Node] = {}
         self._nodes_lock = threading.Lock()
+        self._windows = ShardWindows(self._files_from, self._files_before)
 
-    def files_within(self, shard: int, start: int, end: int) -> list[Node]:
-        """Non-empty regular files whose bytes lie wholly inside ``[start, end)`` of a shard."""
+    def block_files(self, shard: int, start: int, end: int) -> tuple[FileTable, list[Node]]:
+        """The non-empty regular files with bytes in ``[start, end)`` of a shard: (those
+        lying wholly inside it, positions counted from ``start``; those crossing its
+        edges)."""
+        inside, across = self._windows.touching(shard, start, end)
+        return inside, [self._nodes.get(ino) or self._by_ino(ino) for ino in across]
+
+    def _files_from(self, shard: int, start: int, end: int) -> list[tuple[int, int, int]]:
+        return self._query(
+            "SELECT offset, size, ino FROM nodes WHERE shard = ? AND offset >= ? AND offset < ? "
+            "AND kind = ? AND size > 0 ORDER BY offset",
+            (shard, start, end, int(MemberKind.FILE)),
+        )
+
+    def _files_before(self, shard: int, offset: int, count: int) -> list[tuple[int, int, int]]:
         rows = self._query(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE shard = ? AND offset >= ? AND offset < ? "
-            "AND kind = ? AND size > 0 AND offset + size <= ?",
-            (shard, start, end, int(MemberKind.FILE), end),
+            "SELECT offset, size, ino FROM nodes WHERE shard = ? AND offset < ? AND kind = ? "
+            "AND size > 0 ORDER BY offset DESC LIMIT ?",
+            (shard, offset, int(MemberKind.FILE), count),
         )
-        found = [node_of(row) for row in rows]
-        self._keep(found)  # a block's files: pushed, then opened, at about the same time
-        return found
-
-    def files_touching(self, shard: int, start: int, end: int) -> tuple[list[Node], list[Node]]:
-        """Non-empty regular files with bytes in ``[start, end)`` of a shard: (those lying
-        wholly inside it, those crossing its edges). Members lie one after another, so a
-        file crossing ``start`` is among the last few to begin before it."""
-        file = int(MemberKind.FILE)
-        starting = self._query(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE shard = ? AND offset >= ? AND offset < ? "
-            "AND kind = ? AND size > 0",
-            (shard, start, end, file),
-        )
-        before = self._query(
-            f"SELECT {NODE_COLUMNS} FROM nodes WHERE shard = ? AND offset < ? AND kind = ? "
-            "ORDER BY offset DESC LIMIT 4",
-            (shard, start, file),
-        )
-        within: list[Node] = []
-        across = [node for node in map(node_of, before) if node.offset + node.size > start]
-        for node in map(node_of, starting):
-            (within if node.offset + node.size <= end else across).append(node)
-        self._keep(within + across)  # pushed, then opened, at about the same time
-        return within, across
+        return rows[::-1]
 
     def unit_at(self, shard: int, offset: int, *, state: bool = False) -> tuple[int, Unit]:
         """(decoded start, unit) of the decode unit holding a decoded ``offset`` of a shard
