@@ -17,14 +17,18 @@ from shardfs.views.view import View, build_view
 Layout = list[tuple[int, int, int]]  # (offset, size, ino), in offset order
 
 
-def _layout(seed: int, files: int) -> Layout:
-    """Files one after another with gaps (headers), some far larger than a block."""
+def _layout(seed: int, files: int, nested: bool = False) -> Layout:
+    """Files one after another with gaps (headers), some far larger than a block; with
+    ``nested``, some files also hold a smaller one inside their bytes (their ends then no
+    longer rise with their offsets)."""
     rng = random.Random(seed)
     out, at = [], 0
     for ino in range(1, files + 1):
         at += rng.choice([0, 512, 1024])
         size = rng.choice([1, 300, 2000, 5000, 40_000])
         out.append((at, size, 100 + ino))
+        if nested and size > 2 and rng.random() < 0.3:
+            out.append((at + 1, rng.randrange(1, size - 1), 10_000 + ino))
         at += size
     return out
 
@@ -52,10 +56,13 @@ def _expected(layout: Layout, start: int, end: int) -> tuple[Layout, set[int]]:
     return inside, across - {ino for ino, _, _ in inside}
 
 
+@pytest.mark.parametrize("nested", [False, True])
 @pytest.mark.parametrize("window", [3000, 10_000, 1 << 20])
 @pytest.mark.parametrize("block", [1000, 4096, 16_384])
-def test_every_blocks_files_match_a_scan_of_the_whole_shard(window: int, block: int) -> None:
-    layout = _layout(seed=window + block, files=300)
+def test_every_blocks_files_match_a_scan_of_the_whole_shard(
+    window: int, block: int, nested: bool
+) -> None:
+    layout = _layout(seed=window + block, files=300, nested=nested)
     queries = _Queries(layout)
     windows = ShardWindows(queries.files_from, queries.files_before, window=window)
     total = layout[-1][0] + layout[-1][1]

@@ -15,6 +15,7 @@ from shardfs.errors import NotADirError, NotFoundError, UsageError
 from shardfs.formats.tar import MemberKind
 from shardfs.index.db import IndexBuilder
 from shardfs.store.remote import Store
+from shardfs.views import view as view_module
 from shardfs.views.view import View, ViewReport, build_view, parse_classes
 
 _counter = itertools.count()
@@ -613,3 +614,30 @@ def test_open_source_non_utf8_classes_txt_is_usage_error(tmp_path: Path) -> None
     put(url, "classes.txt", b"\xff\xfe\n")
     with pytest.raises(UsageError, match=r"classes\.txt: not UTF-8"):
         open_source(SourceConfig(url), IndexConfig(cache_dir=tmp_path), ViewConfig())
+
+
+def test_a_walk_through_inodes_loads_them_in_batches_and_scattered_misses_load_few(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    members = [(f"d/{n:04d}.bin", b"x") for n in range(2000)]
+    view, _ = view_of(tmp_path, {"a.tar": make_tar(members)})
+    inos = sorted(node.ino for _, node in view.files())
+    queries: list[int] = []
+    query = view._query
+
+    def counted(sql: str, args: tuple[object, ...] = ()) -> list[object]:
+        rows = query(sql, args)
+        queries.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(view, "_query", counted)
+    # a shuffled epoch's READs: each miss loads a few neighbours, not a batch of 256
+    for ino in inos[100:2000:150]:
+        assert view.node(ino).ino == ino
+    assert queries and max(queries) <= view_module._NODE_FEW
+    # a walk (a listing's GETATTRs): after the first few, a batch per query
+    queries.clear()
+    for ino in inos[:1000]:
+        assert view.node(ino).ino == ino
+    assert len(queries) <= 1000 // view_module._NODE_BATCH + 3
+    assert max(queries) == view_module._NODE_BATCH

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
@@ -64,12 +64,17 @@ FilesBefore = Callable[[int, int, int], list[Row]]
 
 
 class _Window:
-    __slots__ = ("inos", "offsets", "sizes")
+    __slots__ = ("ends", "inos", "offsets", "sizes")
 
     def __init__(self, rows: list[Row]) -> None:
         self.offsets = array("q", [offset for offset, _, _ in rows])
         self.sizes = array("q", [size for _, size, _ in rows])
         self.inos = array("Q", [ino for _, _, ino in rows])
+        ends = [offset + size for offset, size, _ in rows]
+        # Members lie one after another, so their ends rise with their offsets, and the
+        # files of a block crossing its end are the last ones; else (no such window in a
+        # view built from archives) each is looked at.
+        self.ends = array("q", ends) if ends == sorted(ends) else None
 
 
 class ShardWindows:
@@ -113,15 +118,19 @@ class ShardWindows:
         first, last = start // self.window, max(start, end - 1) // self.window
         windows = [self._get(shard, number) for number in range(first, last + 1)]
         head = windows[0]
-        offsets, sizes, inos = head.offsets, head.sizes, head.inos
-        if len(windows) > 1:  # a block wider than the rest of its window: rare
-            for more in windows[1:]:
-                offsets, sizes, inos = offsets + more.offsets, sizes + more.sizes, inos + more.inos
+        offsets, sizes, inos, ends = head.offsets, head.sizes, head.inos, head.ends
+        for more in windows[1:]:  # a block wider than the rest of its window: rare
+            offsets, sizes, inos = offsets + more.offsets, sizes + more.sizes, inos + more.inos
+            ends = None
         lo, hi = bisect_left(offsets, start), bisect_left(offsets, end)
         across = [inos[k] for k in range(max(0, lo - _BEFORE), lo) if offsets[k] + sizes[k] > start]
         if lo < _BEFORE and first > 0:  # the last few files before it began in earlier windows
             earlier = self._files_before(shard, start, _BEFORE)
             across = [ino for offset, size, ino in earlier if offset + size > start]
+        if ends is not None:  # the files crossing the end are the last ones
+            inside = bisect_right(ends, end, lo, hi)
+            across += inos[inside:hi]
+            return self._table(offsets[lo:inside], sizes[lo:inside], inos[lo:inside], start), across
         inside_offsets, inside_sizes, inside_inos = offsets[lo:hi], sizes[lo:hi], inos[lo:hi]
         crossing = [k for k in range(hi - lo) if inside_offsets[k] + inside_sizes[k] > end]
         if crossing:
@@ -130,8 +139,11 @@ class ShardWindows:
             inside_offsets = array("q", [inside_offsets[k] for k in keep])
             inside_sizes = array("q", [inside_sizes[k] for k in keep])
             inside_inos = array("Q", [inside_inos[k] for k in keep])
-        positions = array("q", [offset - start for offset in inside_offsets])
-        return FileTable(inside_inos, positions, inside_sizes), across
+        return self._table(inside_offsets, inside_sizes, inside_inos, start), across
+
+    @staticmethod
+    def _table(offsets: array[int], sizes: array[int], inos: array[int], start: int) -> FileTable:
+        return FileTable(inos, array("q", [offset - start for offset in offsets]), sizes)
 
     def forget(self) -> None:
         with self._lock:
