@@ -98,7 +98,11 @@ class AllLocal(ShardFileSystem):
     the fences the pusher reached and the inodes it looked up (only a retry pass does)."""
 
     fences = 0
+    let_go = 0
     looked_up: Counter[int]
+
+    def blocks_let_go(self) -> None:
+        self.let_go += 1
 
     def file_bytes_local(self, node: Node) -> bytes | None:
         return SHARD[node.offset : node.offset + node.size]
@@ -369,6 +373,8 @@ def test_a_block_in_memory_is_published_before_its_pushes_and_released_after_the
         wait_for(lambda: len(released) == 1, "the early block released")
         assert early == [(0, sorted(inodes.values()), 0)]  # before any push
         assert released == [(("early", 1), len(FILES))]  # after all of them
+        _fence(pusher, core)
+        assert core.let_go == 1  # readahead told once: the block in memory, not the other
     finally:
         pusher.stop()
     assert len(early) == 1 and len(released) == 1

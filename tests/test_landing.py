@@ -7,6 +7,9 @@ import mmap
 import threading
 import time
 
+import pytest
+
+from shardfs.cache import landing
 from shardfs.cache.block_format import header_len
 from shardfs.cache.landing import PAGE, LandingBuffers, _address, anonymous_map
 
@@ -159,3 +162,27 @@ def test_room_left_early_is_given_back() -> None:
         pass
     with buffers.room(1 << 20, limit=1 << 20, timeout=0.0) as fits:
         assert fits
+
+
+def test_a_get_waiting_for_room_looks_again_when_a_holder_lets_buffers_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(landing, "_ROOM_POLL_S", 30.0)  # no look of its own in this test
+    buffers = LandingBuffers(CHUNK)
+    held = [buffers.take(1 << 20) for _ in range(2)]
+    waited: list[float] = []
+
+    def get() -> None:
+        started = time.monotonic()
+        with buffers.room(1 << 20, limit=1 << 20, timeout=60.0) as fits:
+            assert fits
+            waited.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=get)
+    waiter.start()
+    time.sleep(0.1)
+    assert waiter.is_alive()  # no room: it waits
+    held.clear()  # the pusher drops the blocks...
+    buffers.released()  # ...and says so
+    waiter.join(timeout=20.0)
+    assert not waiter.is_alive() and waited and waited[0] < 20.0

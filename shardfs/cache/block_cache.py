@@ -170,6 +170,10 @@ class BlockCache:
                 self.stats.add(landing_room_timeouts=1)
             yield
 
+    def landing_released(self) -> None:
+        """A holder of fetched blocks' memory let some go (``LandingBuffers.released``)."""
+        self._writer.landing.released()
+
     def offer(self, key: BlockKey, block: bytes) -> bool:
         """Store a block that was downloaded anyway (an index scan), unless it is cached,
         in flight, or would need evicting; returns True if stored."""

@@ -42,7 +42,10 @@ KEEP_BYTES = 64 << 20  # idle buffers kept for reuse
 # their pages (perf, stop 40). Readahead still runs far ahead of the readers: at 300
 # images/s they take 30 MB/s.
 READAHEAD_BYTES = 64 << 20
-_ROOM_POLL_S = 0.002
+# A GET waiting for room looks again when a holder lets buffers go (``released``: the
+# pusher, once per block), else at this interval. Looking every 2 ms cost the fetch threads
+# about 7 looks per block in a cold epoch.
+_ROOM_POLL_S = 0.02
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value
 HUGE_PAGE = 2 << 20  # x86-64's and arm64's (4 KiB base pages) transparent huge page
 # References to a free mapping while ``_free_map`` looks at it: the list, the loop's name,
@@ -100,6 +103,8 @@ class LandingBuffers:
         self._coming = 0  # bytes of the GETs inside ``room``
         self.mapped_bytes = 0  # fresh memory mapped so far (each page faulted in once)
         self._lock = threading.Lock()
+        self._released = threading.Condition()
+        self._releases = 0  # ``released`` calls so far
 
     def _sizes(self, length: int) -> tuple[int, int]:
         """(the header room before a block of ``length`` bytes, the whole pages both fill)."""
@@ -178,19 +183,31 @@ class LandingBuffers:
         only: a read that waits on its block must never wait here."""
         deadline = time.monotonic() + timeout
         while True:
+            with self._released:
+                seen = self._releases
             used = self.in_use()
             with self._lock:
                 coming = self._coming
                 fits = used + coming == 0 or used + coming + length <= limit
-                if fits or time.monotonic() >= deadline:
+                now = time.monotonic()
+                if fits or now >= deadline:
                     self._coming += length
                     break
-            time.sleep(_ROOM_POLL_S)
+            with self._released:
+                if self._releases == seen:  # else a release came meanwhile: look again now
+                    self._released.wait(min(_ROOM_POLL_S, deadline - now))
         try:
             yield fits
         finally:
             with self._lock:
                 self._coming -= length
+
+    def released(self) -> None:
+        """A holder let buffers go (the pusher, done with a block): a GET waiting for room
+        looks again at once."""
+        with self._released:
+            self._releases += 1
+            self._released.notify_all()
 
     def _free_map(self, size: int) -> mmap.mmap | None:
         """An unreferenced mapping of at least ``size`` bytes; idle ones past ``keep`` bytes

@@ -343,6 +343,12 @@ class ShardFileSystem:
             return None
         return reader.verified_block(shard, start // reader.block_size, buffer)
 
+    def blocks_let_go(self) -> None:
+        """A holder of fetched blocks in memory (the kernel pusher) let one go: readahead
+        waiting for landing room looks again at once."""
+        if isinstance(self.reader, CachedReader):
+            self.reader.cache.landing_released()
+
     def file_bytes_local(self, node: Node) -> bytes | None:
         """A whole file if its bytes are in the block cache, or decoded in memory (no
         network, no statistics)."""

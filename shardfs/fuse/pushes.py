@@ -159,8 +159,13 @@ class KernelPusher:
             except Exception:
                 log.exception("pushing cached files to the kernel failed")
             finally:
-                if isinstance(item, _LocalBlock) and item.early is not None:
-                    self.release(item.early)  # after the pushes, or when dropped
+                if isinstance(item, _LocalBlock):
+                    if item.early is not None:
+                        self.release(item.early)  # after the pushes, or when dropped
+                    in_memory = item.data is not None
+                    item = None  # the last reference to its bytes here
+                    if in_memory:
+                        self.core.blocks_let_go()
 
     def _push_block(self, item: _LocalBlock) -> None:
         shard, start, end = item.shard, item.start, item.end
