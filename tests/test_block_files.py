@@ -134,3 +134,16 @@ def test_a_views_block_files_are_its_nodes(tmp_path: Path) -> None:
         assert across_seen  # some files do cross the edges of 8 KiB blocks
     finally:
         view.close()
+
+
+def test_many_small_windows_count_against_the_bound_too() -> None:
+    """Shards of one file each (single-file shards): the windows themselves are bounded."""
+
+    def files_from(shard: int, start: int, end: int) -> Layout:
+        return [(0, 10, shard)] if start == 0 else []
+
+    windows = ShardWindows(files_from, lambda _s, _o, _c: [], max_files=1000)
+    for shard in range(5000):
+        files, _ = windows.touching(shard, 0, 10)
+        assert list(files) == [(shard, 0, 10)]
+    assert len(windows._windows) <= 1000 // 17 + 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -53,13 +54,21 @@ class _Handler(socketserver.StreamRequestHandler):
                 continue
             length = len(BODY) + (10 if mode == "short" else 0)
             close = b"Connection: close\r\n" if mode == "close" else b""
-            self.wfile.write(
+            head = (
                 b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-1/2\r\n"
                 + f"Content-Length: {length}\r\n".encode()
                 + close
                 + b"\r\n"
-                + BODY
             )
+            if mode in ("trickle", "stall"):  # the body in pieces, with pauses
+                self.wfile.write(head)
+                self.wfile.flush()
+                for at in range(0, len(BODY), len(BODY) // 4):
+                    time.sleep(0.1 if mode == "trickle" or at == 0 else 3.0)
+                    self.wfile.write(BODY[at : at + len(BODY) // 4])
+                    self.wfile.flush()
+                continue
+            self.wfile.write(head + BODY)
             if mode in ("close", "short", "drop"):
                 return  # "drop": closes without saying so, as an idle timeout does
 
@@ -143,3 +152,50 @@ def test_a_refused_connection_is_an_os_error() -> None:
         port = probe.getsockname()[1]
     with pytest.raises(OSError):
         LeanPool().request("GET", f"http://127.0.0.1:{port}/x", {}, timeout=(1.0, 1.0))
+
+
+def _get_into(
+    pool: LeanPool, srv: _Server, stall: float, want: int = len(BODY)
+) -> tuple[int, bytes]:
+    """A GET whose body is received into memory (as a block is), ``stall`` the longest a
+    receive may wait with nothing arriving."""
+    port = srv.server_address[1]
+    response = pool.request("GET", f"http://127.0.0.1:{port}/b/k", {}, timeout=(2.0, stall))
+    buffer = bytearray(want)
+    try:
+        got = response.readinto(memoryview(buffer))
+    except BaseException:
+        response.close()
+        raise
+    response.release_conn()
+    return got, bytes(buffer[:got])
+
+
+def test_a_body_received_into_memory_waits_out_pauses_and_keeps_its_connection(
+    server: _Server,
+) -> None:
+    server.mode = "trickle"  # four pieces, 0.1 s apart: each pause shorter than the stall
+    pool = LeanPool()
+    assert _get_into(pool, server, stall=1.0) == (len(BODY), BODY)
+    server.mode = "keep"  # the connection, back to its own timeout, serves the next one
+    assert _get_into(pool, server, stall=1.0) == (len(BODY), BODY)
+    assert _get(pool, server)[1] == BODY
+    assert server.connections == 1
+
+
+def test_a_body_that_stops_arriving_is_a_timeout_within_two_stalls(server: _Server) -> None:
+    server.mode = "stall"  # a quarter of the body, then 3 s of nothing
+    pool = LeanPool()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        _get_into(pool, server, stall=0.3)
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_body_cut_short_received_into_memory_is_short(server: _Server) -> None:
+    server.mode = "short"  # Content-Length 10 bytes more than the body, then closed
+    pool = LeanPool()
+    assert _get_into(pool, server, stall=1.0, want=len(BODY) + 10) == (len(BODY), BODY)
+    server.mode = "keep"
+    assert _get_into(pool, server, stall=1.0) == (len(BODY), BODY)
+    assert server.connections == 2  # the short answer's connection was not reused

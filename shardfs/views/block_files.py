@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 WINDOW_BYTES = 256 << 20  # shard offsets whose files one query loads
 WINDOW_FILES = 1 << 20  # files kept in loaded windows, the oldest window dropped first
+_WINDOW_COST = 16  # files a window counts for besides its own (its objects' memory)
 _BEFORE = 4  # files before a block looked at for one crossing its start (members follow
 # one another, so a file crossing the start is among the last few to begin before it)
 
@@ -106,10 +107,10 @@ class ShardWindows:
         with self._lock:
             if key not in self._windows:
                 self._windows[key] = found
-                self._held += len(found.inos)
+                self._held += len(found.inos) + _WINDOW_COST
                 while self._held > self.max_files and len(self._windows) > 1:
                     _, old = self._windows.popitem(last=False)
-                    self._held -= len(old.inos)
+                    self._held -= len(old.inos) + _WINDOW_COST
         return found
 
     def touching(self, shard: int, start: int, end: int) -> tuple[FileTable, list[int]]:
