@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from shardfs.store.lean_http import HTTPFailure, LeanPool, LeanResponse
+from shardfs.store.lean_http import HTTPFailure, LeanPool, LeanResponse, _receive_waiting
 
 BODY = bytes(range(256)) * 40
 
@@ -199,3 +199,26 @@ def test_a_body_cut_short_received_into_memory_is_short(server: _Server) -> None
     server.mode = "keep"
     assert _get_into(pool, server, stall=1.0) == (len(BODY), BODY)
     assert server.connections == 2  # the short answer's connection was not reused
+
+
+def test_a_stall_shorter_than_the_kernels_clock_still_ends() -> None:
+    """A stall of a nanosecond is no receive timeout of zero, which would wait for ever."""
+    a, b = socket.socketpair()
+    outcome: list[object] = []
+
+    def receive() -> None:
+        try:
+            outcome.append(_receive_waiting(a, memoryview(bytearray(200)), 0, 1e-9))
+        except TimeoutError as exc:
+            outcome.append(exc)
+
+    try:
+        b.sendall(bytes(100))  # half of what is asked, then nothing
+        thread = threading.Thread(target=receive, daemon=True)
+        thread.start()
+        thread.join(timeout=10.0)
+        assert not thread.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], TimeoutError)
+    finally:
+        a.close()
+        b.close()

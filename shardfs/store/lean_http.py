@@ -179,12 +179,11 @@ def _receive_waiting(sock: socket.socket, view: memoryview, filled: int, stall: 
     the interpreter lock; the kernel now waits for the bytes itself. Each receive returns
     what came within ``stall`` seconds; one that got nothing raises TimeoutError, as the
     socket's own timeout did (a stall is noticed within one to two ``stall`` periods)."""
-    seconds = int(stall)
+    micros = max(1, int(stall * 1e6))  # a zero timeval would wait for ever
     sock.settimeout(None)
     sock.setsockopt(
-        socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-        struct.pack("ll", seconds, int((stall - seconds) * 1e6)),
-    )  # fmt: skip
+        socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", *divmod(micros, 1_000_000))
+    )
     try:
         while filled < len(view):
             try:

@@ -249,8 +249,9 @@ class View:
         self.shard_ids = {info: sid for sid, info in self.shards.items()}
         self.max_ino: int = conn.execute("SELECT MAX(ino) FROM nodes").fetchone()[0]
         self._child = lru_cache(maxsize=1 << 16)(self._child_uncached)
-        # Nodes by inode, loaded _NODE_BATCH neighbours at a time: an epoch asks for each
-        # file about once, and one query per file was a tenth of the daemon's Python time.
+        # Nodes by inode, loaded with their neighbours (``_load_nodes``): an epoch asks for
+        # each file about once, and one query per file was a tenth of the daemon's Python
+        # time.
         self._nodes: dict[int, Node] = {}
         self._nodes_lock = threading.Lock()
         self._batch_end = -1  # the inode after the last batch loaded
