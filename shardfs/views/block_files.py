@@ -16,6 +16,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
+from itertools import compress
 
 WINDOW_BYTES = 256 << 20  # shard offsets whose files one query loads
 WINDOW_FILES = 1 << 20  # files kept in loaded windows, the oldest window dropped first
@@ -133,20 +134,14 @@ class ShardWindows:
             across += inos[inside:hi]
             return self._table(offsets[lo:inside], sizes[lo:inside], inos[lo:inside], start), across
         inside_offsets, inside_sizes, inside_inos = offsets[lo:hi], sizes[lo:hi], inos[lo:hi]
-        crossing = [k for k in range(hi - lo) if inside_offsets[k] + inside_sizes[k] > end]
-        if crossing:
-            across += [inside_inos[k] for k in crossing]
-            keep = [k for k in range(hi - lo) if inside_offsets[k] + inside_sizes[k] <= end]
-            inside_offsets = array("q", [inside_offsets[k] for k in keep])
-            inside_sizes = array("q", [inside_sizes[k] for k in keep])
-            inside_inos = array("Q", [inside_inos[k] for k in keep])
+        fits = [at + size <= end for at, size in zip(inside_offsets, inside_sizes, strict=True)]
+        if not all(fits):
+            across += [ino for ino, fit in zip(inside_inos, fits, strict=True) if not fit]
+            inside_offsets = array("q", compress(inside_offsets, fits))
+            inside_sizes = array("q", compress(inside_sizes, fits))
+            inside_inos = array("Q", compress(inside_inos, fits))
         return self._table(inside_offsets, inside_sizes, inside_inos, start), across
 
     @staticmethod
     def _table(offsets: array[int], sizes: array[int], inos: array[int], start: int) -> FileTable:
         return FileTable(inos, array("q", [offset - start for offset in offsets]), sizes)
-
-    def forget(self) -> None:
-        with self._lock:
-            self._windows.clear()
-            self._held = 0
