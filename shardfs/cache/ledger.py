@@ -189,6 +189,27 @@ RETIRED_BEFORE = 1e6
 """Use times below this (1970-01-12) mark retired blocks (``Ledger.retire``)."""
 
 
+class _Held:
+    """A thread's connection to the ledger as a context manager: ``with`` gives it, and an
+    exception inside rolls back a transaction left open (without the rollback, the
+    thread's connection would stay in it and every later write would fail). A class, not
+    a generator: the ledger is used several times per block stored."""
+
+    __slots__ = ("conn", "generation")
+
+    def __init__(self, conn: sqlite3.Connection, generation: int) -> None:
+        self.conn = conn
+        self.generation = generation
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is not None and self.conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+
+
 class Ledger:
     """A mount's view of the ledger: one connection per thread, the bound's arithmetic,
     eviction victims, and the block uses not yet written (flushed every few seconds)."""
@@ -246,28 +267,20 @@ class Ledger:
     def damaged(self, exc: sqlite3.Error) -> bool:
         return ledger_damaged(exc, self.path)
 
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[sqlite3.Connection]:
-        """This thread's connection; a failed statement never leaves it in a transaction."""
-        conn: sqlite3.Connection | None = getattr(self.local, "conn", None)
-        if conn is not None and getattr(self.local, "generation", -1) != self._generation:
-            self._forget(conn)  # rebuilt (this connection sees the old file) or closed
-            conn = None
-        if conn is None:
-            conn = self._connect(self.path)
-            with self._connections_lock:
-                self._connections.add(conn)
-            self.local.conn = conn
-            self.local.generation = self._generation
-        try:
-            yield conn
-        except BaseException:
-            # A statement failed inside BEGIN ... COMMIT: without a rollback this thread's
-            # connection would stay in the transaction and every later write would fail.
-            if conn.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-            raise
+    def connection(self) -> _Held:
+        """This thread's connection, for a ``with`` block (which gives the connection); a
+        failed statement never leaves it in a transaction."""
+        held: _Held | None = getattr(self.local, "held", None)
+        if held is not None and held.generation == self._generation:
+            return held
+        if held is not None:
+            self._forget(held.conn)  # rebuilt (this connection sees the old file) or closed
+        conn = self._connect(self.path)
+        with self._connections_lock:
+            self._connections.add(conn)
+        held = _Held(conn, self._generation)
+        self.local.held = held
+        return held
 
     def _forget(self, conn: sqlite3.Connection) -> None:
         with self._connections_lock:
