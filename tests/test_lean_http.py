@@ -52,6 +52,13 @@ class _Handler(socketserver.StreamRequestHandler):
                     self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
                 self.wfile.write(b"0\r\n\r\n")
                 continue
+            if mode == "bad_header":
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nno colon here\r\nContent-Length: 0\r\n\r\n")
+                return
+            if mode == "lf_only":  # bare line feeds: read a line at a time
+                self.wfile.write(f"HTTP/1.1 206 Partial\nContent-Length: {len(BODY)}\n\n".encode())
+                self.wfile.write(BODY)
+                continue
             length = len(BODY) + (10 if mode == "short" else 0)
             close = b"Connection: close\r\n" if mode == "close" else b""
             head = (
@@ -67,6 +74,13 @@ class _Handler(socketserver.StreamRequestHandler):
                     time.sleep(0.1 if mode == "trickle" or at == 0 else 3.0)
                     self.wfile.write(BODY[at : at + len(BODY) // 4])
                     self.wfile.flush()
+                continue
+            if mode == "split_head":  # the head in pieces: its first receive is not whole
+                for at in range(0, len(head), 7):
+                    self.wfile.write(head[at : at + 7])
+                    self.wfile.flush()
+                    time.sleep(0.01)
+                self.wfile.write(BODY)
                 continue
             self.wfile.write(head + BODY)
             if mode in ("close", "short", "drop"):
@@ -143,6 +157,29 @@ def test_a_body_cut_short_is_short_and_its_connection_is_not_reused(server: _Ser
 def test_an_answer_that_is_not_http_is_a_failure(server: _Server) -> None:
     server.mode = "garbage"
     with pytest.raises(HTTPFailure, match="bad status line"):
+        _get(LeanPool(), server)
+
+
+@pytest.mark.parametrize("mode", ["keep", "split_head", "lf_only"])
+def test_a_head_whole_in_pieces_or_with_bare_line_feeds_reads_alike(
+    server: _Server, mode: str
+) -> None:
+    server.mode = mode
+    pool = LeanPool()
+    for _ in range(2):  # the second answer's head follows a body on the same connection
+        response, body = _get(pool, server)
+        assert body == BODY
+        assert response.status == 206
+        assert response.headers.get("Content-Length") == str(len(BODY))
+        assert response.version == "HTTP/1.1"
+    assert server.connections == 1
+    if mode != "lf_only":
+        assert response.headers.text("content-range") == "bytes 0-1/2"
+
+
+def test_a_header_line_without_a_colon_is_a_failure(server: _Server) -> None:
+    server.mode = "bad_header"
+    with pytest.raises(HTTPFailure, match="bad header line"):
         _get(LeanPool(), server)
 
 
