@@ -4,15 +4,25 @@ break HTTP are read as they are."""
 
 from __future__ import annotations
 
+import io
 import socket
 import socketserver
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 
 import pytest
 
-from shardfs.store.lean_http import HTTPFailure, LeanPool, LeanResponse, _receive_waiting
+from shardfs.store.lean_http import (
+    HTTPFailure,
+    LeanPool,
+    LeanResponse,
+    _read_head,
+    _read_head_lines,
+    _receive_waiting,
+    _split,
+)
 
 BODY = bytes(range(256)) * 40
 
@@ -177,6 +187,38 @@ def test_a_head_whole_in_pieces_or_with_bare_line_feeds_reads_alike(
         assert response.headers.text("content-range") == "bytes 0-1/2"
 
 
+HEADS = [
+    b'HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-1/2\r\nETag:  "Ab"  \r\n'
+    b"X-Empty:\r\nx-amz-Meta: a:b\r\nContent-Length: 4\r\n\r\n",
+    b"HTTP/1.0 200\r\n\r\n",
+    b"HTTP/1.1 200 OK\nA: b\r\n\r\n",  # a bare LF ends the status line
+    b"HTTP/1.1 200 OK\r\nA: b\nC: d\r\n\r\n",  # and a field
+    b"HTTP/1.1 200 OK\nContent-Length: 4\n\n",  # the head ends with bare LFs...
+    b"HTTP/1.1 200 OK\r\nContent-Length: 4\n\r\n",  # ...or a CRLF after a bare LF
+]
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_a_head_read_in_one_piece_reads_as_a_line_at_a_time(head: bytes) -> None:
+    body = b"ab\r\n\r\ncd"  # looks like a head's end: never taken for one
+    whole, lines = (io.BufferedReader(io.BytesIO(head + body)) for _ in range(2))
+    assert _read_head(whole) == _read_head_lines(lines)
+    assert whole.read() == lines.read() == body
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", b"HTTP/1.1 200 OK\r\n" + b"A: b\r\n" * 201 + b"\r\n"],
+)
+def test_a_bad_head_read_in_one_piece_fails_as_a_line_at_a_time(head: bytes) -> None:
+    failures = []
+    for read in (_read_head, _read_head_lines):
+        with pytest.raises(HTTPFailure) as failure:
+            read(io.BufferedReader(io.BytesIO(head)))
+        failures.append(str(failure.value).split(" ")[:2])
+    assert failures[0] == failures[1]
+
+
 def test_a_header_line_without_a_colon_is_a_failure(server: _Server) -> None:
     server.mode = "bad_header"
     with pytest.raises(HTTPFailure, match="bad header line"):
@@ -259,3 +301,30 @@ def test_a_stall_shorter_than_the_kernels_clock_still_ends() -> None:
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:5000/bucket/key?X-Amz-Signature=1&b=2",
+        "HTTPS://Bucket.S3.amazonaws.com/a/b%20c?x=1#fragment",
+        "http://h",
+        "http://h?x=1",
+        "http://[::1]:8080/p?q",
+        "http://user:pw@h:81/x",
+        "http://h#f",
+        "http://h/a#b?c",
+    ],
+)
+def test_a_url_splits_as_urllib_splits_it(url: str) -> None:
+    split = urllib.parse.urlsplit(url)
+    scheme = split.scheme.lower()
+    port = split.port or (443 if scheme == "https" else 80)
+    target = (split.path or "/") + (f"?{split.query}" if split.query else "")
+    assert _split(url) == ((scheme, split.hostname, port), split.netloc, target)
+
+
+@pytest.mark.parametrize("url", ["ftp://h/x", "http:///x", "nonsense"])
+def test_a_url_that_is_not_http_is_a_failure(url: str) -> None:
+    with pytest.raises(HTTPFailure, match="not an http"):
+        _split(url)

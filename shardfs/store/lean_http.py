@@ -12,7 +12,10 @@ issue 21). Everything here raises ``OSError`` (timeouts, resets, refused connect
 
 from __future__ import annotations
 
+import functools
 import io
+import operator
+import re
 import socket
 import ssl
 import struct
@@ -23,6 +26,9 @@ from typing import BinaryIO
 _MAX_HEADER_LINE = 64 << 10
 _MAX_HEADERS = 200
 _IDLE_PER_HOST = 32
+# One header field and its CRLF: the name, and the value without the spaces around it.
+_FIELD = re.compile(r"([^:\r\n]*?)[ \t]*:[ \t]*([^\r\n]*?)[ \t]*\r\n")
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
 class HTTPFailure(Exception):
@@ -201,24 +207,34 @@ def _receive_waiting(sock: socket.socket, view: memoryview, filled: int, stall: 
 
 def _read_head(file: BinaryIO) -> tuple[int, Headers, str]:
     """The status, headers and HTTP version of an answer. A head already received whole
-    (the usual case: one segment) is taken and parsed in one piece, about a tenth of the
-    interpreter's steps of a line at a time; any other is read a line at a time."""
+    (the usual case: one segment) is taken and parsed in one piece, a few steps of the
+    interpreter in all; any other is read a line at a time."""
     held = file.peek(_MAX_HEADER_LINE)  # type: ignore[attr-defined]  # BufferedReader's
     end = held.find(b"\r\n\r\n")
-    if end < 0:
-        return _read_head_lines(file)
-    lines = file.read(end + 4).decode("latin-1").split("\r\n")
-    status, version = _status(lines[0])
-    fields = lines[1:-2]  # the head ends in an empty line: two empty strings after split
-    if len(fields) > _MAX_HEADERS:
+    if end < 0 or held.find(b"\n\n", 0, end) >= 0 or held.find(b"\n\r\n", 0, end) >= 0:
+        return _read_head_lines(file)  # not whole yet, or ended earlier by a bare LF
+    head = file.read(end + 4).decode("latin-1")
+    line_end = head.index("\n")
+    status, version = _status(head[:line_end].rstrip("\r"))
+    fields = head[line_end + 1 : -2]  # each field with its line end; the empty line left out
+    if fields.count("\n") > _MAX_HEADERS:
         raise HTTPFailure(f"more than {_MAX_HEADERS} header lines")
-    headers = Headers()
-    for field in fields:
-        name, colon, value = field.partition(":")
-        if not colon:
-            raise HTTPFailure(f"bad header line {field[:60]!r}")
-        headers[name.strip().lower()] = value.strip()
-    return status, headers, version
+    values = _FIELD.findall(fields)
+    if len(values) != fields.count("\n"):  # a bare LF, or a line that is no field
+        headers = Headers()
+        for line in fields.split("\n")[:-1]:
+            _add_field(headers, line)
+        return status, headers, version
+    names = _FIELD.findall(fields.lower())  # the same fields: their names lower-cased
+    return status, Headers(zip(map(_first, names), map(_second, values), strict=True)), version
+
+
+def _add_field(headers: Headers, line: str) -> None:
+    """Add one header line (its line end included or not) to ``headers``."""
+    name, colon, value = line.partition(":")
+    if not colon:
+        raise HTTPFailure(f"bad header line {line[:60]!r}")
+    headers[name.strip().lower()] = value.strip()
 
 
 def _status(line: str) -> tuple[int, str]:
@@ -241,11 +257,36 @@ def _read_head_lines(file: BinaryIO) -> tuple[int, Headers, str]:
             return status, headers, version
         if not raw.endswith(b"\n"):
             raise HTTPFailure("the answer's headers end early or a line is too long")
-        name, colon, value = raw.decode("latin-1").partition(":")
-        if not colon:
-            raise HTTPFailure(f"bad header line {raw[:60]!r}")
-        headers[name.strip().lower()] = value.strip()
+        _add_field(headers, raw.decode("latin-1"))
     raise HTTPFailure(f"more than {_MAX_HEADERS} header lines")
+
+
+def _split(url: str) -> tuple[tuple[str, str, int], str, str]:
+    """The connection key (scheme, host, port), the host as written, and the request
+    target of an http(s) URL. The scheme and host part is split once per server
+    (``_server``); a GET's URL differs only in what follows."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "?" in netloc or "#" in netloc:  # no path before the query: split it all
+        split = urllib.parse.urlsplit(url)
+        scheme, netloc = split.scheme, split.netloc
+        target = (split.path or "/") + (f"?{split.query}" if split.query else "")
+    else:
+        target = slash + path.partition("#")[0] or "/"
+    key = _server(scheme, netloc)
+    if key is None:
+        raise HTTPFailure(f"not an http(s) URL: {url[:80]!r}")
+    return key, netloc, target
+
+
+@functools.lru_cache(maxsize=64)
+def _server(scheme: str, netloc: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an http(s) server; None for any other."""
+    split = urllib.parse.urlsplit(f"{scheme}://{netloc}/")
+    scheme = split.scheme.lower()
+    if scheme not in ("http", "https") or not split.hostname:
+        return None
+    return scheme, split.hostname, split.port or (443 if scheme == "https" else 80)
 
 
 class LeanPool:
@@ -289,14 +330,8 @@ class LeanPool:
     ) -> LeanResponse:
         """Send ``method url`` and read the answer's head; ``timeout`` is (connect, each
         read). A kept-alive connection the server closed meanwhile is replaced once."""
-        split = urllib.parse.urlsplit(url)
-        scheme = split.scheme.lower()
-        if scheme not in ("http", "https") or not split.hostname:
-            raise HTTPFailure(f"not an http(s) URL: {url[:80]!r}")
-        port = split.port or (443 if scheme == "https" else 80)
-        key = (scheme, split.hostname, port)
-        target = (split.path or "/") + (f"?{split.query}" if split.query else "")
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {split.netloc}"]
+        key, netloc, target = _split(url)
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {netloc}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         payload = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         connect_timeout, read_timeout = timeout
