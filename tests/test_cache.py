@@ -610,6 +610,7 @@ def test_blocks_being_read_are_not_evicted(
 def fake_disk(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
     usage = SimpleNamespace(total=1 << 40, used=(1 << 40) - free, free=free)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
+    monkeypatch.setattr(shardfs.cache.ledger, "disk_free", lambda path: free)
 
 
 def test_min_free_shrinks_the_bound(
