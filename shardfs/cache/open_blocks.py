@@ -8,11 +8,9 @@ per path is the one count of readers; the open files carry none of their own.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .block_format import BlockKey, CorruptBlockError, Header, read_header
@@ -39,20 +37,21 @@ class OpenBlocks:
         self.pins: Counter[str] = Counter()
         self._retired: dict[str, list[int]] = {}
 
-    @contextlib.contextmanager
-    def pinned(self, path: str) -> Iterator[None]:
+    def pinned(self, path: str) -> _Pin:
         """Hold ``path`` for one read: not evicted, its files not closed, until the exit."""
+        return _Pin(self, path)
+
+    def _pin(self, path: str) -> None:
         with self._lock:
             self.pins[path] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.pins[path] -= 1
-                if self.pins[path] <= 0:
-                    del self.pins[path]
-                    for fd in self._retired.pop(path, ()):
-                        os.close(fd)
+
+    def _unpin(self, path: str) -> None:
+        with self._lock:
+            self.pins[path] -= 1
+            if self.pins[path] <= 0:
+                del self.pins[path]
+                for fd in self._retired.pop(path, ()):
+                    os.close(fd)
 
     def pinned_paths(self) -> set[str]:
         """The paths that reads hold now (eviction looks past them)."""
@@ -129,3 +128,20 @@ class OpenBlocks:
             self._retired.setdefault(path, []).append(block.fd)
         else:
             os.close(block.fd)
+
+
+class _Pin:
+    """``OpenBlocks.pinned``: a small object rather than a generator (a read or a push
+    pins its block a few times per block)."""
+
+    __slots__ = ("_blocks", "_path")
+
+    def __init__(self, blocks: OpenBlocks, path: str) -> None:
+        self._blocks = blocks
+        self._path = path
+
+    def __enter__(self) -> None:
+        self._blocks._pin(self._path)
+
+    def __exit__(self, *_: object) -> None:
+        self._blocks._unpin(self._path)

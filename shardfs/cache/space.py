@@ -12,7 +12,6 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
 
 from ..stats import Stats
 from .block_format import encoded_size
@@ -84,31 +83,27 @@ class Space:
             with self._room_lock:
                 self._reserved -= held
 
-    @contextlib.contextmanager
-    def reserving(self, block_len: int, evict_before: float, held: int = 0) -> Iterator[bool]:
+    def reserving(self, block_len: int, evict_before: float, held: int = 0) -> _Reservation:
         """Hold room for a block while it is fetched and stored, so that concurrent fetches
         in this process never count the same free bytes (one of them would be fetched and
         then not kept). Yields whether room was found; ``EVICT_ANY`` always finds it.
         ``held``: room ``hold`` kept for this block, handed over here (given back if the
         block finds no room after all)."""
+        return _Reservation(self, block_len, evict_before, held)
+
+    def _reserve(self, block_len: int, evict_before: float, held: int) -> int:
+        """``reserving``'s entry: the bytes now reserved (0: no room), or -1 for
+        ``EVICT_ANY``, which needs none."""
         if evict_before == EVICT_ANY:
             self.release(held)
-            yield True
-            return
+            return -1
         incoming = encoded_size(block_len, self.chunk_size)
         with self._room_lock:
             self._reserved -= held
             if not self._room(incoming + self._reserved, evict_before):
-                reserved = 0
-            else:
-                reserved = incoming
-                self._reserved += incoming
-        try:
-            yield reserved > 0
-        finally:
-            if reserved:
-                with self._room_lock:
-                    self._reserved -= reserved
+                return 0
+            self._reserved += incoming
+        return incoming
 
     def _room(self, incoming: int, evict_before: float) -> bool:
         """Whether ``incoming`` bytes fit; a ledger that cannot be read has no room."""
@@ -165,3 +160,24 @@ class Space:
             unread = self.ledger.take_unread(chosen)
             self.stats.add(blocks_evicted=len(chosen), evicted_unread_bytes=unread)
         return removed
+
+
+class _Reservation:
+    """``Space.reserving``: a small object rather than a generator (one per block stored)."""
+
+    __slots__ = ("_block_len", "_evict_before", "_held", "_reserved", "_space")
+
+    def __init__(self, space: Space, block_len: int, evict_before: float, held: int) -> None:
+        self._space = space
+        self._block_len = block_len
+        self._evict_before = evict_before
+        self._held = held
+        self._reserved = 0
+
+    def __enter__(self) -> bool:
+        self._reserved = self._space._reserve(self._block_len, self._evict_before, self._held)
+        return self._reserved != 0
+
+    def __exit__(self, *_: object) -> None:
+        if self._reserved > 0:
+            self._space.release(self._reserved)
