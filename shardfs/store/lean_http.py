@@ -217,10 +217,11 @@ def _read_head(file: BinaryIO) -> tuple[int, Headers, str]:
     line_end = head.index("\n")
     status, version = _status(head[:line_end].rstrip("\r"))
     fields = head[line_end + 1 : -2]  # each field with its line end; the empty line left out
-    if fields.count("\n") > _MAX_HEADERS:
+    count = fields.count("\n")
+    if count > _MAX_HEADERS:
         raise HTTPFailure(f"more than {_MAX_HEADERS} header lines")
     values = _FIELD.findall(fields)
-    if len(values) != fields.count("\n"):  # a bare LF, or a line that is no field
+    if len(values) != count:  # a bare LF, or a line that is no field
         headers = Headers()
         for line in fields.split("\n")[:-1]:
             _add_field(headers, line)
