@@ -67,7 +67,7 @@ from procs import (  # noqa: E402
     thread_cpu,
 )
 from procs import shardfs_cli as shardfs  # noqa: E402
-from support.mounts import drop_page_cache  # noqa: E402
+from support.mounts import drop_inodes, drop_page_cache  # noqa: E402
 from support.s3 import REGION, S3Server, settled_counts  # noqa: E402
 
 BUCKET = "perfile"
@@ -323,6 +323,8 @@ class PerFileBench:
             settled_counts(self.server)
             self.server.reset_counts()
             drop_page_cache()
+            if self.args.cold_drop == "inodes":
+                drop_inodes()  # the kernel FORGETs the listed inodes, pages and all
             stats_before = query(self.mnt)
             with self.profiled(pid, f"{variant}-cold-{seed}"):
                 cold = self.phase(pid, paths, buffering)
@@ -336,7 +338,8 @@ class PerFileBench:
                         "files_published", "hot_path_reads", "publishes_after_reads",
                         "hot_path_disk_reads", "hot_path_memory_reads", "python_reads",
                         "python_reads_later", "cache_misses", "prefetched_blocks",
-                        "hot_path_lookups", "python_lookups", "landing_mapped_bytes"):  # fmt: skip
+                        "hot_path_lookups", "python_lookups", "landing_mapped_bytes",
+                        "inodes_forgotten", "pushes_refused"):  # fmt: skip
                 cold[key] = stats.get(key, 0) - stats_before.get(key, 0)
             warm = self.phase(pid, paths, buffering)
             # Blocks cached, page cache dropped: every file is a READ answered from cache
@@ -685,6 +688,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ioctl-calls", type=int, default=20_000, help="isatty calls of the ioctl phase"
     )
+    parser.add_argument(
+        "--cold-drop", choices=("pages", "inodes"), default="pages",
+        help="what is dropped between the listing and the cold phase: the page cache "
+        "(pages: the kernel keeps the inodes the listing gave it), or the dentries and "
+        "inodes too (inodes: it FORGETs them, as memory pressure on a node whose dataset "
+        "exceeds its RAM does; files are then looked up again as they are opened)",
+    )  # fmt: skip
     parser.add_argument("--tmpfs", default="/dev/shm", help="a tmpfs folder (/dev/shm)")
     parser.add_argument(
         "--shardfs-arg", action="append", default=[], help="extra mount argument (repeatable)"

@@ -58,6 +58,8 @@ class Stats:
     landing_mapped_bytes: int = 0  # fresh landing memory mapped (its pages faulted in once)
     blocks_kept_unstored: int = 0  # blocks fetched, then not stored (no room, failed write): held
     blocks_paid_in_part: int = 0  # blocks a hint's plan left out: part came as a range this epoch
+    inodes_forgotten: int = 0  # inodes the kernel dropped (FORGET of all its lookups), pages too
+    pushes_refused: int = 0  # kernel pushes refused: the kernel no longer held the inode
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     # Counters kept elsewhere (the compiled FUSE hot path), added in at each snapshot.
     _sources: list[Callable[[], dict[str, int]]] = field(

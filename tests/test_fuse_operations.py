@@ -19,6 +19,7 @@ from shardfs.core.filesystem import XATTR_SHARD, ShardFileSystem
 from shardfs.errors import StoreReadError
 from shardfs.fuse import binding
 from shardfs.fuse.operations import FuseOperations
+from shardfs.fuse.pushes import KernelPusher
 from shardfs.index.db import IndexBuilder
 from shardfs.read.direct import DirectReader
 from shardfs.stats import Stats
@@ -219,3 +220,25 @@ def test_a_read_that_waited_for_its_blocks_fetch_goes_to_the_compiled_path_first
     ops.read(3, node.ino, 100, 0, None)
     assert waits == [] and len(stub.asked) == 1
     assert lib.only(3) == ("buf", DATA[:100])
+
+
+def test_python_counts_the_kernels_lookups_of_each_inode_for_the_pusher(view: View) -> None:
+    ops, lib = operations(view)
+    pusher = KernelPusher(ops.core)  # not started: the counts need no thread
+    ops.pusher = pusher
+    folder = lookup_ino(ops, lib, ROOT_INO, b"d", 1)
+    ino = lookup_ino(ops, lib, folder, b"f.bin", 2)
+    lookup_ino(ops, lib, folder, b"f.bin", 3)
+    assert (pusher.lookup_counts[folder], pusher.lookup_counts[ino], pusher.known[ino]) == (1, 2, 1)
+    lib.fuse_reply_entry = lambda _req, _ref: -errno.ENOENT  # interrupted: not handed over
+    ops.lookup(4, folder, b"f.bin")
+    assert pusher.lookup_counts[ino] == 2
+    pusher.in_kernel[ino] = 1
+    ops.forget(5, ino, 1)
+    assert (pusher.lookup_counts[ino], pusher.known[ino], pusher.in_kernel[ino]) == (1, 1, 1)
+    pairs = (ctypes.c_uint64 * 4)(ino, 1, folder, 1)  # libfuse's fuse_forget_data, twice
+    ops.forget_multi(6, 2, ctypes.addressof(pairs))
+    assert (pusher.lookup_counts[ino], pusher.known[ino], pusher.in_kernel[ino]) == (0, 0, 0)
+    assert pusher.lookup_counts[folder] == 0
+    assert lib.only(5) == ("none", None) and lib.only(6) == ("none", None)
+    assert ops.core.stats.snapshot()["inodes_forgotten"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -169,6 +170,8 @@ class _FakeFuse:
     )  # fmt: skip
     _REPLY_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
     _LOOKUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
+    _FORGET = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64)
+    _FORGET_MULTI = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
 
     def __init__(self) -> None:
         self.replies: list[bytes] = []
@@ -176,11 +179,13 @@ class _FakeFuse:
         self.ctx = 0
         self.fuse_reply_buf = self._REPLY_BUF(self._reply)
         self.fuse_reply_err = self._REPLY_ERR(lambda _req, _err: 0)
-        self.fuse_reply_none = self._REPLY_NONE(lambda _req: None)
+        self.fuse_reply_none = self._REPLY_NONE(self._reply_none)
         self.fuse_req_userdata = self._USERDATA(lambda _req: self.ctx)
         self.python_read = self._READ(self._python_read)
         self.python_ioctl = self._IOCTL(lambda *_: None)
         self.entries: list[EntryParam] = []
+        self.entry_result = 0  # what fuse_reply_entry returns (-ENOENT: interrupted)
+        self.nones = 0  # fuse_reply_none calls (FORGETs answered)
         self.lookups_to_python: list[tuple[int, bytes]] = []
         self.fuse_reply_entry = self._REPLY_ENTRY(self._reply_entry)
         self.python_lookup = self._LOOKUP(
@@ -191,7 +196,10 @@ class _FakeFuse:
         self.entries.append(
             EntryParam.from_buffer_copy(ctypes.string_at(entry, ctypes.sizeof(EntryParam)))
         )
-        return 0
+        return self.entry_result
+
+    def _reply_none(self, _req: int) -> None:
+        self.nones += 1
 
     def _reply(self, _req: int, data: int, size: int) -> int:
         self.replies.append(ctypes.string_at(data, size) if size else b"")
@@ -212,7 +220,7 @@ def compiled() -> Iterator[tuple[hot_path.HotPath, _FakeFuse, Callable[..., None
 
 
 def _compiled(
-    max_entries: int,
+    max_entries: int, counts: array[int] | None = None
 ) -> Iterator[tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]]]:
     if not hot_path.available():
         pytest.skip("the hot path is not built")
@@ -220,7 +228,8 @@ def _compiled(
     in_kernel, watched, delivered = bytearray(8), bytearray(8), bytearray(1)
     KNOWN[:] = bytes(8)
     lookups = hot_path.Lookups(known=KNOWN, uid=1234, gid=5678, blksize=1 << 17,
-                               timeout=86400.0, max_entries=max_entries)  # fmt: skip
+                               timeout=86400.0, max_entries=max_entries,
+                               counts=counts)  # fmt: skip
     hot = hot_path.create(
         fuse, hint_ino=7, hint_cmd=1, inodes=8, in_kernel=in_kernel, watched=watched,
         delivered=delivered, opened=lambda _ino: None, used=lambda _token: None,
@@ -238,6 +247,14 @@ def _compiled(
     lookup_handler = _FakeFuse._LOOKUP(ops.lookup)
     hot.in_kernel = in_kernel  # type: ignore[attr-defined]
     hot.lookup = lambda parent, name: lookup_handler(1, parent, name)  # type: ignore[attr-defined]
+    forget, forget_multi = _FakeFuse._FORGET(ops.forget), _FakeFuse._FORGET_MULTI(ops.forget_multi)
+    hot.forget = lambda ino, n: forget(1, ino, n)  # type: ignore[attr-defined]
+
+    def forget_many(pairs: list[tuple[int, int]]) -> None:
+        flat = (ctypes.c_uint64 * (2 * len(pairs)))(*[v for pair in pairs for v in pair])
+        forget_multi(1, len(pairs), ctypes.addressof(flat))
+
+    hot.forget_many = forget_many  # type: ignore[attr-defined]
 
     def read(ino: int, size: int, offset: int) -> None:
         handler(1, ino, size, offset, None)
@@ -330,6 +347,38 @@ def test_lookups_of_a_published_folder_are_answered_in_c(
     assert list(KNOWN) == [0, 0, 0, 1, 1, 1, 0, 0]  # the kernel was given these inodes
     assert hot.counters()["lookups"] == 3
     assert hot.stats()["hot_path_lookups"] == 3
+
+
+def test_c_counts_the_kernels_lookups_of_each_inode_until_it_forgets_them() -> None:
+    counts = array("I", bytes(4 * 8))
+    fixture = _compiled(hot_path.MAX_ENTRIES, counts)
+    hot, fuse, _ = next(fixture)
+    try:
+        lookup: Callable[[int, bytes], None] = hot.lookup  # type: ignore[attr-defined]
+        in_kernel: bytearray = hot.in_kernel  # type: ignore[attr-defined]
+        folder = [(b"a.jpg", 3, 0o100444, 10, 0), (b"b.jpg", 4, 0o100444, 10, 0)]
+        assert hot.publish_folder(1, folder) == 2
+        lookup(1, b"a.jpg")
+        lookup(1, b"a.jpg")
+        hot.count_lookups([4, 5], 1)  # entries Python's replies handed over
+        assert list(counts) == [0, 0, 0, 2, 1, 1, 0, 0]
+        assert list(KNOWN) == [0, 0, 0, 1, 1, 1, 0, 0]
+        fuse.entry_result = -2  # an interrupted LOOKUP: the kernel took nothing
+        lookup(1, b"b.jpg")
+        assert counts[4] == 1
+        in_kernel[3] = in_kernel[4] = 1
+        hot.forget(3, 1)  # type: ignore[attr-defined]
+        assert (counts[3], KNOWN[3], in_kernel[3]) == (1, 1, 1)  # one lookup still held
+        hot.forget_many([(3, 1), (4, 1), (5, 9), (6, 1)])  # type: ignore[attr-defined]
+        assert list(counts) == [0] * 8
+        assert list(KNOWN) == [0] * 8 and (in_kernel[3], in_kernel[4]) == (0, 0)
+        assert fuse.nones == 2  # each FORGET answered
+        hot.count_lookups([5], -1)  # a reply of Python's that failed: not counted below 0
+        assert counts[5] == 0
+        assert hot.counters()["forgotten"] == 3  # 3, 4 and 5; 6 was never held
+        assert hot.stats()["inodes_forgotten"] == 3
+    finally:
+        fixture.close()
 
 
 def test_a_folder_past_the_entries_bound_stays_with_python() -> None:

@@ -259,6 +259,53 @@ def test_files_waiting_for_their_inode_are_pushed_by_a_listing_not_by_a_lookup(
         pusher.stop()
 
 
+def test_an_inode_the_kernel_forgot_is_not_pushed_until_it_is_listed_again(
+    core: AllLocal,
+) -> None:
+    inodes = _inodes(core)
+    f0, f1, f2, f3 = (inodes[f"f{i}.bin"] for i in range(4))
+    session = FakeSession()
+    pusher = _pusher(core, session)
+    try:
+        pusher.given([f0, f0, f1, f2, f3])  # f0 by two lookups, the others by one
+        pusher.in_kernel[f0] = pusher.in_kernel[f1] = 1
+        pusher.forgot([(f0, 1)])  # one of f0's two given back: the kernel still holds it
+        assert (pusher.known[f0], pusher.in_kernel[f0], pusher.lookup_counts[f0]) == (1, 1, 1)
+        pusher.forgot([(f0, 1), (f1, 1), (f2, 7)])  # more than given: none is held
+        assert [pusher.known[i] for i in (f0, f1, f2, f3)] == [0, 0, 0, 1]
+        assert (pusher.in_kernel[f0], pusher.in_kernel[f1]) == (0, 0)  # its pages went too
+        assert [pusher.lookup_counts[i] for i in (f0, f1, f2, f3)] == [0, 0, 0, 1]
+        pusher.forgot([(f2, 1)])  # an inode not held: nothing more is dropped
+        assert core.stats.snapshot()["inodes_forgotten"] == 3
+        pusher.given([f3])
+        pusher.not_given([f3])  # that reply never reached the kernel
+        assert pusher.lookup_counts[f3] == 1
+        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
+        _fence(pusher, core)
+        # Only f3 is tried: a push to an inode the kernel dropped would be refused.
+        assert session.calls == Counter({f3: 1})
+        assert core.stats.snapshot()["pushes_refused"] == 0
+        pusher.given([f1])  # a listing hands f1 over again: its file is pushed now
+        pusher.inode_known(f1)
+        wait_for(lambda: f1 in session.stored_inodes(), "the push after the listing")
+        assert sorted(session.stored) == sorted([(f3, FILES["f3.bin"]), (f1, FILES["f1.bin"])])
+    finally:
+        pusher.stop()
+
+
+def test_a_refused_push_is_counted(core: AllLocal) -> None:
+    inodes = _inodes(core)
+    session = FakeSession({inodes["f1.bin"]: 1})
+    pusher = _pusher(core, session)
+    try:
+        pusher.given(list(inodes.values()))
+        pusher.block_local(_shard(core), 0, len(SHARD), SHARD)
+        wait_for(lambda: len(session.stored) == len(FILES), "the retried push")
+        assert core.stats.snapshot()["pushes_refused"] == 1
+    finally:
+        pusher.stop()
+
+
 def test_the_compiled_push_keeps_the_pushers_rules() -> None:
     """``hot_push`` on its own: a file the kernel holds is skipped, one whose inode it does
     not know is marked waiting, bytes outside the buffer or an inode past the tables are

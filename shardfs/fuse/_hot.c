@@ -16,7 +16,8 @@
  *     TCGETS of a default-buffered open() of a file the kernel holds whole, while an order
  *     hint follows that file, is then queued for a Python thread (``opened``): the hint
  *     counts it as read.
- *   - forget, forget_multi: nothing to free.
+ *   - forget, forget_multi: nothing to free, but the kernel's lookups of each inode are
+ *     counted (``hot_track_inodes``): one it gave all back holds neither pages nor a push.
  *   - lookup (when Python asks for it, ``hot_serve_lookups``): a name in a folder Python
  *     published (``hot_publish_folder``, the table in _entries.c) is answered here, and the
  *     pusher's ``known`` byte of its inode set, as Python's handler does; else Python.
@@ -101,6 +102,7 @@ struct hot_counters {
     uint64_t disk_reads;        /* reads the disk readers answered (pages not cached) */
     uint64_t memory_reads;      /* reads answered from a block in memory, before its push */
     uint64_t lookups;           /* LOOKUPs answered here (published folders) */
+    uint64_t forgotten;         /* inodes whose lookups the kernel all gave back */
 };
 
 /* A READ whose pages were not in memory, waiting for a disk reader. */
@@ -146,7 +148,11 @@ struct ctx {
     struct entries *entries;
     lookup_fn py_lookup;
     reply_entry_fn reply_entry;
-    uint8_t *known;    /* the pusher's: 1 once the kernel was given the inode (may be NULL) */
+    uint8_t *known;    /* the pusher's: 1 while the kernel holds the inode (may be NULL) */
+    /* hot_track_inodes: per inode, the lookups the kernel was given less those it gave
+     * back (FORGET); at 0 it holds the inode no more. NULL: not counted. */
+    uint32_t *lookup_counts;
+    pthread_mutex_t inode_lock;
     uint32_t uid, gid; /* what every entry shows */
     int64_t blksize;
     double timeout;
@@ -428,17 +434,54 @@ static void hot_ioctl(req_t req, uint64_t ino, unsigned cmd, void *arg, void *fi
     }
 }
 
+/* The kernel was given ``delta`` more entries of inode ``ino`` (a LOOKUP's or
+ * READDIRPLUS's, counted before the reply goes), or gave ``-delta`` back (a FORGET, or a
+ * reply that did not reach it). While any are held the pusher may store the file's pages;
+ * once none are, the kernel dropped the inode with its pages: the pusher's ``known`` and
+ * ``in_kernel`` bytes are cleared, so no push is tried (and refused) until a new lookup. */
+static void count_lookups(struct ctx *c, uint64_t ino, int64_t delta, int forget) {
+    if (c->lookup_counts == NULL || ino >= c->n_ino)
+        return;
+    pthread_mutex_lock(&c->inode_lock);
+    uint32_t held = c->lookup_counts[ino];
+    int64_t n = (int64_t)held + delta;
+    if (n > (int64_t)UINT32_MAX)
+        n = UINT32_MAX;
+    if (n <= 0) {
+        n = 0;
+        if (c->known != NULL)
+            __atomic_store_n(&c->known[ino], 0, __ATOMIC_SEQ_CST);
+        if (c->in_kernel != NULL)
+            __atomic_store_n(&c->in_kernel[ino], 0, __ATOMIC_SEQ_CST);
+        if (forget && held > 0)
+            __atomic_fetch_add(&c->counters.forgotten, 1, __ATOMIC_RELAXED);
+    } else if (delta > 0 && c->known != NULL) {
+        __atomic_store_n(&c->known[ino], 1, __ATOMIC_SEQ_CST);
+    }
+    c->lookup_counts[ino] = (uint32_t)n;
+    pthread_mutex_unlock(&c->inode_lock);
+}
+
+static int64_t given_back(uint64_t nlookup) {
+    return nlookup > INT64_MAX ? INT64_MIN + 1 : -(int64_t)nlookup;
+}
+
 static void hot_forget(req_t req, uint64_t ino, uint64_t nlookup) {
-    (void)ino;
-    (void)nlookup;
     struct ctx *c = req_userdata(req);
+    count_lookups(c, ino, given_back(nlookup), 1);
     c->reply_none(req);
 }
 
+struct forget_one { /* the kernel's struct fuse_forget_one, libfuse's fuse_forget_data */
+    uint64_t ino;
+    uint64_t nlookup;
+};
+
 static void hot_forget_multi(req_t req, size_t count, void *forgets) {
-    (void)count;
-    (void)forgets;
     struct ctx *c = req_userdata(req);
+    const struct forget_one *f = forgets;
+    for (size_t i = 0; i < count; i++)
+        count_lookups(c, f[i].ino, given_back(f[i].nlookup), 1);
     c->reply_none(req);
 }
 
@@ -463,9 +506,15 @@ static void hot_lookup(req_t req, uint64_t parent, const char *name) {
     e.attr.st_blocks = (a.size + 511) / 512;
     e.attr.st_atim.tv_sec = e.attr.st_mtim.tv_sec = e.attr.st_ctim.tv_sec = a.mtime;
     e.attr_timeout = e.entry_timeout = c->timeout;
-    c->reply_entry(req, &e);
-    if (c->known != NULL && a.ino < c->n_ino)
-        c->known[a.ino] = 1; /* as pusher.inode_known(ino, push_waiting=False) */
+    if (c->lookup_counts != NULL) {
+        count_lookups(c, a.ino, 1, 0); /* before the kernel has it: a FORGET may follow */
+        if (c->reply_entry(req, &e) != 0)
+            count_lookups(c, a.ino, -1, 0); /* interrupted: the kernel took nothing */
+    } else {
+        c->reply_entry(req, &e);
+        if (c->known != NULL && a.ino < c->n_ino)
+            c->known[a.ino] = 1; /* as pusher.inode_known(ino, push_waiting=False) */
+    }
     __atomic_fetch_add(&c->counters.lookups, 1, __ATOMIC_RELAXED);
 }
 
@@ -524,6 +573,20 @@ int64_t hot_publish_folder(struct ctx *c, uint64_t parent, uint64_t count, const
                               mtimes, modes);
 }
 
+/* Count the kernel's lookups of each inode from now on (call before requests come):
+ * ``counts`` (one uint32 per inode) and ``known`` are the pusher's, shared. */
+void hot_track_inodes(struct ctx *c, uint32_t *counts, uint8_t *known) {
+    c->lookup_counts = counts;
+    c->known = known;
+}
+
+/* The kernel was given (``delta`` 1) or did not get (-1) one entry of each of ``inos``, by
+ * a reply of Python's (count_lookups). */
+void hot_count_lookups(struct ctx *c, const uint64_t *inos, uint64_t n, int64_t delta) {
+    for (uint64_t i = 0; i < n; i++)
+        count_lookups(c, inos[i], delta, 0);
+}
+
 /* Whether folder ``parent`` is published. */
 int hot_folder_published(struct ctx *c, uint64_t parent) {
     return c->entries != NULL && entries_has_folder(c->entries, parent);
@@ -560,6 +623,7 @@ struct ctx *hot_new(void **fns, uint64_t hint_ino, unsigned hint_cmd, uint64_t n
     c->max_blocks = MAX_BLOCKS;
     c->opened_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->inode_lock, NULL);
     pthread_cond_init(&c->miss_ready, NULL);
     return c;
 }
@@ -776,6 +840,7 @@ void hot_free(struct ctx *c) {
     hot_clear(c);
     pthread_cond_destroy(&c->miss_ready);
     pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->inode_lock);
     free(c->buffer);
     free(c->slots);
     entries_free(c->entries);

@@ -11,7 +11,7 @@ log = logging.getLogger(__name__)
 
 COUNTERS = (
     "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
-    "not_in_memory", "disk_reads", "memory_reads", "lookups",
+    "not_in_memory", "disk_reads", "memory_reads", "lookups", "forgotten",
 )  # fmt: skip
 
 
@@ -69,6 +69,10 @@ def load() -> ctypes.CDLL | None:
     lib.hot_serve_lookups.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
         ctypes.c_uint32, ctypes.c_int64, ctypes.c_double, ctypes.c_uint64,
+    ]  # fmt: skip
+    lib.hot_track_inodes.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.hot_count_lookups.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64,
     ]  # fmt: skip
     lib.hot_publish_folder.restype = ctypes.c_int64
     lib.hot_publish_folder.argtypes = [

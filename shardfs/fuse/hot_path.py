@@ -90,7 +90,9 @@ class Lookups:
     """What C needs to answer LOOKUPs as ``FuseOperations.lookup`` does: the pusher's
     ``known`` table (one byte per inode, shared, never resized; None without a pusher), the
     owner every entry shows, its ``st_blksize``, how long the kernel may keep it, and how
-    many entries C may hold."""
+    many entries C may hold. With ``counts`` (the pusher's ``lookup_counts``, one uint32
+    per inode), C also counts the entries the kernel holds of each inode, at its LOOKUPs
+    and FORGETs and at Python's replies (``HotPath.count_lookups``)."""
 
     known: bytearray | None
     uid: int
@@ -98,6 +100,7 @@ class Lookups:
     blksize: int
     timeout: float
     max_entries: int = MAX_ENTRIES
+    counts: array[int] | None = None
 
 
 @dataclass
@@ -191,6 +194,11 @@ class HotPath:
         if self._lib.hot_start_disk_readers(ctx, DISK_READERS) < DISK_READERS:
             log.warning("C's disk readers did not all start: READs of pages not in memory "
                         "may go to Python")  # fmt: skip
+        found = self._lookups
+        if found is not None and found.counts is not None and found.known is not None:
+            if len(found.counts) < inodes:
+                raise ValueError("the shared tables must cover every inode")
+            self._lib.hot_track_inodes(ctx, _buffer(found.counts), _address(found.known))
         self._sweeper.start()
         self._opened_fd = os.eventfd(0, os.EFD_CLOEXEC)
         self._lib.hot_queue_opened(ctx, self._opened_fd)
@@ -215,6 +223,14 @@ class HotPath:
             log.warning("LOOKUPs stay in Python: %s", os.strerror(-result))
             self._lookups = None
         return bool(result == 0)
+
+    def count_lookups(self, inos: Sequence[int], delta: int) -> None:
+        """The kernel was given (``delta`` 1) or did not get (-1) an entry of each of
+        ``inos`` by a reply of Python's: C keeps the counts (``Lookups.counts``)."""
+        if self._ctx is None or not inos:
+            return
+        values = array("Q", inos)
+        self._lib.hot_count_lookups(self._ctx, _buffer(values), len(values), delta)
 
     @property
     def serves_lookups(self) -> bool:
@@ -373,6 +389,7 @@ class HotPath:
             # Python reads those chunks again and counts the damage in checksum_failures
             "hot_path_checksum_failures": counts["checksum_failures"],
             "hot_path_lookups": counts["lookups"],
+            "inodes_forgotten": counts["forgotten"],
         }
 
     def close(self) -> None:

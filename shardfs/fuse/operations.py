@@ -131,6 +131,7 @@ class FuseOperations:
                 used=self._block_used,
                 lookups=hot_path.Lookups(
                     known=pusher.known if pusher is not None else None,
+                    counts=pusher.lookup_counts if pusher is not None else None,
                     uid=core.shown.uid,
                     gid=core.shown.gid,
                     blksize=BLOCK_SIZE,
@@ -140,6 +141,7 @@ class FuseOperations:
         if self.hot is not None:
             core.stats.add_source(self.hot.stats)
             if pusher is not None:
+                pusher.count_in(self.hot.count_lookups)
                 pushed = PushedBlocks(core, self.hot)
                 pusher.publish = pushed.publish_pushed
                 pusher.publish_early = pushed.publish_early
@@ -202,17 +204,29 @@ class FuseOperations:
             entry.entry_timeout = self.timeout
             self.lib.fuse_reply_entry(req, ctypes.byref(entry))
             return
-        self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
+        pusher = self.pusher if not self.core.is_virtual(node) else None
+        if pusher is not None:
+            pusher.given((node.ino,))
+        if self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node))):
+            if pusher is not None:
+                pusher.not_given((node.ino,))  # interrupted: the kernel took nothing
+        elif pusher is not None:
+            pusher.inode_known(node.ino, push_waiting=False)
         self.core.stats.add(python_lookups=1)
-        if self.pusher is not None and not self.core.is_virtual(node):
-            self.pusher.inode_known(node.ino, push_waiting=False)
         if not self.core.is_virtual(node):
             self._folders.soon(folder)
 
-    def forget(self, req: int, _ino: int, _nlookup: int) -> None:
-        self.lib.fuse_reply_none(req)  # inodes are rows of the view: nothing to free
+    def forget(self, req: int, ino: int, nlookup: int) -> None:
+        # Inodes are rows of the view: nothing to free. The pusher counts what the kernel
+        # holds (C does when the compiled path is built).
+        if self.pusher is not None:
+            self.pusher.forgot(((ino, nlookup),))
+        self.lib.fuse_reply_none(req)
 
-    def forget_multi(self, req: int, _count: int, _forgets: int) -> None:
+    def forget_multi(self, req: int, count: int, forgets: int) -> None:
+        if self.pusher is not None and count:
+            pairs = (ctypes.c_uint64 * (2 * count)).from_address(forgets)
+            self.pusher.forgot(zip(pairs[0::2], pairs[1::2], strict=True))
         self.lib.fuse_reply_none(req)
 
     @_answers
@@ -385,10 +399,17 @@ class FuseOperations:
                 blksize=BLOCK_SIZE, timeout=self.timeout,
             )  # fmt: skip
         data, records = packed.reply(offset, size)
-        self._reply_buf(req, data, len(data))
-        if self.pusher is not None and plus:
-            for ino in packed.given_in(records):
-                self.pusher.inode_known(ino)
+        pusher = self.pusher if plus else None
+        if pusher is None:
+            self._reply_buf(req, data, len(data))
+            return
+        given = packed.given_in(records)
+        pusher.given(given)  # before the kernel has them: a FORGET may follow at once
+        if self._reply_buf(req, data, len(data)):
+            pusher.not_given(given)  # interrupted: the kernel took nothing
+            return
+        for ino in given:
+            pusher.inode_known(ino)
 
     @_answers
     def readdir(self, req: int, _ino: int, size: int, offset: int, fi: Any) -> None:

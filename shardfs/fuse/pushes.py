@@ -9,7 +9,8 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from ..core.filesystem import ShardFileSystem
@@ -53,10 +54,12 @@ class KernelPusher:
     ``ShardFileSystem.watch_local_blocks``): a block is first on local disk (stored by this
     process, or hit). ``block_local`` only queues; a thread of its own then stores every
     file lying wholly in that block with FUSE_NOTIFY_STORE, so readers of those files find
-    their pages cached and send no READ at all. Only inodes the kernel knows (from a lookup
-    or a listing) can be stored: a file whose inode is not known yet waits, and is pushed
-    when a lookup or listing hands the inode to the kernel. A file straddling blocks is
-    pushed once all its blocks have passed (``edges.EdgeFiles`` holds its parts meanwhile).
+    their pages cached and send no READ at all. Only inodes the kernel holds (from a lookup
+    or a listing, until it gives all their lookups back with FORGET) can be stored: a file
+    whose inode is not held waits, and is pushed when a listing hands the inode to the
+    kernel again (after a lookup, the READ that follows takes the bytes). A file straddling
+    blocks is pushed once all its blocks have passed (``edges.EdgeFiles`` holds its parts
+    meanwhile).
     A block queued with its bytes is first handed to ``publish_early`` (the compiled path
     answers its files' READs from those bytes, for a reader quicker than the pushes) and
     handed to ``release`` once its pushes are done, or when it is dropped at ``stop``.
@@ -69,8 +72,15 @@ class KernelPusher:
         size = core.view.max_ino + 1
         # Files whose whole bytes the kernel was given (pushed, or one READ from offset 0).
         self.in_kernel = bytearray(size)
-        # Inodes the kernel was given (lookups, READDIRPLUS): only those can be stored.
+        # Inodes the kernel holds (given by lookups or READDIRPLUS, not all given back by
+        # FORGET): only those can be stored.
         self._known = bytearray(size)
+        # Per inode, the entries the kernel was given less those it gave back: the kernel
+        # drops an inode it no longer uses (drop_caches, memory pressure) with its pages,
+        # and tells of it with FORGET. Kept here, or by C (``count_in``).
+        self.lookup_counts = array("I", bytes(4 * size))
+        self._counts_lock = threading.Lock()
+        self._count_in_c: Callable[[Sequence[int], int], None] | None = None
         # Files of local blocks that could not be pushed because their inode was unknown.
         self._waiting = bytearray(size)
         self._retries: dict[int, tuple[float, int]] = {}  # inode -> (when, attempts)
@@ -129,16 +139,59 @@ class KernelPusher:
         which set it as ``inode_known(ino, push_waiting=False)`` does; never resized)."""
         return self._known
 
+    def count_in(self, count: Callable[[Sequence[int], int], None]) -> None:
+        """Let C count the lookups (``HotPath.count_lookups``; it answers FORGETs)."""
+        self._count_in_c = count
+
+    def given(self, inos: Sequence[int]) -> None:
+        """A reply is about to hand the kernel an entry of each of ``inos`` (a LOOKUP's or a
+        READDIRPLUS's): counted before it goes, as a FORGET of them may follow at once."""
+        if self._count_in_c is not None:
+            self._count_in_c(inos, 1)
+            return
+        self._count(((ino, 1) for ino in inos), forget=False)
+
+    def not_given(self, inos: Sequence[int]) -> None:
+        """The reply that was to hand these entries did not reach the kernel."""
+        if self._count_in_c is not None:
+            self._count_in_c(inos, -1)
+            return
+        self._count(((ino, -1) for ino in inos), forget=False)
+
+    def forgot(self, forgets: Iterable[tuple[int, int]]) -> None:
+        """FORGETs (inode, lookups given back), when Python answers them (no compiled path)."""
+        self._count(((ino, -n) for ino, n in forgets), forget=True)
+
+    def _count(self, deltas: Iterable[tuple[int, int]], *, forget: bool) -> None:
+        """As C's count_lookups: at 0 the kernel holds the inode no more, nor its pages."""
+        counts, known, in_kernel = self.lookup_counts, self._known, self.in_kernel
+        dropped = 0
+        with self._counts_lock:
+            for ino, delta in deltas:
+                if ino >= len(counts):
+                    continue
+                held = counts[ino]
+                n = min(held + delta, 0xFFFFFFFF)
+                if n <= 0:
+                    n = 0
+                    known[ino] = in_kernel[ino] = 0
+                    dropped += forget and held > 0
+                elif delta > 0:
+                    known[ino] = 1
+                counts[ino] = n
+        if dropped:
+            self.core.stats.add(inodes_forgotten=dropped)
+
     def inode_known(self, ino: int, *, push_waiting: bool = True) -> None:
-        """The kernel was just given ``ino``; push the file if its block was waiting for it.
+        """The kernel was just given ``ino`` (counted by ``given``); push the file if its
+        block was waiting for it.
 
         ``push_waiting=False`` (a LOOKUP, which an open and a READ of the same file follow at
         once) leaves the file to that READ: a push would race it and copy the bytes twice."""
-        if not self._known[ino]:
-            self._known[ino] = 1
-            if self._waiting[ino] and push_waiting:
-                self._waiting[ino] = 0
-                self._queue.put(ino)
+        self._known[ino] = 1
+        if self._waiting[ino] and push_waiting:
+            self._waiting[ino] = 0
+            self._queue.put(ino)
 
     def _run(self) -> None:
         while True:
@@ -267,6 +320,7 @@ class KernelPusher:
         """The kernel has no such inode. It may still be taking it in (a reply is handled
         by the requesting process after we send it): try again shortly, a few times; then
         wait for the next lookup of the inode."""
+        self.core.stats.add(pushes_refused=1)
         if attempts < _PUSH_RETRIES:
             self._retries[ino] = (time.monotonic() + _PUSH_RETRY_S, attempts + 1)
             return

@@ -109,3 +109,9 @@ def drop_page_cache() -> None:
     """Drop the kernel's clean page cache (root only): files read or pushed through a FUSE
     mount must then come from its daemon again, as when the dataset is larger than RAM."""
     Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
+def drop_inodes() -> None:
+    """Drop the kernel's unused dentries and inodes (root only), as memory pressure does: a
+    FUSE mount is sent FORGET for each of its inodes the kernel let go of, pages and all."""
+    Path("/proc/sys/vm/drop_caches").write_text("2\n")
