@@ -757,6 +757,7 @@ def test_stats_prints_its_lines_and_fails_on_a_plain_folder(
         "files",
         "bytes served",
         "bytes pushed",
+        "  inodes let go",
         "bytes fetched",
         "  by the index scan",
         "cache hits / misses",
@@ -786,6 +787,9 @@ def test_stats_prints_its_lines_and_fails_on_a_plain_folder(
     assert rows["whole-shard answers"].startswith("0 ")
     assert rows["checksum failures"] == "0"
     assert rows["hinted reads"] == "0 (0 hints)"  # no sampler told this mount its order
+    assert rows["  inodes let go"] == (
+        f"{values['inodes_forgotten']} by the kernel ({values['pushes_refused']} pushes refused)"
+    )
     umount(mountpoint)
 
     plain = tmp_path / "plain"

@@ -38,6 +38,11 @@ def _rows(values: dict[str, Any]) -> list[tuple[str, str]]:
         ("bytes served", format_bytes(values["bytes_served"])),
         ("bytes pushed", format_bytes(values["bytes_pushed"])),
         (
+            "  inodes let go",
+            f"{values.get('inodes_forgotten', 0)} by the kernel "
+            f"({values.get('pushes_refused', 0)} pushes refused)",
+        ),
+        (
             "bytes fetched",
             f"{format_bytes(values['bytes_fetched'])} in {values['store_requests']} requests",
         ),
