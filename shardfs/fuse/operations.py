@@ -207,11 +207,11 @@ class FuseOperations:
         pusher = self.pusher if not self.core.is_virtual(node) else None
         if pusher is not None:
             pusher.given((node.ino,))
-        if self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node))):
-            if pusher is not None:
-                pusher.not_given((node.ino,))  # interrupted: the kernel took nothing
-        elif pusher is not None:
-            pusher.inode_known(node.ino, push_waiting=False)
+        # ``given`` marked the inode held; a file waiting for it is left to the READ that
+        # follows (``inode_known(push_waiting=False)``: a push would race it).
+        replied = self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
+        if replied and pusher is not None:
+            pusher.not_given((node.ino,))  # interrupted: the kernel took nothing
         self.core.stats.add(python_lookups=1)
         if not self.core.is_virtual(node):
             self._folders.soon(folder)

@@ -135,8 +135,8 @@ class KernelPusher:
 
     @property
     def known(self) -> bytearray:
-        """One byte per inode, 1 once the kernel was given it (shared with C's LOOKUPs,
-        which set it as ``inode_known(ino, push_waiting=False)`` does; never resized)."""
+        """One byte per inode, 1 while the kernel holds it (``given``, and C's LOOKUPs, set
+        it; a FORGET of its last lookup clears it); shared with C, never resized."""
         return self._known
 
     def count_in(self, count: Callable[[Sequence[int], int], None]) -> None:
@@ -146,17 +146,17 @@ class KernelPusher:
     def given(self, inos: Sequence[int]) -> None:
         """A reply is about to hand the kernel an entry of each of ``inos`` (a LOOKUP's or a
         READDIRPLUS's): counted before it goes, as a FORGET of them may follow at once."""
-        if self._count_in_c is not None:
-            self._count_in_c(inos, 1)
-            return
-        self._count(((ino, 1) for ino in inos), forget=False)
+        self._hand_over(inos, 1)
 
     def not_given(self, inos: Sequence[int]) -> None:
         """The reply that was to hand these entries did not reach the kernel."""
+        self._hand_over(inos, -1)
+
+    def _hand_over(self, inos: Sequence[int], delta: int) -> None:
         if self._count_in_c is not None:
-            self._count_in_c(inos, -1)
-            return
-        self._count(((ino, -1) for ino in inos), forget=False)
+            self._count_in_c(inos, delta)
+        else:
+            self._count(((ino, delta) for ino in inos), forget=False)
 
     def forgot(self, forgets: Iterable[tuple[int, int]]) -> None:
         """FORGETs (inode, lookups given back), when Python answers them (no compiled path)."""
