@@ -209,8 +209,8 @@ class FuseOperations:
             pusher.given((node.ino,))
         # ``given`` marked the inode held; a file waiting for it is left to the READ that
         # follows (``inode_known(push_waiting=False)``: a push would race it).
-        replied = self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
-        if replied and pusher is not None:
+        error = self.lib.fuse_reply_entry(req, ctypes.byref(self._entry(node)))
+        if error and pusher is not None:
             pusher.not_given((node.ino,))  # interrupted: the kernel took nothing
         self.core.stats.add(python_lookups=1)
         if not self.core.is_virtual(node):
