@@ -79,8 +79,9 @@ def test_one_connection_carries_a_put_a_ranged_get_a_head_and_a_get(s3_server: S
 def test_a_put_body_the_store_does_not_read_is_skipped_before_the_next_request(
     s3_server: S3Server,
 ) -> None:
-    """A request refused before its body is read (no such bucket) leaves the body on the
-    connection: the next request must start after it, not inside it."""
+    """A request refused (no such bucket) may leave its body unread on the connection: the
+    next request must start after that body, not inside it (which the body, made of request
+    lines, would otherwise turn into requests)."""
     s3_server.create_bucket("keepalive")
     conn = http.client.HTTPConnection(s3_server.host, s3_server.port, timeout=30)
     try:
