@@ -48,6 +48,7 @@ class Stats:
     hot_path_checksum_failures: int = 0  # READs C left to Python: a chunk failed its sum there
     publishes_after_reads: int = 0  # blocks published to C after a READ in Python (header read)
     hot_path_disk_reads: int = 0  # of hot_path_reads, READs waiting on the disk in C's readers
+    hot_path_direct_reads: int = 0  # of those, read with O_DIRECT (past the page cache)
     hot_path_memory_reads: int = 0  # of hot_path_reads, READs of fetched blocks before their push
     python_reads: int = 0  # READs of file bytes answered in Python (not by the compiled path)
     python_reads_later: int = 0  # of python_reads, those a worker answered (they waited)

@@ -67,7 +67,7 @@ def test_published_blocks_take_at_most_half_the_descriptors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(resource, "getrlimit", lambda kind: (1024, 4096))
-    assert hot_path.publish_limit(4096) == 512
+    assert hot_path.publish_limit(4096) == 256  # two descriptors each: 512 of 1,024
     assert hot_path.publish_limit(100) == 100
     monkeypatch.setattr(resource, "getrlimit", lambda kind: (resource.RLIM_INFINITY,) * 2)
     assert hot_path.publish_limit(4096) == 4096

@@ -8,10 +8,10 @@
  *     kernel yet) is answered from those bytes. A file Python has *published* (its bytes
  *     lie wholly in one cache block file, whose header Python verified) is answered with
  *     one pread of the chunks that hold it, checked against the header's xxh3 sums (the
- *     block format's, _xxh3.h); else Python. A pread
- *     that would wait on the disk (the block file's pages are not in memory) is queued for
- *     this module's disk readers, threads that read it, check it and answer it, so neither
- *     the session's thread nor the interpreter waits on the disk for it.
+ *     block format's, _xxh3.h); else Python. A read whose pages are not all in the page
+ *     cache is queued for this module's disk readers, threads that read it (with O_DIRECT
+ *     where the file system takes it: past the page cache), check it and answer it, so
+ *     neither the session's thread nor the interpreter waits on the disk for it.
  *   - ioctl: every ioctl but the order hint's is answered ENOTTY here, as Python did. The
  *     TCGETS of a default-buffered open() of a file the kernel holds whole, while an order
  *     hint follows that file, is then queued for a Python thread (``opened``): the hint
@@ -31,12 +31,15 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -70,6 +73,12 @@ typedef int (*reply_entry_fn)(req_t, const struct entry_param *);
  * again and again, each time reading a block file's header; 4096 8 MiB blocks are 32 GiB. */
 #define MAX_BLOCKS 4096
 #define MAX_OPENED 4096 /* opens queued for Python at once; past that, Python is called */
+/* The disk readers read block files with O_DIRECT: the block's bytes go straight into their
+ * buffer, not through the page cache, so they cost no page-cache pages (each file's bytes
+ * are cached once, in the file's own pages, not twice) and no copy out of them. Reads of
+ * whole pages, at page offsets, into a page-aligned buffer. */
+#define DIRECT_ALIGN 4096
+#define NO_DIRECT (-2)
 
 struct slot {
     int32_t block; /* 1 + index into blocks, 0: not published */
@@ -80,6 +89,9 @@ struct slot {
 
 struct block {
     int fd; /* -1: none (free, or a block in memory) */
+    /* The same file opened again with O_DIRECT, for the disk readers (opened at their
+     * first read of the block): -1 not yet, NO_DIRECT when the file system refuses it. */
+    int direct_fd;
     const unsigned char *mem; /* a block in memory (hot_publish_memory): its data */
     int32_t generation;
     int64_t data_pos;   /* where the block's data starts in the file */
@@ -103,6 +115,7 @@ struct hot_counters {
     uint64_t memory_reads;      /* reads answered from a block in memory, before its push */
     uint64_t lookups;           /* LOOKUPs answered here (published folders) */
     uint64_t forgotten;         /* inodes whose lookups the kernel all gave back */
+    uint64_t direct_reads;      /* disk reads with O_DIRECT (past the page cache) */
 };
 
 /* A READ whose pages were not in memory, waiting for a disk reader. */
@@ -175,6 +188,9 @@ static void drop_block_locked(struct ctx *c, unsigned index) {
     }
     if (b->fd >= 0)
         close(b->fd);
+    if (b->direct_fd >= 0)
+        close(b->direct_fd);
+    b->direct_fd = -1;
     free(b->inos);
     free(b->sums);
     b->fd = -1;
@@ -299,6 +315,35 @@ static int read_memory_locked(struct ctx *c, req_t req, uint64_t ino, size_t siz
     return 1;
 }
 
+/* cachestat(2) (Linux 6.5): how many pages of a range of a file are in the page cache,
+ * without reading any. */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+struct cachestat_range {
+    uint64_t off, len;
+};
+struct cachestat_counts {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+static int no_cachestat; /* the kernel has none: every span counts as not cached */
+
+/* Whether every page of bytes [at, at + len) of ``fd`` is in the page cache. */
+static int all_cached(int fd, int64_t at, int64_t len) {
+    if (no_cachestat || len <= 0)
+        return 0;
+    int64_t page = getpagesize();
+    int64_t first = at / page, end = (at + len + page - 1) / page;
+    struct cachestat_range range = {(uint64_t)(first * page), (uint64_t)((end - first) * page)};
+    struct cachestat_counts counts;
+    if (syscall(__NR_cachestat, fd, &range, &counts, 0) != 0) {
+        if (errno == ENOSYS)
+            no_cachestat = 1;
+        return 0;
+    }
+    return counts.nr_cache >= (uint64_t)(end - first);
+}
+
 /* Answer a READ from a published file; 0 when it is not one (Python answers it). */
 static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
     int answered = 0;
@@ -319,9 +364,15 @@ static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, i
     }
     if (sp.len > 0) {
         /* never wait on the disk here, the one thread that answers requests: a block
-         * not in the page cache is read by the disk readers (or Python's workers) */
+         * not in the page cache is read by the disk readers (or Python's workers). A
+         * block the disk readers read with O_DIRECT goes to them at once unless its pages
+         * are all cached: a read of missing pages, even RWF_NOWAIT (which then answers
+         * EAGAIN), reads them into the page cache, the very copy their reads leave out. */
         struct iovec iov = {c->buffer, (size_t)sp.len};
-        if (preadv2(c->blocks[sp.block].fd, &iov, 1, sp.at, RWF_NOWAIT) != sp.len) {
+        int fd = c->blocks[sp.block].fd;
+        int direct = c->blocks[sp.block].direct_fd != NO_DIRECT && c->disk_count > 0 &&
+                     !all_cached(fd, sp.at, sp.len);
+        if (direct || preadv2(fd, &iov, 1, sp.at, RWF_NOWAIT) != sp.len) {
             answered = queue_miss_locked(c, req, ino, size, off);
             if (!answered)
                 c->counters.not_in_memory++;
@@ -338,9 +389,59 @@ out:
     return answered;
 }
 
-/* A disk reader: answers queued READs with a pread that may wait on the disk, checked as
- * the session thread checks its own; what it cannot answer goes to Python's handler
- * (which may be called from any thread). Drains the queue before it stops. */
+/* The block's O_DIRECT descriptor (under the lock), opened at the first call: the block
+ * file reopened through /proc/self/fd, a description of its own (the flag is the
+ * description's, which the plain descriptor shares with Python's). -1 when the file
+ * system refuses O_DIRECT: plain reads then, for this block. */
+static int direct_fd_locked(struct block *b) {
+    if (b->direct_fd == -1) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", b->fd);
+        int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        b->direct_fd = fd >= 0 ? fd : NO_DIRECT;
+    }
+    return b->direct_fd >= 0 ? b->direct_fd : -1;
+}
+
+/* Read the span's bytes into *buffer (grown as needed, page-aligned), through ``direct``
+ * (whole pages around the span) when it is a descriptor, else ``fd``; where the bytes
+ * start in the buffer, or NULL. A direct read the file system refuses after all (EINVAL)
+ * falls back to ``fd`` and sets *refused. */
+static const unsigned char *read_span(int fd, int direct, const struct span *sp,
+                                      unsigned char **buffer, size_t *capacity,
+                                      int *refused) {
+    int64_t lo = direct >= 0 ? sp->at & ~(int64_t)(DIRECT_ALIGN - 1) : sp->at;
+    int64_t hi = sp->at + sp->len;
+    if (direct >= 0)
+        hi = (hi + DIRECT_ALIGN - 1) & ~(int64_t)(DIRECT_ALIGN - 1);
+    size_t need = (size_t)(hi - lo);
+    if (need > *capacity) {
+        void *grown = NULL;
+        if (posix_memalign(&grown, DIRECT_ALIGN, need) != 0)
+            return NULL;
+        free(*buffer);
+        *buffer = grown;
+        *capacity = need;
+    }
+    if (direct >= 0) {
+        /* a block file written buffered may end before the last page: a short read is
+         * fine as long as it holds the span */
+        ssize_t got = pread(direct, *buffer, need, lo);
+        if (got >= sp->at - lo + sp->len)
+            return *buffer + (sp->at - lo);
+        if (!(got < 0 && errno == EINVAL))
+            return NULL;
+        *refused = 1;
+    }
+    if (pread(fd, *buffer, (size_t)sp->len, sp->at) != sp->len)
+        return NULL;
+    return *buffer;
+}
+
+/* A disk reader: answers queued READs with a pread that may wait on the disk (O_DIRECT
+ * where the file system takes it), checked as the session thread checks its own; what it
+ * cannot answer goes to Python's handler (which may be called from any thread). Drains the
+ * queue before it stops. */
 static void *disk_reader(void *arg) {
     struct ctx *c = arg;
     unsigned char *buffer = NULL;
@@ -359,30 +460,34 @@ static void *disk_reader(void *arg) {
         struct span sp;
         int ok = locate_locked(c, m->ino, m->size, m->off, &sp);
         int fd = ok ? c->blocks[sp.block].fd : -1;
-        if (ok && (size_t)sp.len > capacity) {
-            unsigned char *grown = realloc(buffer, (size_t)sp.len);
-            ok = grown != NULL;
-            if (ok) {
-                buffer = grown;
-                capacity = (size_t)sp.len;
-            }
-        }
+        int direct = ok ? direct_fd_locked(&c->blocks[sp.block]) : -1;
         pthread_mutex_unlock(&c->lock);
-        /* Without the lock: the block may be dropped meanwhile and its descriptor closed
+        /* Without the lock: the block may be dropped meanwhile and its descriptors closed
          * (even reused); verified_locked then sees its generation changed, or a sum that
          * no longer matches, and nothing read here is served. */
-        if (ok && sp.len > 0)
-            ok = pread(fd, buffer, (size_t)sp.len, sp.at) == sp.len;
+        const unsigned char *data = NULL;
+        int refused = 0;
+        if (ok && sp.len > 0) {
+            data = read_span(fd, direct, &sp, &buffer, &capacity, &refused);
+            ok = data != NULL;
+        }
         pthread_mutex_lock(&c->lock);
+        if (refused && c->blocks[sp.block].generation == sp.generation &&
+            c->blocks[sp.block].direct_fd == direct) {
+            close(direct);
+            c->blocks[sp.block].direct_fd = NO_DIRECT;
+        }
         if (ok)
-            ok = verified_locked(c, &sp, buffer);
+            ok = verified_locked(c, &sp, data);
         if (ok) {
             answered_locked(c, m->ino, m->off, &sp);
             c->counters.disk_reads++;
+            if (direct >= 0 && !refused && sp.len > 0)
+                c->counters.direct_reads++;
         }
         pthread_mutex_unlock(&c->lock);
         if (ok)
-            c->reply_buf(m->req, (const char *)buffer + sp.skip, sp.n);
+            c->reply_buf(m->req, (const char *)(sp.len > 0 ? data : buffer) + sp.skip, sp.n);
         else
             c->py_read(m->req, m->ino, m->size, m->off, NULL);
         free(m);
@@ -619,7 +724,7 @@ struct ctx *hot_new(void **fns, uint64_t hint_ino, unsigned hint_cmd, uint64_t n
     c->watched = watched;
     c->delivered = delivered;
     for (unsigned i = 0; i < MAX_BLOCKS; i++)
-        c->blocks[i].fd = -1;
+        c->blocks[i].fd = c->blocks[i].direct_fd = -1;
     c->max_blocks = MAX_BLOCKS;
     c->opened_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
@@ -698,6 +803,7 @@ static unsigned install_locked(struct ctx *c, int fd, const unsigned char *mem,
     drop_block_locked(c, index);
     struct block *b = &c->blocks[index];
     b->fd = fd;
+    b->direct_fd = -1;
     b->mem = mem;
     b->generation++;
     b->data_pos = data_pos;

@@ -11,7 +11,7 @@ log = logging.getLogger(__name__)
 
 COUNTERS = (
     "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
-    "not_in_memory", "disk_reads", "memory_reads", "lookups", "forgotten",
+    "not_in_memory", "disk_reads", "memory_reads", "lookups", "forgotten", "direct_reads",
 )  # fmt: skip
 
 

@@ -57,9 +57,11 @@ OPENED_BATCH_S = 0.05
 # page cache dropped, a dataset larger than RAM): they wait on the disk, so that the session
 # thread never does and no such READ goes through the interpreter. Idle ones cost nothing.
 DISK_READERS = 8
-# Of the process's descriptor limit, the share published blocks may hold (each keeps its
-# block file open); the rest stays for sockets, the cache and the index.
+# Of the process's descriptor limit, the share published blocks may hold; the rest stays
+# for sockets, the cache and the index. Each keeps its block file open, and once C's disk
+# readers read it, the same file opened again with O_DIRECT.
 PUBLISHED_FD_SHARE = 0.5
+DESCRIPTORS_PER_BLOCK = 2
 # Folder entries C may hold for LOOKUPs (about 60 bytes each plus the name: some 400 MB at
 # most); the folders of a tree larger than that are looked up in Python past the bound.
 MAX_ENTRIES = 1 << 22
@@ -72,12 +74,12 @@ def _library() -> ctypes.CDLL | None:
 
 
 def publish_limit(most: int) -> int:
-    """How many blocks may be published at once: ``most``, or a share of the descriptors
-    this process may open (``RLIMIT_NOFILE``), whichever is less."""
+    """How many blocks may be published at once: ``most``, or as many as a share of the
+    descriptors this process may open (``RLIMIT_NOFILE``) holds, whichever is less."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return most
-    return max(1, min(most, int(soft * PUBLISHED_FD_SHARE)))
+    return max(1, min(most, int(soft * PUBLISHED_FD_SHARE) // DESCRIPTORS_PER_BLOCK))
 
 
 def available() -> bool:
@@ -383,6 +385,7 @@ class HotPath:
             "files_published": counts["published"],
             "hot_path_not_in_memory": counts["not_in_memory"],
             "hot_path_disk_reads": counts["disk_reads"],
+            "hot_path_direct_reads": counts["direct_reads"],
             "hot_path_memory_reads": counts["memory_reads"],
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],

@@ -1,6 +1,6 @@
 """The daemon's process limits: the descriptors it may open, raised to what the system
-allows. Published cache blocks hold one each (``fuse/hot_path.publish_limit``), and many
-systems start a process at 1,024 while allowing far more."""
+allows. Published cache blocks hold up to two each (``fuse/hot_path.publish_limit``), and
+many systems start a process at 1,024 while allowing far more."""
 
 from __future__ import annotations
 
