@@ -385,7 +385,7 @@ class QuietRequestHandler(MotoRequestHandler):
         else:
             length = int(environ.get("CONTENT_LENGTH") or 0)
             environ["wsgi.input"] = LimitedStream(cast(IO[bytes], self.rfile), length)
-        self._method, self._status = self.command, ""
+        self._status = ""
         self._headers: list[tuple[str, str]] = []
         self._sent, self._body = False, True
 
@@ -431,7 +431,7 @@ class QuietRequestHandler(MotoRequestHandler):
         for name, value in self._headers:
             self.send_header(name, value)
             names.add(name.lower())
-        self._body = self._method != "HEAD" and not (100 <= status < 200 or status in (204, 304))
+        self._body = self.command != "HEAD" and not (100 <= status < 200 or status in (204, 304))
         if self._body and "content-length" not in names:
             self.close_connection = True  # the body ends where the connection does
         if self.close_connection:
