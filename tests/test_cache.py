@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from support.blocks import encoded_bytes
 from support.mounts import wait_for
+from support.page_cache import drop_from_page_cache
 
 import shardfs.cache.block_cache
 import shardfs.cache.claims
@@ -1160,51 +1161,6 @@ def test_blocks_are_exact_and_valid_with_or_without_o_direct(
     assert tmp_files(cache) == []
 
 
-def _resident_pages(path: Path, start: int, end: int) -> int:
-    """How many pages of ``path[start:end]`` the page cache holds (mincore(2))."""
-    import ctypes
-    import mmap
-
-    page = mmap.PAGESIZE
-    first, last = start // page, (end + page - 1) // page
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
-    libc.mmap.argtypes += [ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    length = (last - first) * page
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, first * page)
-        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        try:
-            vector = ctypes.create_string_buffer(last - first)
-            assert libc.mincore(address, length, vector) == 0, os.strerror(ctypes.get_errno())
-            return sum(byte & 1 for byte in vector.raw)
-        finally:
-            libc.munmap(address, length)
-    finally:
-        os.close(fd)
-
-
-def _drop_from_page_cache(path: Path, start: int = 0, end: int | None = None) -> None:
-    """Evict ``path`` from the page cache. The kernel may keep pages (another reader, a
-    busy machine), so the pages the test needs gone are checked, and dropped again."""
-    end = path.stat().st_size if end is None else end
-    for _ in range(20):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        if _resident_pages(path, start, end) == 0:
-            return
-        time.sleep(0.05)
-    pytest.skip(f"the kernel keeps {path.name} in the page cache despite POSIX_FADV_DONTNEED")
-
-
 def _nowait_syscall_serves(path: Path, offset: int, length: int) -> bool:
     """Whether a bare ``preadv2(RWF_NOWAIT)`` of dropped pages gets their bytes (or the
     filesystem cannot tell): the platform's answer, to set the cache's against."""
@@ -1241,11 +1197,11 @@ def test_a_read_that_must_not_wait_skips_blocks_the_page_cache_lacks(
     # cache that ignored nowait gets bytes where the syscall is refused, and fails.
     answers, platform_serves = [], 0
     for _ in range(5):
-        _drop_from_page_cache(path, size - 200_000)
+        drop_from_page_cache(path, size - 200_000)
         answers.append(cache.peek(key, start, end, size, nowait=True))
         if answers[-1] is None:
             break
-        _drop_from_page_cache(path, size - 200_000)
+        drop_from_page_cache(path, size - 200_000)
         platform_serves += _nowait_syscall_serves(path, start, end - start)
     if answers[-1] is not None and platform_serves == len(answers):
         pytest.skip("this disk serves dropped pages to RWF_NOWAIT reads: nothing to tell")

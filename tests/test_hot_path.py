@@ -15,6 +15,7 @@ import test_mount_cache as cache_tests
 import xxhash
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import umount, wait_for
+from support.page_cache import drop_from_page_cache, resident_pages
 from support.s3 import S3Server
 from test_mount_cache import (
     BLOCK_FLAG,
@@ -560,40 +561,6 @@ def test_a_published_block_file_is_served_checked_against_its_headers_sums(
     assert fuse.to_python[-1] == (2, 4096, 0)
 
 
-def _resident_bytes(path: Path) -> int:
-    """Bytes of ``path`` in the page cache now: mincore(2) over a mapping of it, which
-    reads nothing in."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]  # fmt: skip
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    size, page = path.stat().st_size, os.sysconf("SC_PAGE_SIZE")
-    pages = -(-size // page)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        address = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
-        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
-        try:
-            vector = ctypes.create_string_buffer(pages)
-            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
-            return page * sum(byte & 1 for byte in vector.raw)
-        finally:
-            libc.munmap(address, size)
-    finally:
-        os.close(fd)
-
-
-def _out_of_the_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_a_block_file_out_of_the_page_cache_is_read_past_it_and_checked(
     compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]], tmp_path: Path
 ) -> None:
@@ -601,9 +568,7 @@ def test_a_block_file_out_of_the_page_cache_is_read_past_it_and_checked(
     data, chunk = os.urandom(300_000), 16384
     path = tmp_path / "block"
     block = _block_file(path, data, chunk)
-    _out_of_the_page_cache(path)
-    if _resident_bytes(path):
-        pytest.skip("this file system keeps the file's pages after POSIX_FADV_DONTNEED")
+    drop_from_page_cache(path)
     hot.publish(block, FileTable.of([(1, 1000, 150_000), (2, 151_000, 40_000)]), token="b")
     read(1, 128 << 10, 0)
     read(2, 40_000, 0)
@@ -615,13 +580,13 @@ def test_a_block_file_out_of_the_page_cache_is_read_past_it_and_checked(
     # Read with O_DIRECT (this file system takes it): nothing of the block file was
     # brought into the page cache, not even by the kernel's readahead.
     assert counts["direct_reads"] == 2
-    assert _resident_bytes(path) == 0
+    assert resident_pages(path) == 0
     # One byte of the second file's first chunk changed on disk: never served.
     at = block.data_at + 151_000 // chunk * chunk + 5
     with open(path, "r+b") as f:
         f.seek(at)
         f.write(bytes([data[at - block.data_at] ^ 0xFF]))
-    _out_of_the_page_cache(path)
+    drop_from_page_cache(path)
     read(2, 40_000, 0)
     wait_for(lambda: fuse.to_python == [(2, 40_000, 0)], "the damaged read handed to Python")
     assert len(fuse.replies) == 2 and hot.counters()["checksum_failures"] == 1
