@@ -153,6 +153,7 @@ struct ctx {
     pthread_cond_t miss_ready;
     pthread_t *disk_threads;
     unsigned disk_count; /* disk readers running; 0: misses go to Python */
+    int direct_reads;    /* whether they read with O_DIRECT (hot_direct_reads) */
     int disk_stop;
     int opened_fd; /* an eventfd told when ``opened`` gets its first inode; -1: none */
     unsigned opened_count;
@@ -370,8 +371,8 @@ static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, i
          * EAGAIN), reads them into the page cache, the very copy their reads leave out. */
         struct iovec iov = {c->buffer, (size_t)sp.len};
         int fd = c->blocks[sp.block].fd;
-        int direct = c->blocks[sp.block].direct_fd != NO_DIRECT && c->disk_count > 0 &&
-                     !all_cached(fd, sp.at, sp.len);
+        int direct = c->direct_reads && c->blocks[sp.block].direct_fd != NO_DIRECT &&
+                     c->disk_count > 0 && !all_cached(fd, sp.at, sp.len);
         if (direct || preadv2(fd, &iov, 1, sp.at, RWF_NOWAIT) != sp.len) {
             answered = queue_miss_locked(c, req, ino, size, off);
             if (!answered)
@@ -460,7 +461,7 @@ static void *disk_reader(void *arg) {
         struct span sp;
         int ok = locate_locked(c, m->ino, m->size, m->off, &sp);
         int fd = ok ? c->blocks[sp.block].fd : -1;
-        int direct = ok ? direct_fd_locked(&c->blocks[sp.block]) : -1;
+        int direct = ok && c->direct_reads ? direct_fd_locked(&c->blocks[sp.block]) : -1;
         pthread_mutex_unlock(&c->lock);
         /* Without the lock: the block may be dropped meanwhile and its descriptors closed
          * (even reused); verified_locked then sees its generation changed, or a sum that
@@ -726,6 +727,7 @@ struct ctx *hot_new(void **fns, uint64_t hint_ino, unsigned hint_cmd, uint64_t n
     for (unsigned i = 0; i < MAX_BLOCKS; i++)
         c->blocks[i].fd = c->blocks[i].direct_fd = -1;
     c->max_blocks = MAX_BLOCKS;
+    c->direct_reads = 1;
     c->opened_fd = -1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->inode_lock, NULL);
@@ -755,6 +757,14 @@ void hot_limit_blocks(struct ctx *c, unsigned count) {
     pthread_mutex_lock(&c->lock);
     c->max_blocks = count < 1 ? 1 : count > MAX_BLOCKS ? MAX_BLOCKS : count;
     c->next_block %= c->max_blocks;
+    pthread_mutex_unlock(&c->lock);
+}
+
+/* Whether the disk readers read block files with O_DIRECT (1, the default) or through the
+ * page cache (0: SHARDFS_DIRECT_READS=0). Call before requests come. */
+void hot_direct_reads(struct ctx *c, int on) {
+    pthread_mutex_lock(&c->lock);
+    c->direct_reads = on != 0;
     pthread_mutex_unlock(&c->lock);
 }
 

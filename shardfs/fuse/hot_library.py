@@ -60,6 +60,7 @@ def load() -> ctypes.CDLL | None:
     lib.hot_free.argtypes = [ctypes.c_void_p]
     lib.hot_handlers.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     lib.hot_limit_blocks.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.hot_direct_reads.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.hot_start_disk_readers.restype = ctypes.c_uint
     lib.hot_start_disk_readers.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.hot_queue_opened.argtypes = [ctypes.c_void_p, ctypes.c_int]

@@ -82,6 +82,13 @@ def publish_limit(most: int) -> int:
     return max(1, min(most, int(soft * PUBLISHED_FD_SHARE) // DESCRIPTORS_PER_BLOCK))
 
 
+def direct_reads() -> bool:
+    """Whether C's disk readers read block files with O_DIRECT: unless
+    ``SHARDFS_DIRECT_READS=0`` (a cache folder on a disk that gains from the kernel's
+    readahead, such as a spinning one)."""
+    return os.environ.get("SHARDFS_DIRECT_READS", "1") != "0"
+
+
 def available() -> bool:
     """Whether the compiled hot path is built and not switched off."""
     return _library() is not None
@@ -193,6 +200,7 @@ class HotPath:
             raise MemoryError("the FUSE hot path's tables")
         self._ctx = ctx
         self._lib.hot_limit_blocks(ctx, publish_limit(self._lib.hot_max_blocks()))
+        self._lib.hot_direct_reads(ctx, direct_reads())
         if self._lib.hot_start_disk_readers(ctx, DISK_READERS) < DISK_READERS:
             log.warning("C's disk readers did not all start: READs of pages not in memory "
                         "may go to Python")  # fmt: skip
