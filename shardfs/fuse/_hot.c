@@ -466,7 +466,7 @@ static void *disk_reader(void *arg) {
         /* Without the lock: the block may be dropped meanwhile and its descriptors closed
          * (even reused); verified_locked then sees its generation changed, or a sum that
          * no longer matches, and nothing read here is served. */
-        const unsigned char *data = NULL;
+        const unsigned char *data = buffer; /* what a READ of no bytes replies from */
         int refused = 0;
         if (ok && sp.len > 0) {
             data = read_span(fd, direct, &sp, &buffer, &capacity, &refused);
@@ -488,7 +488,7 @@ static void *disk_reader(void *arg) {
         }
         pthread_mutex_unlock(&c->lock);
         if (ok)
-            c->reply_buf(m->req, (const char *)(sp.len > 0 ? data : buffer) + sp.skip, sp.n);
+            c->reply_buf(m->req, (const char *)data + sp.skip, sp.n);
         else
             c->py_read(m->req, m->ino, m->size, m->off, NULL);
         free(m);
