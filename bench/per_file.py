@@ -337,8 +337,9 @@ class PerFileBench:
             for key in ("bytes_pushed", "bytes_served", "reads_waited_on_network",
                         "files_published", "hot_path_reads", "publishes_after_reads",
                         "hot_path_disk_reads", "hot_path_direct_reads", "hot_path_memory_reads",
-                        "python_reads", "python_reads_later", "cache_misses", "prefetched_blocks",
-                        "hot_path_lookups", "python_lookups", "landing_mapped_bytes",
+                        "hot_path_edge_reads", "python_reads", "python_reads_later",
+                        "cache_misses", "prefetched_blocks", "hot_path_lookups",
+                        "python_lookups", "landing_mapped_bytes",
                         "inodes_forgotten", "pushes_refused"):  # fmt: skip
                 cold[key] = stats.get(key, 0) - stats_before.get(key, 0)
             warm = self.phase(pid, paths, buffering)
@@ -351,7 +352,8 @@ class PerFileBench:
             after_recached = query(self.mnt)
             for key in ("bytes_served", "hot_path_reads", "publishes_after_reads",
                         "hot_path_disk_reads", "hot_path_direct_reads",
-                        "hot_path_memory_reads"):  # fmt: skip
+                        "hot_path_memory_reads", "hot_path_edge_reads",
+                        "python_reads"):  # fmt: skip
                 recached[key] = after_recached.get(key, 0) - before_recached.get(key, 0)
             ioctl = self.ioctl_phase(pid, paths[0])
         return {"variant": variant, "cold": cold, "warm": warm, "recached": recached,

@@ -50,6 +50,7 @@ class Stats:
     hot_path_disk_reads: int = 0  # of hot_path_reads, READs waiting on the disk in C's readers
     hot_path_direct_reads: int = 0  # of those, read with O_DIRECT (past the page cache)
     hot_path_memory_reads: int = 0  # of hot_path_reads, READs of fetched blocks before their push
+    hot_path_edge_reads: int = 0  # of hot_path_reads, READs of files across two blocks' edge
     python_reads: int = 0  # READs of file bytes answered in Python (not by the compiled path)
     python_reads_later: int = 0  # of python_reads, those a worker answered (they waited)
     hot_path_lookups: int = 0  # LOOKUPs the compiled path answered (names in published folders)

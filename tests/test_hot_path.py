@@ -154,6 +154,10 @@ def test_pushed_blocks_are_published_before_any_read_of_theirs_reaches_python(
     assert after["publishes_after_reads"] == cold["publishes_after_reads"]
     assert after["hot_path_disk_reads"] > cold["hot_path_disk_reads"]
     assert after["checksum_failures"] == after["hot_path_checksum_failures"] == 0
+    # Files across two blocks' edge (this dataset's files are all shorter than a block)
+    # were published with both blocks: none of the second read's READs reached Python.
+    assert after["hot_path_edge_reads"] > cold["hot_path_edge_reads"]
+    assert after["python_reads"] == cold["python_reads"]
 
 
 class _FakeFuse:
@@ -620,3 +624,103 @@ def test_a_block_file_whose_sums_do_not_fit_its_length_is_not_published(
     assert fuse.to_python == [(1, 4096, 0)] and not hot.published(1)
     with pytest.raises(OSError):
         os.fstat(block.fd)  # taken over, and closed on the refusal
+
+
+def _edge_blocks(
+    hot: hot_path.HotPath, tmp_path: Path, *, on_disk: tuple[bool, bool], chunk: int = 4096
+) -> tuple[bytes, bytes, list[hot_path.Placed], list[Path]]:
+    """Two blocks published side by side (each in memory, or from a block file); file 3 lies
+    across their edge: the last 7,000 bytes of the first and the first 5,000 of the second."""
+    data = [os.urandom(40_000), os.urandom(30_000)]
+    placed: list[hot_path.Placed] = []
+    paths: list[Path] = []
+    held: list[object] = []
+    for i, (block, disk) in enumerate(zip(data, on_disk, strict=True)):
+        files = FileTable.of([(1 + 3 * i, 0, 1000)])  # a file wholly in each, inodes 1 and 4
+        if disk:
+            path = tmp_path / f"block{i}"
+            got = hot.publish(_block_file(path, block, chunk), files, token=i)
+            drop_from_page_cache(path)
+            paths.append(path)
+        else:
+            early = hot.publish_memory(block, files, token=i)
+            got = early.placed if early is not None else None
+            held.append(early)
+        assert got is not None
+        placed.append(got)
+    hot.held = held  # type: ignore[attr-defined]  # kept alive while published
+    assert hot.publish_edge(3, 12_000, placed[0], 33_000, 7000, placed[1])
+    return data[0], data[1], placed, paths
+
+
+@pytest.mark.parametrize("on_disk", [(False, False), (True, True), (False, True), (True, False)])
+def test_a_file_across_two_published_blocks_is_answered_from_both(
+    compiled_reads: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None], bool],
+    tmp_path: Path,
+    on_disk: tuple[bool, bool],
+) -> None:
+    hot, fuse, read, _direct = compiled_reads
+    first, second, _placed, _paths = _edge_blocks(hot, tmp_path, on_disk=on_disk)
+    whole = first[33_000:] + second[:5000]
+    asked = [(128 << 10, 0), (3000, 1000), (3000, 8000), (4000, 5000), (500, 11_800),
+             (4096, 12_000)]  # fmt: skip
+    # whole, in the first block, in the second, across, at the end, past it
+    for count, (size, offset) in enumerate(asked, 1):
+        read(3, size, offset)  # one at a time: the disk readers' replies may overtake
+        wait_for(lambda n=count: len(fuse.replies) + len(fuse.to_python) == n, "the reply")
+    assert fuse.to_python == []
+    assert fuse.replies == [whole[offset : offset + size] for size, offset in asked]
+    counts = hot.counters()
+    assert counts["edge_reads"] == len(asked) and counts["checksum_failures"] == 0
+    assert hot.in_kernel[3] == 1  # type: ignore[attr-defined]  # read whole from offset 0
+    assert counts["delivered_bytes"] == 12_000  # counted once
+    assert hot.published(3)
+
+
+def test_a_file_across_blocks_is_never_served_from_a_damaged_or_departed_block(
+    compiled_reads: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None], bool],
+    tmp_path: Path,
+) -> None:
+    hot, fuse, read, _direct = compiled_reads
+    first, second, placed, paths = _edge_blocks(hot, tmp_path, on_disk=(False, True))
+    # One byte of the file's part in the second block changed on disk: never served.
+    block = paths[0]
+    at = block.stat().st_size - 30_000 + 2000  # the data ends the file; byte 2,000 of it
+    with open(block, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([second[2000] ^ 0xFF]))
+    drop_from_page_cache(block)
+    read(3, 128 << 10, 0)
+    wait_for(lambda: fuse.to_python == [(3, 128 << 10, 0)], "the damaged read handed to Python")
+    assert fuse.replies == [] and hot.counters()["checksum_failures"] == 1
+    assert not hot.published(3)  # the damaged block was dropped, and the file with it
+    # An edge given a block's old placement is refused; one whose block in memory is let go
+    # of goes back to Python.
+    assert not hot.publish_edge(3, 12_000, placed[0], 33_000, 7000, placed[1])
+    again = hot.publish_memory(second, FileTable.of([(4, 0, 1000)]))
+    assert again is not None
+    assert hot.publish_edge(3, 12_000, placed[0], 33_000, 7000, again.placed)
+    read(3, 100, 6950)
+    assert fuse.replies == [first[39_950:] + second[:50]]
+    hot.drop(hot.held[0])  # type: ignore[attr-defined]
+    read(3, 100, 6950)
+    assert fuse.to_python[-1] == (3, 100, 6950) and len(fuse.replies) == 1
+    assert not hot.published(3)
+
+
+def test_an_edge_that_does_not_fit_its_blocks_is_refused(
+    compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]], tmp_path: Path
+) -> None:
+    hot, fuse, read = compiled
+    a = hot.publish_memory(b"a" * 100, FileTable.of([(1, 0, 10)]))
+    b = hot.publish_memory(b"b" * 100, FileTable.of([(2, 0, 10)]))
+    assert a is not None and b is not None
+    assert not hot.publish_edge(3, 50, a.placed, 70, 20, b.placed)  # does not reach a's end
+    assert not hot.publish_edge(3, 150, a.placed, 80, 20, b.placed)  # runs past b's end
+    assert not hot.publish_edge(3, 50, a.placed, 80, 20, a.placed)  # one block twice
+    assert not hot.publish_edge(9, 50, a.placed, 80, 20, b.placed)  # no such inode
+    read(3, 4096, 0)
+    assert fuse.to_python == [(3, 4096, 0)] and fuse.replies == []
+    assert hot.publish_edge(3, 50, a.placed, 80, 20, b.placed)
+    read(3, 4096, 0)
+    assert fuse.replies == [b"a" * 20 + b"b" * 30]

@@ -396,7 +396,9 @@ def _record_early(pusher: KernelPusher, session: FakeSession) -> tuple[list[Any]
     early: list[Any] = []
     released: list[Any] = []
 
-    def publish_early(_shard: ShardInfo, start: int, _block: Any, files: FileTable) -> Any:
+    def publish_early(
+        _shard: ShardInfo, start: int, _block: Any, files: FileTable, _edges: Any
+    ) -> Any:
         early.append((start, sorted(files.inos), len(session.stored)))
         return ("early", len(early))
 

@@ -304,18 +304,33 @@ class ShardFileSystem:
         return index
 
     def wait_block(self, node: Node) -> bool:
-        """Wait while this process fetches the one cache block holding all of ``node`` (a
-        readahead GET, or another read's miss), up to the store's read timeout; whether it
-        was being fetched. A block stored is told to ``watch_local_blocks``' listener before
-        this returns."""
-        reader, index = self.reader, self._block_of(node)
-        if index is None or not isinstance(reader, CachedReader):
+        """Wait while this process fetches the cache blocks holding all of ``node``: the one
+        block, or the two a file across a block's end lies in (a readahead GET, or another
+        read's miss), each up to the store's read timeout; whether any was being fetched. A
+        block stored is told to ``watch_local_blocks``' listener before this returns."""
+        reader = self.reader
+        if not isinstance(reader, CachedReader):
             return False
-        skey = reader.shard_key(self.view.shards[node.shard])
-        if reader.coming.expected(skey, index):
-            reader.coming.wait(skey, index)
-            return True
-        return reader.cache.wait_flight(BlockKey(skey, index), reader.coming.timeout)
+        first = self._block_of(node)
+        indexes = [first] if first is not None else self._two_blocks_of(node)
+        skey = reader.shard_key(self.view.shards[node.shard]) if indexes else ""
+        waited = False
+        for index in indexes:
+            if reader.coming.expected(skey, index):
+                reader.coming.wait(skey, index)
+                waited = True
+            elif reader.cache.wait_flight(BlockKey(skey, index), reader.coming.timeout):
+                waited = True
+        return waited
+
+    def _two_blocks_of(self, node: Node) -> list[int]:
+        """The two cache blocks a file crossing a block's end lies in (the compiled path
+        answers its READs from both); none for any other file."""
+        size = self.block_size
+        if node.shard < 0 or is_decoded(node.offset) or node.size <= 0:
+            return []
+        first, last = node.offset // size, (node.offset + node.size - 1) // size
+        return [first, last] if last == first + 1 else []
 
     def block_file(self, shard: ShardInfo, start: int) -> BlockFile | None:
         """``published_block``'s file for the block starting at shard offset ``start`` (the

@@ -81,7 +81,7 @@ typedef int (*reply_entry_fn)(req_t, const struct entry_param *);
 #define NO_DIRECT (-2)
 
 struct slot {
-    int32_t block; /* 1 + index into blocks, 0: not published */
+    int32_t block; /* 1 + index into blocks, 0: not published, < 0: -1 - index into edges */
     int32_t generation;
     int64_t pos;   /* the file's first byte in the block's data */
     int64_t size;
@@ -103,6 +103,18 @@ struct block {
     int used; /* a READ was answered from it since the last hot_sweep */
 };
 
+/* A file lying across two published blocks (hot_publish_edge): its first ``head`` bytes end
+ * block 0's data, from ``pos``; the rest begin block 1's. Each block is taken as it was
+ * when the edge was published (its generation): one dropped or replaced since leaves the
+ * file to Python. About one file in 80 of 100 KB lies across an 8 MiB block's end; each
+ * cost the interpreter two checked reads and a worker's hand-over. */
+struct edge {
+    uint64_t ino;
+    int32_t block[2]; /* 1 + index into blocks; 0: never used */
+    int32_t generation[2];
+    int64_t pos, head, size;
+};
+
 struct hot_counters {
     uint64_t reads;           /* READs answered here */
     uint64_t bytes;           /* their bytes */
@@ -116,6 +128,7 @@ struct hot_counters {
     uint64_t lookups;           /* LOOKUPs answered here (published folders) */
     uint64_t forgotten;         /* inodes whose lookups the kernel all gave back */
     uint64_t direct_reads;      /* disk reads with O_DIRECT (past the page cache) */
+    uint64_t edge_reads;        /* reads of files across two blocks (hot_publish_edge) */
 };
 
 /* A READ whose pages were not in memory, waiting for a disk reader. */
@@ -147,6 +160,10 @@ struct ctx {
     unsigned max_blocks; /* blocks used, oldest dropped first: 1 .. MAX_BLOCKS */
     char *buffer;
     size_t buffer_size;
+    struct edge edges[MAX_BLOCKS]; /* files across two blocks, the oldest replaced first */
+    unsigned next_edge;
+    unsigned char *joined; /* the session thread's reply to a READ of such a file */
+    size_t joined_size;
     pthread_mutex_t lock;
     struct hot_counters counters;
     struct miss *miss_head, *miss_tail; /* READs queued for the disk readers */
@@ -212,27 +229,23 @@ struct span {
     size_t n;
 };
 
-/* Find the READ's span (under the lock); 0 when the file is not published, or its block
- * was removed from the cache since (then its disk space is let go of here). */
-static int locate_locked(struct ctx *c, uint64_t ino, size_t size, int64_t off,
-                         struct span *out) {
-    struct slot s = c->slots[ino];
-    if (!s.block)
-        return 0;
-    struct block *b = &c->blocks[s.block - 1];
-    if (b->fd < 0 || b->generation != s.generation)
-        return 0; /* a block in memory is read_published's own case */
+/* Whether block ``index``'s file is still in the cache (under the lock); one evicted or
+ * cleared since is dropped here, so that its disk space is held no longer. */
+static int still_cached_locked(struct ctx *c, unsigned index) {
     struct stat st;
-    if (fstat(b->fd, &st) != 0 || st.st_nlink == 0) {
-        /* evicted or cleared since: hold its disk space no longer */
-        drop_block_locked(c, (unsigned)(s.block - 1));
-        c->counters.dropped_blocks++;
-        return 0;
-    }
-    size_t n = 0;
-    if (off >= 0 && off < s.size)
-        n = (size_t)(s.size - off) < size ? (size_t)(s.size - off) : size;
-    int64_t start = s.pos + off, first = 0, span_start = 0, span_len = 0;
+    if (fstat(c->blocks[index].fd, &st) == 0 && st.st_nlink > 0)
+        return 1;
+    drop_block_locked(c, index);
+    c->counters.dropped_blocks++;
+    return 0;
+}
+
+/* The span of ``n`` bytes at ``start`` in the data of block file ``index``, for a READ of a
+ * file ``size`` bytes long. */
+static struct span span_of(const struct ctx *c, unsigned index, int64_t size, int64_t start,
+                           size_t n) {
+    const struct block *b = &c->blocks[index];
+    int64_t first = 0, span_start = 0, span_len = 0;
     if (n > 0) {
         first = start / b->chunk;
         int64_t last = (start + (int64_t)n - 1) / b->chunk;
@@ -240,8 +253,88 @@ static int locate_locked(struct ctx *c, uint64_t ino, size_t size, int64_t off,
         int64_t span_end = (last + 1) * b->chunk;
         span_len = (span_end < b->data_len ? span_end : b->data_len) - span_start;
     }
-    *out = (struct span){(unsigned)(s.block - 1), s.generation, s.size, first,
-                         b->data_pos + span_start, span_len, start - span_start, n};
+    return (struct span){index, b->generation, size, first, b->data_pos + span_start,
+                         span_len, start - span_start, n};
+}
+
+/* How many bytes a READ of ``size`` at ``off`` gets of a file ``file_size`` long. */
+static size_t reply_len(int64_t file_size, size_t size, int64_t off) {
+    if (off < 0 || off >= file_size)
+        return 0;
+    return (size_t)(file_size - off) < size ? (size_t)(file_size - off) : size;
+}
+
+/* Find the READ's span (under the lock); 0 when the file is not published, or its block
+ * was removed from the cache since (then its disk space is let go of here). */
+static int locate_locked(struct ctx *c, uint64_t ino, size_t size, int64_t off,
+                         struct span *out) {
+    struct slot s = c->slots[ino];
+    if (s.block <= 0)
+        return 0;
+    struct block *b = &c->blocks[s.block - 1];
+    if (b->fd < 0 || b->generation != s.generation)
+        return 0; /* a block in memory is read_published's own case */
+    if (!still_cached_locked(c, (unsigned)(s.block - 1)))
+        return 0;
+    size_t n = reply_len(s.size, size, off);
+    *out = span_of(c, (unsigned)(s.block - 1), s.size, n ? s.pos + off : 0, n);
+    return 1;
+}
+
+/* One block's share of a READ of a file across two blocks: its bytes, read as a READ of a
+ * file in that block alone would be (``sp``), or straight from ``mem`` for a block in
+ * memory; ``out``: where they go in the reply. */
+struct part {
+    struct span sp;
+    const unsigned char *mem;
+    size_t out;
+};
+
+/* The edge ``ino``'s slot points to, if it is still that file's and both its blocks are
+ * as they were when it was published (under the lock); else NULL. */
+static const struct edge *edge_of_locked(const struct ctx *c, uint64_t ino) {
+    struct slot s = c->slots[ino];
+    if (s.block >= 0)
+        return NULL;
+    const struct edge *e = &c->edges[-s.block - 1];
+    if (e->ino != ino)
+        return NULL;
+    for (int i = 0; i < 2; i++) {
+        const struct block *b = &c->blocks[e->block[i] - 1];
+        if (!in_use(b) || b->generation != e->generation[i])
+            return NULL;
+    }
+    return e;
+}
+
+/* Where a READ of a file across two blocks lies (under the lock): its parts, one per block
+ * it has bytes in (*count, 0 to 2), and the bytes to reply (*n); 0 when the file is not
+ * published so now (a block file removed from the cache is dropped here). */
+static int locate_edge_locked(struct ctx *c, uint64_t ino, size_t size, int64_t off,
+                              struct part parts[2], int *count, size_t *n) {
+    const struct edge *e = edge_of_locked(c, ino);
+    if (e == NULL)
+        return 0;
+    *n = reply_len(e->size, size, off);
+    parts[0].sp.size = e->size; /* the file's, even when no part has bytes */
+    *count = 0;
+    for (int i = 0; i < 2; i++) {
+        unsigned index = (unsigned)(e->block[i] - 1);
+        const struct block *b = &c->blocks[index];
+        if (b->fd >= 0 && !still_cached_locked(c, index))
+            return 0;
+        /* the file's bytes [lo, hi) lie in this block, from ``at`` in its data */
+        int64_t lo = i == 0 ? 0 : e->head, hi = i == 0 ? e->head : e->size;
+        int64_t at = i == 0 ? e->pos : 0;
+        int64_t from = off > lo ? off : lo, to = off + (int64_t)*n < hi ? off + (int64_t)*n : hi;
+        if (*n == 0 || from >= to)
+            continue;
+        struct part *p = &parts[(*count)++];
+        int64_t start = at + (from - lo);
+        p->out = (size_t)(from - off);
+        p->mem = b->mem != NULL ? b->mem + start : NULL;
+        p->sp = span_of(c, index, e->size, start, (size_t)(to - from));
+    }
     return 1;
 }
 
@@ -263,18 +356,53 @@ static int verified_locked(struct ctx *c, const struct span *sp, const unsigned 
     return 1;
 }
 
-/* Count a READ answered here (under the lock). */
-static void answered_locked(struct ctx *c, uint64_t ino, int64_t off, const struct span *sp) {
-    c->blocks[sp->block].used = 1;
+/* Count a READ answered here of ``n`` bytes at ``off`` of a file ``size`` long (under the
+ * lock). */
+static void served_locked(struct ctx *c, uint64_t ino, int64_t off, int64_t size, size_t n) {
     c->counters.reads++;
-    c->counters.bytes += sp->n;
-    if (off == 0 && (int64_t)sp->n == sp->size && c->in_kernel != NULL)
+    c->counters.bytes += n;
+    if (off == 0 && (int64_t)n == size && c->in_kernel != NULL)
         c->in_kernel[ino] = 1;
     uint8_t bit = (uint8_t)(1u << (ino & 7));
     if (!(c->delivered[ino >> 3] & bit)) {
         c->delivered[ino >> 3] |= bit;
-        c->counters.delivered_bytes += (uint64_t)sp->size;
+        c->counters.delivered_bytes += (uint64_t)size;
     }
+}
+
+/* Count a READ answered here from one block (under the lock). */
+static void answered_locked(struct ctx *c, uint64_t ino, int64_t off, const struct span *sp) {
+    c->blocks[sp->block].used = 1;
+    served_locked(c, ino, off, sp->size, sp->n);
+}
+
+/* Count a READ answered here of a file across two blocks (under the lock). */
+static void answered_edge_locked(struct ctx *c, uint64_t ino, int64_t off, size_t n,
+                                 const struct part *parts, int count) {
+    for (int i = 0; i < count; i++)
+        c->blocks[parts[i].sp.block].used = 1;
+    served_locked(c, ino, off, parts[0].sp.size, n);
+    c->counters.edge_reads++;
+}
+
+/* Whether a part's block in memory is still published as it was located (under the lock):
+ * its memory may be let go of once it is not. */
+static int memory_part_current_locked(const struct ctx *c, const struct part *p) {
+    const struct block *b = &c->blocks[p->sp.block];
+    return b->mem != NULL && b->generation == p->sp.generation;
+}
+
+/* Make *buffer hold at least ``need`` bytes, page-aligned; 0 when out of memory. */
+static int room_for(unsigned char **buffer, size_t *capacity, size_t need) {
+    if (need <= *capacity)
+        return 1;
+    void *grown = NULL;
+    if (posix_memalign(&grown, DIRECT_ALIGN, need) != 0)
+        return 0;
+    free(*buffer);
+    *buffer = grown;
+    *capacity = need;
+    return 1;
 }
 
 /* Hand a READ whose pages are not in memory to the disk readers (under the lock); 0 when
@@ -301,14 +429,12 @@ static int queue_miss_locked(struct ctx *c, req_t req, uint64_t ino, size_t size
 static int read_memory_locked(struct ctx *c, req_t req, uint64_t ino, size_t size,
                               int64_t off) {
     struct slot s = c->slots[ino];
-    if (!s.block)
+    if (s.block <= 0)
         return 0;
     const struct block *b = &c->blocks[s.block - 1];
     if (b->mem == NULL || b->generation != s.generation)
         return 0;
-    size_t n = 0;
-    if (off >= 0 && off < s.size)
-        n = (size_t)(s.size - off) < size ? (size_t)(s.size - off) : size;
+    size_t n = reply_len(s.size, size, off);
     c->reply_buf(req, (const char *)b->mem + s.pos + (n ? off : 0), n);
     struct span sp = {(unsigned)(s.block - 1), s.generation, s.size, 0, 0, 0, 0, n};
     answered_locked(c, ino, off, &sp);
@@ -345,11 +471,65 @@ static int all_cached(int fd, int64_t at, int64_t len) {
     return counts.nr_cache >= (uint64_t)(end - first);
 }
 
+/* Whether the session thread leaves a block file's span to the disk readers (under the
+ * lock): one they read with O_DIRECT unless its pages are all cached (a read of missing
+ * pages, even RWF_NOWAIT, which then answers EAGAIN, reads them into the page cache, the
+ * very copy their reads leave out). */
+static int for_disk_readers_locked(const struct ctx *c, const struct span *sp) {
+    const struct block *b = &c->blocks[sp->block];
+    return c->direct_reads && b->direct_fd != NO_DIRECT && c->disk_count > 0 &&
+           !all_cached(b->fd, sp->at, sp->len);
+}
+
+/* Answer a READ of a file across two published blocks on the session thread (under the
+ * lock): from memory, or from block files whose pages are cached; one that must wait on
+ * the disk is queued for the disk readers. 0 when it is not answered (Python answers it). */
+static int read_edge_locked(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
+    struct part parts[2];
+    int count;
+    size_t n;
+    if (!locate_edge_locked(c, ino, size, off, parts, &count, &n) ||
+        !room_for(&c->joined, &c->joined_size, n ? n : 1))
+        return 0;
+    for (int i = 0; i < count; i++) {
+        const struct part *p = &parts[i];
+        if (p->mem != NULL) {
+            memcpy(c->joined + p->out, p->mem, p->sp.n);
+            continue;
+        }
+        if ((size_t)p->sp.len > c->buffer_size) {
+            char *grown = realloc(c->buffer, (size_t)p->sp.len);
+            if (grown == NULL)
+                return 0;
+            c->buffer = grown;
+            c->buffer_size = (size_t)p->sp.len;
+        }
+        struct iovec iov = {c->buffer, (size_t)p->sp.len};
+        if (for_disk_readers_locked(c, &p->sp) ||
+            preadv2(c->blocks[p->sp.block].fd, &iov, 1, p->sp.at, RWF_NOWAIT) != p->sp.len) {
+            if (queue_miss_locked(c, req, ino, size, off))
+                return 1;
+            c->counters.not_in_memory++;
+            return 0;
+        }
+        if (!verified_locked(c, &p->sp, (unsigned char *)c->buffer))
+            return 0;
+        memcpy(c->joined + p->out, c->buffer + p->sp.skip, p->sp.n);
+    }
+    c->reply_buf(req, (const char *)c->joined, n);
+    answered_edge_locked(c, ino, off, n, parts, count);
+    return 1;
+}
+
 /* Answer a READ from a published file; 0 when it is not one (Python answers it). */
 static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
     int answered = 0;
     struct span sp;
     pthread_mutex_lock(&c->lock);
+    if (c->slots[ino].block < 0) {
+        answered = read_edge_locked(c, req, ino, size, off);
+        goto out;
+    }
     if (read_memory_locked(c, req, ino, size, off)) {
         answered = 1;
         goto out;
@@ -365,15 +545,10 @@ static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, i
     }
     if (sp.len > 0) {
         /* never wait on the disk here, the one thread that answers requests: a block
-         * not in the page cache is read by the disk readers (or Python's workers). A
-         * block the disk readers read with O_DIRECT goes to them at once unless its pages
-         * are all cached: a read of missing pages, even RWF_NOWAIT (which then answers
-         * EAGAIN), reads them into the page cache, the very copy their reads leave out. */
+         * not in the page cache is read by the disk readers (or Python's workers) */
         struct iovec iov = {c->buffer, (size_t)sp.len};
-        int fd = c->blocks[sp.block].fd;
-        int direct = c->direct_reads && c->blocks[sp.block].direct_fd != NO_DIRECT &&
-                     c->disk_count > 0 && !all_cached(fd, sp.at, sp.len);
-        if (direct || preadv2(fd, &iov, 1, sp.at, RWF_NOWAIT) != sp.len) {
+        if (for_disk_readers_locked(c, &sp) ||
+            preadv2(c->blocks[sp.block].fd, &iov, 1, sp.at, RWF_NOWAIT) != sp.len) {
             answered = queue_miss_locked(c, req, ino, size, off);
             if (!answered)
                 c->counters.not_in_memory++;
@@ -416,14 +591,8 @@ static const unsigned char *read_span(int fd, int direct, const struct span *sp,
     if (direct >= 0)
         hi = (hi + DIRECT_ALIGN - 1) & ~(int64_t)(DIRECT_ALIGN - 1);
     size_t need = (size_t)(hi - lo);
-    if (need > *capacity) {
-        void *grown = NULL;
-        if (posix_memalign(&grown, DIRECT_ALIGN, need) != 0)
-            return NULL;
-        free(*buffer);
-        *buffer = grown;
-        *capacity = need;
-    }
+    if (!room_for(buffer, capacity, need))
+        return NULL;
     if (direct >= 0) {
         /* a block file written buffered may end before the last page: a short read is
          * fine as long as it holds the span */
@@ -439,6 +608,73 @@ static const unsigned char *read_span(int fd, int direct, const struct span *sp,
     return *buffer;
 }
 
+/* A disk reader's buffers for READs of files across two blocks: one per block, and the
+ * reply. */
+struct edge_buffers {
+    unsigned char *part[2], *joined;
+    size_t part_size[2], joined_size;
+};
+
+/* Answer a queued READ of a file across two blocks on a disk reader, as disk_reader does
+ * one of a file in one block (called and returning under the lock, let go of while it
+ * reads and replies); 0 when it cannot (the caller hands it to Python). */
+static int disk_edge_locked(struct ctx *c, const struct miss *m, struct edge_buffers *eb) {
+    struct part parts[2];
+    int count, fds[2] = {-1, -1}, direct[2] = {-1, -1}, refused[2] = {0, 0};
+    size_t n;
+    if (!locate_edge_locked(c, m->ino, m->size, m->off, parts, &count, &n))
+        return 0;
+    for (int i = 0; i < count; i++) {
+        if (parts[i].mem != NULL)
+            continue;
+        struct block *b = &c->blocks[parts[i].sp.block];
+        fds[i] = b->fd;
+        direct[i] = c->direct_reads ? direct_fd_locked(b) : -1;
+    }
+    pthread_mutex_unlock(&c->lock);
+    /* Without the lock, as disk_reader reads: what changed meanwhile shows at the checks */
+    const unsigned char *data[2] = {NULL, NULL};
+    int ok = 1;
+    for (int i = 0; i < count && ok; i++) {
+        if (parts[i].mem != NULL || parts[i].sp.len == 0)
+            continue;
+        data[i] = read_span(fds[i], direct[i], &parts[i].sp, &eb->part[i], &eb->part_size[i],
+                            &refused[i]);
+        ok = data[i] != NULL;
+    }
+    pthread_mutex_lock(&c->lock);
+    int any_direct = 0;
+    for (int i = 0; i < count; i++) {
+        struct block *b = &c->blocks[parts[i].sp.block];
+        if (refused[i] && b->generation == parts[i].sp.generation && b->direct_fd == direct[i]) {
+            close(direct[i]);
+            b->direct_fd = NO_DIRECT;
+        }
+        any_direct |= direct[i] >= 0 && !refused[i] && parts[i].sp.len > 0;
+    }
+    /* each block still as it was located (one in memory may have been let go of), the
+     * bytes read from disk still matching their sums */
+    ok = ok && room_for(&eb->joined, &eb->joined_size, n ? n : 1);
+    for (int i = 0; i < count && ok; i++) {
+        const struct part *p = &parts[i];
+        if (p->mem != NULL) {
+            if ((ok = memory_part_current_locked(c, p)))
+                memcpy(eb->joined + p->out, p->mem, p->sp.n);
+        } else if ((ok = verified_locked(c, &p->sp, data[i]))) {
+            memcpy(eb->joined + p->out, data[i] + p->sp.skip, p->sp.n);
+        }
+    }
+    if (!ok)
+        return 0;
+    answered_edge_locked(c, m->ino, m->off, n, parts, count);
+    c->counters.disk_reads++;
+    c->counters.direct_reads += (uint64_t)any_direct;
+    pthread_mutex_unlock(&c->lock);
+    c->reply_buf(m->req, (const char *)eb->joined, n);
+    pthread_mutex_lock(&c->lock);
+    return 1;
+}
+
 /* A disk reader: answers queued READs with a pread that may wait on the disk (O_DIRECT
  * where the file system takes it), checked as the session thread checks its own; what it
  * cannot answer goes to Python's handler (which may be called from any thread). Drains the
@@ -447,6 +683,7 @@ static void *disk_reader(void *arg) {
     struct ctx *c = arg;
     unsigned char *buffer = NULL;
     size_t capacity = 0;
+    struct edge_buffers eb = {{NULL, NULL}, NULL, {0, 0}, 0};
     pthread_setname_np(pthread_self(), "shardfs-disk");
     pthread_mutex_lock(&c->lock);
     for (;;) {
@@ -458,6 +695,15 @@ static void *disk_reader(void *arg) {
         c->miss_head = m->next;
         if (c->miss_head == NULL)
             c->miss_tail = NULL;
+        if (c->slots[m->ino].block < 0) {
+            if (!disk_edge_locked(c, m, &eb)) {
+                pthread_mutex_unlock(&c->lock);
+                c->py_read(m->req, m->ino, m->size, m->off, NULL);
+                pthread_mutex_lock(&c->lock);
+            }
+            free(m);
+            continue;
+        }
         struct span sp;
         int ok = locate_locked(c, m->ino, m->size, m->off, &sp);
         int fd = ok ? c->blocks[sp.block].fd : -1;
@@ -496,6 +742,9 @@ static void *disk_reader(void *arg) {
     }
     pthread_mutex_unlock(&c->lock);
     free(buffer);
+    free(eb.part[0]);
+    free(eb.part[1]);
+    free(eb.joined);
     return NULL;
 }
 
@@ -842,10 +1091,12 @@ static unsigned install_locked(struct ctx *c, int fd, const unsigned char *mem,
  * verified. Every READ answered here checks the chunks it serves against them, as Python's
  * reads do. File i is inode inos[i], at byte pos[i] of the data, sizes[i] long. The
  * descriptor is this module's from now on, even on an error. Returns the block's slot (what
- * hot_sweep reports), or a negative errno. */
+ * hot_sweep reports), with its generation in *generation (for hot_publish_edge), or a
+ * negative errno. */
 int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int64_t chunk,
                 const unsigned char *sums_le, uint64_t sums_len, uint64_t count,
-                const uint64_t *inos, const int64_t *pos, const int64_t *sizes) {
+                const uint64_t *inos, const int64_t *pos, const int64_t *sizes,
+                int32_t *generation) {
     uint64_t chunks = 0;
     if (chunk > 0 && data_len >= 0)
         chunks = (uint64_t)((data_len + chunk - 1) / chunk);
@@ -871,6 +1122,7 @@ int hot_publish(struct ctx *c, int own, int64_t data_pos, int64_t data_len, int6
     unsigned index = install_locked(c, own, NULL, data_pos, data_len, chunk, sums, kept,
                                     count, inos, pos, sizes);
     c->counters.published += c->blocks[index].count;
+    *generation = c->blocks[index].generation;
     pthread_mutex_unlock(&c->lock);
     return (int)index;
 }
@@ -896,6 +1148,40 @@ int hot_publish_memory(struct ctx *c, const unsigned char *data, int64_t data_le
     return (int)index;
 }
 
+/* Publish a file lying across two published blocks: its first ``head`` bytes end the data
+ * of the block in ``slot0``, from byte ``pos``; its other ``size - head`` bytes begin the
+ * data of the block in ``slot1``. Each slot must still hold the block it was given as (the
+ * generation hot_publish or hot_publish_memory returned); the file is left to Python
+ * again once either is dropped or replaced. Returns 0, -ESTALE when a block is no longer
+ * there, or -EINVAL. */
+int hot_publish_edge(struct ctx *c, uint64_t ino, int64_t size, unsigned slot0,
+                     int32_t generation0, int64_t pos, int64_t head, unsigned slot1,
+                     int32_t generation1) {
+    if (ino >= c->n_ino || pos < 0 || head <= 0 || size <= head || slot0 >= MAX_BLOCKS ||
+        slot1 >= MAX_BLOCKS || slot0 == slot1)
+        return -EINVAL;
+    pthread_mutex_lock(&c->lock);
+    const struct block *b0 = &c->blocks[slot0], *b1 = &c->blocks[slot1];
+    int result = 0;
+    if (!in_use(b0) || !in_use(b1) || b0->generation != generation0 ||
+        b1->generation != generation1)
+        result = -ESTALE;
+    else if (pos + head != b0->data_len || size - head > b1->data_len)
+        result = -EINVAL;
+    if (result == 0) {
+        unsigned index = c->next_edge;
+        c->next_edge = (index + 1) % MAX_BLOCKS;
+        struct edge *e = &c->edges[index];
+        if (e->block[0] != 0 && c->slots[e->ino].block == -(int32_t)index - 1)
+            c->slots[e->ino].block = 0; /* the file it held goes back to Python */
+        *e = (struct edge){ino, {(int32_t)slot0 + 1, (int32_t)slot1 + 1},
+                           {generation0, generation1}, pos, head, size};
+        c->slots[ino] = (struct slot){-(int32_t)index - 1, 0, pos, size};
+    }
+    pthread_mutex_unlock(&c->lock);
+    return result;
+}
+
 /* Unpublish the block hot_publish_memory put in ``slot`` as ``generation``, unless it was
  * dropped or replaced since; once this returns, no READ reads its memory. */
 void hot_drop(struct ctx *c, unsigned slot, int32_t generation) {
@@ -908,7 +1194,7 @@ void hot_drop(struct ctx *c, unsigned slot, int32_t generation) {
 /* Whether inode ``ino`` is published now. */
 int hot_published(struct ctx *c, uint64_t ino) {
     pthread_mutex_lock(&c->lock);
-    int found = ino < c->n_ino && c->slots[ino].block != 0;
+    int found = ino < c->n_ino && (c->slots[ino].block > 0 || edge_of_locked(c, ino) != NULL);
     pthread_mutex_unlock(&c->lock);
     return found;
 }
@@ -958,6 +1244,7 @@ void hot_free(struct ctx *c) {
     pthread_mutex_destroy(&c->lock);
     pthread_mutex_destroy(&c->inode_lock);
     free(c->buffer);
+    free(c->joined);
     free(c->slots);
     entries_free(c->entries);
     free(c);

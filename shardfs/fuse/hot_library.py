@@ -12,6 +12,7 @@ log = logging.getLogger(__name__)
 COUNTERS = (
     "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
     "not_in_memory", "disk_reads", "memory_reads", "lookups", "forgotten", "direct_reads",
+    "edge_reads",
 )  # fmt: skip
 
 
@@ -38,7 +39,12 @@ def load() -> ctypes.CDLL | None:
     lib.hot_publish.argtypes = [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
         ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p,
-        ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32),
+    ]  # fmt: skip
+    lib.hot_publish_edge.restype = ctypes.c_int
+    lib.hot_publish_edge.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_uint, ctypes.c_int32,
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_uint, ctypes.c_int32,
     ]  # fmt: skip
     lib.hot_publish_memory.restype = ctypes.c_int
     lib.hot_publish_memory.argtypes = [

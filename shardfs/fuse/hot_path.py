@@ -6,7 +6,8 @@ the one answering requests.
 
 A file is *published* once the block file holding all of it was opened and its header
 verified (``ShardFileSystem.published_block``): its later READs are one ``pread`` in C,
-checked against that header's xxh3 sums chunk by chunk. Files an order
+checked against that header's xxh3 sums chunk by chunk. A file lying across two blocks
+is published once both are (``publish_edge``), and read from both. Files an order
 hint follows are never answered in C (``OrderHints.watched``): the hint must see their reads.
 Without the built extension (no compiler at install) or with ``SHARDFS_HOT_PATH=0``, every
 request is answered in Python as before: same replies, more CPU per file.
@@ -112,6 +113,15 @@ class Lookups:
     counts: array[int] | None = None
 
 
+@dataclass(frozen=True)
+class Placed:
+    """Where C holds a published block: its slot, and its generation there (a slot that
+    took another block since has another)."""
+
+    slot: int
+    generation: int
+
+
 @dataclass
 class InMemory:
     """A block ``HotPath.publish_memory`` answers from: C's slot, its generation there, and
@@ -120,6 +130,10 @@ class InMemory:
     slot: int
     generation: int
     held: object
+
+    @property
+    def placed(self) -> Placed:
+        return Placed(self.slot, self.generation)
 
 
 class HotPath:
@@ -318,25 +332,45 @@ class HotPath:
             if count < len(taken):
                 return
 
-    def publish(self, block: BlockFile, files: FileTable, token: Any = None) -> None:
+    def publish(self, block: BlockFile, files: FileTable, token: Any = None) -> Placed | None:
         """Answer READs of ``files`` (positions in the block's data) from the block's file,
         which this call takes over (closed when no longer used). C checks every chunk it
         reads against the sums of the block's verified header, as Python's reads do;
-        ``token`` names the block to ``used``."""
+        ``token`` names the block to ``used``. Returns where C holds it (None: not
+        published)."""
         assert self._ctx is not None
         try:
             tables = _tables(files)
         except BaseException:
             os.close(block.fd)  # taken over: never left open, even when C never got it
             raise
+        generation = ctypes.c_int32()
         result = self._lib.hot_publish(
             self._ctx, block.fd, block.data_at, block.data_len, block.chunk, block.sums,
-            len(block.sums), len(files), *tables,
+            len(block.sums), len(files), *tables, ctypes.byref(generation),
         )  # fmt: skip
         if result < 0:
             log.debug("publishing a block failed: %s", os.strerror(-result))
-        else:
-            self._tokens[result] = token
+            return None
+        self._tokens[result] = token
+        return Placed(result, generation.value)
+
+    def publish_edge(
+        self, ino: int, size: int, first: Placed, pos: int, head: int, second: Placed
+    ) -> bool:
+        """Answer READs of a file lying across two published blocks: its first ``head``
+        bytes end the data of block ``first``, from byte ``pos``; the rest begin the data
+        of block ``second``. Whether C took it: False when either block left its slot
+        since (the file's READs stay Python's)."""
+        if self._ctx is None:
+            return False
+        result = self._lib.hot_publish_edge(
+            self._ctx, ino, size, first.slot, first.generation, pos, head, second.slot,
+            second.generation,
+        )  # fmt: skip
+        if result < 0 and result != -errno.ESTALE:
+            log.debug("publishing a file across blocks failed: %s", os.strerror(-result))
+        return bool(result == 0)
 
     def publish_memory(
         self, data: bytes | memoryview, files: FileTable, token: Any = None
@@ -395,6 +429,7 @@ class HotPath:
             "hot_path_disk_reads": counts["disk_reads"],
             "hot_path_direct_reads": counts["direct_reads"],
             "hot_path_memory_reads": counts["memory_reads"],
+            "hot_path_edge_reads": counts["edge_reads"],
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
             # Python reads those chunks again and counts the damage in checksum_failures

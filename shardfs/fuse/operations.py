@@ -318,8 +318,9 @@ class FuseOperations:
 
     def _read_waited(self, req: int, node: Node, offset: int, size: int) -> bytes | None:
         """A READ that could not be answered at once (on a worker thread). One whose block
-        was being fetched waits for it; C then answers it from the fetched bytes (published
-        in memory when the block was stored), else Python reads it (None: C answered). A
+        was being fetched waits for it (a file across a block's end, for both of its
+        blocks); C then answers it from the fetched bytes (published in memory when the
+        block was stored), else Python reads it (None: C answered). A
         file an order hint follows goes straight to Python, as C never answers it: the
         hint hears of the read before its block arrives, as it always did."""
         hot = self.hot

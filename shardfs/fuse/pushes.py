@@ -90,14 +90,18 @@ class KernelPusher:
         self._edges = EdgeFiles()  # parts of files crossing block edges (this thread's)
         self._abort = False
         # Told of each block pushed, with its files: the compiled path publishes its block
-        # file (PushedBlocks.publish_pushed). ``publish(shard, start, files, replacing)``;
-        # ``replacing``: the block was published early (below) and must be published
-        # again, from its block file.
-        self.publish: Callable[[ShardInfo, int, FileTable, bool], None] | None = None
+        # file (PushedBlocks.publish_pushed).
+        # ``publish(shard, start, files, replacing, edges)``; ``replacing``: the block was
+        # published early (below) and must be published again, from its block file;
+        # ``edges``: the files crossing its ends.
+        self.publish: Callable[[ShardInfo, int, FileTable, bool, list[Node]], None] | None = None
         # Told of each block kept in memory as it is queued, with its files: the compiled
         # path answers their READs from those bytes until the pushes are done
         # (PushedBlocks.publish_early); what it returns goes to ``release`` after them.
-        self.publish_early: Callable[[ShardInfo, int, Block, FileTable], object] | None = None
+        # ``publish_early(shard, start, block, files, edges)``
+        self.publish_early: (
+            Callable[[ShardInfo, int, Block, FileTable, list[Node]], object] | None
+        ) = None
         self.release: Callable[[object], None] = lambda _: None
         self._thread = threading.Thread(target=self._run, name="shardfs-push", daemon=True)
 
@@ -125,10 +129,10 @@ class KernelPusher:
         if block is not None and self.publish_early is not None and not self._abort:
             # READs that come before the pushes are answered from these bytes meanwhile
             touching = self.core.block_files(shard, start, end)
-            files = touching[0]
+            files, edges = touching
             if len(files):
                 try:
-                    early = self.publish_early(shard, start, block, files)
+                    early = self.publish_early(shard, start, block, files, edges)
                 except Exception:  # READs of these files go to Python meanwhile
                     log.exception("publishing a fetched block early failed")
         self._queue.put(_LocalBlock(shard, start, end, block, touching, early))
@@ -234,7 +238,7 @@ class KernelPusher:
         else:  # not readable now: each file from the block cache
             self._push_inodes(list(files.inos))
         if len(files) and self.publish is not None:
-            self.publish(shard, start, files, item.early is not None)
+            self.publish(shard, start, files, item.early is not None, edges)
         if across and block is not None:
             for node, data in self._edges.add(across, start, block):
                 self._push_table(FileTable.of([(node.ino, 0, node.size)]), data)
