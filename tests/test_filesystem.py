@@ -12,6 +12,7 @@ import pytest
 from support.inodes import names_in, open_path, resolve, stat_of
 from support.tarbuild import MTIME, directory, make_tar, store_with, symlink
 
+from shardfs.cache.block_format import BlockKey
 from shardfs.config import IndexConfig, ReadConfig, ViewConfig
 from shardfs.core.filesystem import XATTR_OFFSET, XATTR_SHARD, Owner, ShardFileSystem
 from shardfs.core.order_hints import OrderHints
@@ -403,3 +404,63 @@ def test_hinted_reads_are_counted_once_a_hint_is_followed(view: View) -> None:
     assert fs.stats.hinted_reads == 1
     hint_chunks_for(fs, [3, 0])  # through the chunks, as the ioctls bring it
     assert fs.stats.hints_taken == 1
+
+
+class _ComingReader(CachedReader):
+    """The block cache's reader as ``wait_block`` sees it: which blocks are coming (a
+    readahead GET) or in flight (another read's miss), and the waits asked of it."""
+
+    block_size = 8192
+
+    def __init__(self, coming: set[int], flying: set[int]) -> None:  # no cache, no store
+        self.waited: list[tuple[str, int]] = []
+        reader = self
+
+        class Coming:
+            timeout = 5.0
+
+            def expected(self, _skey: str, index: int) -> bool:
+                return index in coming
+
+            def wait(self, _skey: str, index: int) -> None:
+                reader.waited.append(("coming", index))
+
+        class Cache:
+            def wait_flight(self, key: BlockKey, _timeout: float) -> bool:
+                reader.waited.append(("flight", key.index))
+                return key.index in flying
+
+        self.coming = Coming()  # type: ignore[assignment]
+        self.cache = Cache()  # type: ignore[assignment]
+
+    def shard_key(self, shard: ShardInfo) -> str:
+        return shard.name
+
+
+@pytest.mark.parametrize(
+    ("coming", "flying", "waited"),
+    [
+        ({0, 1}, set(), True),  # both blocks fetched by readahead
+        ({1}, set(), True),  # the first one cached already
+        (set(), {0}, True),  # the first one another read's miss
+        (set(), set(), False),  # both cached: nothing was being fetched
+    ],
+)
+def test_a_read_of_a_file_across_two_blocks_waits_for_both(
+    view: View, coming: set[int], flying: set[int], waited: bool
+) -> None:
+    reader = _ComingReader(coming, flying)
+    fs = ShardFileSystem(view, reader, ReadConfig(), Stats())
+    node = view.lookup("d/big.bin")  # 10,000 bytes: across the end of the first 8 KiB block
+    first, last = node.offset // 8192, (node.offset + node.size - 1) // 8192
+    assert (first, last) == (0, 1)
+    assert fs.wait_block(node) is waited
+    assert reader.waited == [
+        ("coming" if index in coming else "flight", index) for index in (first, last)
+    ]
+    # A file in one block waits for that block alone.
+    reader.waited.clear()
+    small = view.lookup("d/small.bin")
+    assert small.offset // 8192 == (small.offset + small.size - 1) // 8192
+    fs.wait_block(small)
+    assert [index for _, index in reader.waited] == [small.offset // 8192]

@@ -73,6 +73,10 @@ typedef int (*reply_entry_fn)(req_t, const struct entry_param *);
  * again and again, each time reading a block file's header; 4096 8 MiB blocks are 32 GiB. */
 #define MAX_BLOCKS 4096
 #define MAX_OPENED 4096 /* opens queued for Python at once; past that, Python is called */
+/* Files across two blocks held at once, the oldest replaced first: each block published
+ * links up to two, and most blocks are published twice (from memory, then from their
+ * file), so that the files of the blocks held stay published. */
+#define MAX_EDGES (4 * MAX_BLOCKS)
 /* The disk readers read block files with O_DIRECT: the block's bytes go straight into their
  * buffer, not through the page cache, so they cost no page-cache pages (each file's bytes
  * are cached once, in the file's own pages, not twice) and no copy out of them. Reads of
@@ -160,7 +164,7 @@ struct ctx {
     unsigned max_blocks; /* blocks used, oldest dropped first: 1 .. MAX_BLOCKS */
     char *buffer;
     size_t buffer_size;
-    struct edge edges[MAX_BLOCKS]; /* files across two blocks, the oldest replaced first */
+    struct edge edges[MAX_EDGES]; /* files across two blocks, the oldest replaced first */
     unsigned next_edge;
     unsigned char *joined; /* the session thread's reply to a READ of such a file */
     size_t joined_size;
@@ -1170,7 +1174,7 @@ int hot_publish_edge(struct ctx *c, uint64_t ino, int64_t size, unsigned slot0,
         result = -EINVAL;
     if (result == 0) {
         unsigned index = c->next_edge;
-        c->next_edge = (index + 1) % MAX_BLOCKS;
+        c->next_edge = (index + 1) % MAX_EDGES;
         struct edge *e = &c->edges[index];
         if (e->block[0] != 0 && c->slots[e->ino].block == -(int32_t)index - 1)
             c->slots[e->ino].block = 0; /* the file it held goes back to Python */
