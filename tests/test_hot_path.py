@@ -644,7 +644,7 @@ def _edge_blocks(
             paths.append(path)
         else:
             early = hot.publish_memory(block, files, token=i)
-            got = early.placed if early is not None else None
+            got = hot_path.Placed(early.slot, early.generation) if early is not None else None
             held.append(early)
         assert got is not None
         placed.append(got)
@@ -699,7 +699,9 @@ def test_a_file_across_blocks_is_never_served_from_a_damaged_or_departed_block(
     assert not hot.publish_edge(3, 12_000, placed[0], 33_000, 7000, placed[1])
     again = hot.publish_memory(second, FileTable.of([(4, 0, 1000)]))
     assert again is not None
-    assert hot.publish_edge(3, 12_000, placed[0], 33_000, 7000, again.placed)
+    assert hot.publish_edge(
+        3, 12_000, placed[0], 33_000, 7000, hot_path.Placed(again.slot, again.generation)
+    )
     read(3, 100, 6950)
     assert fuse.replies == [first[39_950:] + second[:50]]
     hot.drop(hot.held[0])  # type: ignore[attr-defined]
@@ -709,18 +711,19 @@ def test_a_file_across_blocks_is_never_served_from_a_damaged_or_departed_block(
 
 
 def test_an_edge_that_does_not_fit_its_blocks_is_refused(
-    compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]], tmp_path: Path
+    compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]],
 ) -> None:
     hot, fuse, read = compiled
     a = hot.publish_memory(b"a" * 100, FileTable.of([(1, 0, 10)]))
     b = hot.publish_memory(b"b" * 100, FileTable.of([(2, 0, 10)]))
     assert a is not None and b is not None
-    assert not hot.publish_edge(3, 50, a.placed, 70, 20, b.placed)  # does not reach a's end
-    assert not hot.publish_edge(3, 150, a.placed, 80, 20, b.placed)  # runs past b's end
-    assert not hot.publish_edge(3, 50, a.placed, 80, 20, a.placed)  # one block twice
-    assert not hot.publish_edge(9, 50, a.placed, 80, 20, b.placed)  # no such inode
+    pa, pb = hot_path.Placed(a.slot, a.generation), hot_path.Placed(b.slot, b.generation)
+    assert not hot.publish_edge(3, 50, pa, 70, 20, pb)  # does not reach a's end
+    assert not hot.publish_edge(3, 150, pa, 80, 20, pb)  # runs past b's end
+    assert not hot.publish_edge(3, 50, pa, 80, 20, pa)  # one block twice
+    assert not hot.publish_edge(9, 50, pa, 80, 20, pb)  # no such inode
     read(3, 4096, 0)
     assert fuse.to_python == [(3, 4096, 0)] and fuse.replies == []
-    assert hot.publish_edge(3, 50, a.placed, 80, 20, b.placed)
+    assert hot.publish_edge(3, 50, pa, 80, 20, pb)
     read(3, 4096, 0)
     assert fuse.replies == [b"a" * 20 + b"b" * 30]

@@ -115,8 +115,7 @@ class Lookups:
 
 @dataclass(frozen=True)
 class Placed:
-    """Where C holds a published block: its slot, and its generation there (a slot that
-    took another block since has another)."""
+    """Where C holds a published block: its slot, and its generation there."""
 
     slot: int
     generation: int
@@ -130,10 +129,6 @@ class InMemory:
     slot: int
     generation: int
     held: object
-
-    @property
-    def placed(self) -> Placed:
-        return Placed(self.slot, self.generation)
 
 
 class HotPath:
@@ -358,10 +353,9 @@ class HotPath:
     def publish_edge(
         self, ino: int, size: int, first: Placed, pos: int, head: int, second: Placed
     ) -> bool:
-        """Answer READs of a file lying across two published blocks: its first ``head``
-        bytes end the data of block ``first``, from byte ``pos``; the rest begin the data
-        of block ``second``. Whether C took it: False when either block left its slot
-        since (the file's READs stay Python's)."""
+        """Answer READs of a file across two published blocks: its first ``head`` bytes
+        end block ``first``'s data, from ``pos``; the rest begin block ``second``'s. False
+        when either block left its slot since (its READs stay Python's)."""
         if self._ctx is None:
             return False
         result = self._lib.hot_publish_edge(

@@ -51,7 +51,7 @@ class PushedBlocks:
         token = self._block_id(shard, start)
         early = hot.publish_memory(block, files, token)
         if early is not None:
-            self._placed_at(token, early.placed, edges)
+            self._placed_at(token, Placed(early.slot, early.generation), edges)
         return early
 
     def release_early(self, block: object) -> None:
