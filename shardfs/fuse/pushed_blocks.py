@@ -96,9 +96,13 @@ class PushedBlocks:
         size = self.core.block_size
         start = index * size
         with self._lock:
-            replaced = self._in_slot.pop(placed.slot, None)
-            if replaced is not None and self._placed.get(replaced, placed).slot == placed.slot:
-                del self._placed[replaced]
+            holder = self._in_slot.get(placed.slot)
+            if holder is not None:
+                held = self._placed.get(holder)
+                if held is not None and held.slot == placed.slot:
+                    if held.generation > placed.generation:
+                        return  # a later block took the slot meanwhile: this one is gone
+                    del self._placed[holder]
             self._placed[block] = placed
             self._in_slot[placed.slot] = block
             first: Placed | None
