@@ -125,6 +125,35 @@ def test_a_published_block_damaged_on_disk_is_never_served(
     assert s3_server.counts()["get_object_requests"] > 0  # fetched again, not served damaged
 
 
+@pytest.mark.integration
+def test_files_across_two_blocks_are_answered_in_c_once_both_are_published(
+    dataset: Dataset, env: dict[str, str], mountpoint: Path, tmp_path: Path
+) -> None:
+    """Blocks of 64 KiB, files of 50-100 KB: most files lie across two blocks, the rest
+    across three, and some blocks hold no file wholly. Read back with the page cache
+    dropped, every file across two blocks is answered in C; only those across three reach
+    Python."""
+    if not hot_path.available():
+        pytest.skip("the hot path is not built")
+    block = 64 << 10
+    mount(dataset.url, mountpoint, tmp_path / "cache", "--block-size", "64K", env=env)
+    assert wrong_files(mountpoint, dataset) == []  # cold: blocks fetched, files pushed
+    spans = {}
+    for name, content in dataset.files.items():
+        offset = int(os.getxattr(mountpoint / name, "user.shardfs.offset"))
+        spans[name] = (offset + len(content) - 1) // block - offset // block + 1
+    cold = stats(mountpoint)
+    drop_page_cache()
+    assert wrong_files(mountpoint, dataset, threads=4) == []  # every file a READ again
+    after = stats(mountpoint)
+    umount(mountpoint)
+    two, longer = sum(n == 2 for n in spans.values()), sum(n > 2 for n in spans.values())
+    assert two > 0 and longer > 0
+    assert after["hot_path_edge_reads"] - cold["hot_path_edge_reads"] == two
+    assert after["python_reads"] - cold["python_reads"] == longer
+    assert after["checksum_failures"] == after["hot_path_checksum_failures"] == 0
+
+
 def test_a_read_only_slice_of_fetched_bytes_is_handed_to_c_in_place() -> None:
     fetched = bytes(range(256)) * 64
     block = memoryview(fetched)[4096:8192]  # a block cut from a larger GET

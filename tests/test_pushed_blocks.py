@@ -79,3 +79,20 @@ def test_a_placement_taken_over_meanwhile_is_not_linked() -> None:
     assert hot.edges == []  # block 0 is not held anywhere
     _early(pushed, 6, [across_5])
     assert hot.edges == [(11, 20, Placed(0, 2), 90, 10, Placed(7, 1))]
+
+
+def test_a_block_of_edges_alone_is_published_for_the_files_across_them() -> None:
+    """Files of most of a block's size leave some blocks with no file wholly inside: such a
+    block is published all the same, so that the files across its ends are."""
+    hot = _Hot([(0, 1), (1, 1), (2, 1)])
+    pushed = _pushed(hot)
+    first = _node(9, 50, 80)  # blocks 0 and 1
+    second = _node(10, 130, 90)  # blocks 1 and 2
+    _early(pushed, 0, [first])
+    early = pushed.publish_early(SHARD, BLOCK, b"x" * BLOCK, FileTable.of([]), [first, second])
+    assert early is not None
+    _early(pushed, 2, [second])
+    assert hot.edges == [
+        (9, 80, Placed(0, 1), 50, 50, Placed(1, 1)),
+        (10, 90, Placed(1, 1), 30, 70, Placed(2, 1)),
+    ]

@@ -130,7 +130,7 @@ class KernelPusher:
             # READs that come before the pushes are answered from these bytes meanwhile
             touching = self.core.block_files(shard, start, end)
             files, edges = touching
-            if len(files):
+            if len(files) or edges:  # a block of edges alone: for the files across them
                 try:
                     early = self.publish_early(shard, start, block, files, edges)
                 except Exception:  # READs of these files go to Python meanwhile
@@ -237,7 +237,7 @@ class KernelPusher:
             self._push_table(files, block)
         else:  # not readable now: each file from the block cache
             self._push_inodes(list(files.inos))
-        if len(files) and self.publish is not None:
+        if (len(files) or edges) and self.publish is not None:
             self.publish(shard, start, files, item.early is not None, edges)
         if across and block is not None:
             for node, data in self._edges.add(across, start, block):
