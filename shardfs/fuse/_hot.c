@@ -475,6 +475,19 @@ static int all_cached(int fd, int64_t at, int64_t len) {
     return counts.nr_cache >= (uint64_t)(end - first);
 }
 
+/* Make the session thread's buffer hold ``len`` bytes (under the lock); 0 when out of
+ * memory. */
+static int session_buffer_locked(struct ctx *c, int64_t len) {
+    if ((size_t)len <= c->buffer_size)
+        return 1;
+    char *grown = realloc(c->buffer, (size_t)len);
+    if (grown == NULL)
+        return 0;
+    c->buffer = grown;
+    c->buffer_size = (size_t)len;
+    return 1;
+}
+
 /* Whether the session thread leaves a block file's span to the disk readers (under the
  * lock): one they read with O_DIRECT unless its pages are all cached (a read of missing
  * pages, even RWF_NOWAIT, which then answers EAGAIN, reads them into the page cache, the
@@ -501,13 +514,8 @@ static int read_edge_locked(struct ctx *c, req_t req, uint64_t ino, size_t size,
             memcpy(c->joined + p->out, p->mem, p->sp.n);
             continue;
         }
-        if ((size_t)p->sp.len > c->buffer_size) {
-            char *grown = realloc(c->buffer, (size_t)p->sp.len);
-            if (grown == NULL)
-                return 0;
-            c->buffer = grown;
-            c->buffer_size = (size_t)p->sp.len;
-        }
+        if (!session_buffer_locked(c, p->sp.len))
+            return 0;
         struct iovec iov = {c->buffer, (size_t)p->sp.len};
         if (for_disk_readers_locked(c, &p->sp) ||
             preadv2(c->blocks[p->sp.block].fd, &iov, 1, p->sp.at, RWF_NOWAIT) != p->sp.len) {
@@ -540,13 +548,8 @@ static int read_published(struct ctx *c, req_t req, uint64_t ino, size_t size, i
     }
     if (!locate_locked(c, ino, size, off, &sp))
         goto out;
-    if ((size_t)sp.len > c->buffer_size) {
-        char *grown = realloc(c->buffer, (size_t)sp.len);
-        if (grown == NULL)
-            goto out;
-        c->buffer = grown;
-        c->buffer_size = (size_t)sp.len;
-    }
+    if (!session_buffer_locked(c, sp.len))
+        goto out;
     if (sp.len > 0) {
         /* never wait on the disk here, the one thread that answers requests: a block
          * not in the page cache is read by the disk readers (or Python's workers) */
@@ -612,6 +615,17 @@ static const unsigned char *read_span(int fd, int direct, const struct span *sp,
     return *buffer;
 }
 
+/* A direct read of the span's block was refused after all (under the lock): its block
+ * reads through the page cache from now on, unless the block changed meanwhile (then
+ * ``direct`` may not be its descriptor any more, and is left alone). */
+static void direct_refused_locked(struct ctx *c, const struct span *sp, int direct) {
+    struct block *b = &c->blocks[sp->block];
+    if (b->generation == sp->generation && b->direct_fd == direct) {
+        close(direct);
+        b->direct_fd = NO_DIRECT;
+    }
+}
+
 /* A disk reader's buffers for READs of files across two blocks: one per block, and the
  * reply. */
 struct edge_buffers {
@@ -649,11 +663,8 @@ static int disk_edge_locked(struct ctx *c, const struct miss *m, struct edge_buf
     pthread_mutex_lock(&c->lock);
     int any_direct = 0;
     for (int i = 0; i < count; i++) {
-        struct block *b = &c->blocks[parts[i].sp.block];
-        if (refused[i] && b->generation == parts[i].sp.generation && b->direct_fd == direct[i]) {
-            close(direct[i]);
-            b->direct_fd = NO_DIRECT;
-        }
+        if (refused[i])
+            direct_refused_locked(c, &parts[i].sp, direct[i]);
         any_direct |= direct[i] >= 0 && !refused[i] && parts[i].sp.len > 0;
     }
     /* each block still as it was located (one in memory may have been let go of), the
@@ -723,11 +734,8 @@ static void *disk_reader(void *arg) {
             ok = data != NULL;
         }
         pthread_mutex_lock(&c->lock);
-        if (refused && c->blocks[sp.block].generation == sp.generation &&
-            c->blocks[sp.block].direct_fd == direct) {
-            close(direct);
-            c->blocks[sp.block].direct_fd = NO_DIRECT;
-        }
+        if (refused)
+            direct_refused_locked(c, &sp, direct);
         if (ok)
             ok = verified_locked(c, &sp, data);
         if (ok) {
