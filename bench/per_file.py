@@ -44,7 +44,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -320,12 +321,17 @@ class PerFileBench:
             )
             if self.args.order == "shuffled":
                 random.Random(seed).shuffle(paths)
+            hint = None
+            if self.args.order == "shard":
+                paths, hint = self.shard_order(paths, seed)
             settled_counts(self.server)
             self.server.reset_counts()
             drop_page_cache()
             if self.args.cold_drop == "inodes":
                 drop_inodes()  # the kernel FORGETs the listed inodes, pages and all
             stats_before = query(self.mnt)
+            if hint is not None:
+                hint()  # as ShardSampler does when an epoch's iteration starts
             with self.profiled(pid, f"{variant}-cold-{seed}"):
                 cold = self.phase(pid, paths, buffering)
             stats = query(self.mnt)
@@ -358,6 +364,26 @@ class PerFileBench:
             ioctl = self.ioctl_phase(pid, paths[0])
         return {"variant": variant, "cold": cold, "warm": warm, "recached": recached,
                 "ioctl": ioctl}  # fmt: skip
+
+    def shard_order(self, paths: list[Path], seed: int) -> tuple[list[Path], Callable[[], None]]:
+        """``--order shard``: the files in the order ``ShardSampler(mode="shard")`` reads
+        them in epoch 0 with seed ``seed`` (one node, one rank; the same planner, without
+        torch), and a call that sends that order to the mount as its hint."""
+        import numpy as np
+
+        from shardfs import placement
+        from shardfs.sampling.plan import plan_node
+
+        table = placement.read_placement(str(self.mnt))
+        rows = np.array(table.rows_of([str(p.relative_to(self.mnt)) for p in paths]))
+        shard_of = np.array(table.shards, dtype=np.int64)[rows]
+        order = plan_node(shard_of, num_samples=len(paths), seed=seed, within=rows).order
+        hinted = array("i", rows[order].tolist())
+
+        def send() -> None:
+            placement.send_hint(str(self.mnt), table, hinted, epoch=0)
+
+        return [paths[i] for i in order.tolist()], send
 
     def ioctl_phase(self, pid: int, path: Path) -> dict[str, float]:
         """The TCGETS ioctl every default-buffered ``open()`` sends (``isatty``): wall time
@@ -671,8 +697,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="open() buffering: default, unbuffered (both)",
     )  # fmt: skip
     parser.add_argument(
-        "--order", choices=("shuffled", "sorted"), default="shuffled",
-        help="the order files are read in (shuffled, a seed per round)",
+        "--order", choices=("shuffled", "sorted", "shard"), default="shuffled",
+        help="the order files are read in: shuffled (a seed per round), sorted, or shard "
+        "(ShardSampler's shard mode, its order sent to the mount as the hint)",
     )  # fmt: skip
     parser.add_argument(
         "--fault-bytes", type=int, default=256 << 20,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -256,7 +257,7 @@ def compiled() -> Iterator[tuple[hot_path.HotPath, _FakeFuse, Callable[..., None
 
 
 def _compiled(
-    max_entries: int, counts: array[int] | None = None
+    max_entries: int, counts: array[int] | None = None, opened: list[int] | None = None
 ) -> Iterator[tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]]]:
     if not hot_path.available():
         pytest.skip("the hot path is not built")
@@ -268,7 +269,8 @@ def _compiled(
                                counts=counts)  # fmt: skip
     hot = hot_path.create(
         fuse, hint_ino=7, hint_cmd=1, inodes=8, in_kernel=in_kernel, watched=watched,
-        delivered=delivered, opened=lambda _ino: None, used=lambda _token: None,
+        delivered=delivered, opened=opened.extend if opened is not None else lambda _inos: None,
+        used=lambda _token: None,
         lookups=lookups,
     )  # fmt: skip
     assert hot is not None
@@ -282,6 +284,7 @@ def _compiled(
     handler = _FakeFuse._READ(ops.read)
     lookup_handler = _FakeFuse._LOOKUP(ops.lookup)
     hot.in_kernel = in_kernel  # type: ignore[attr-defined]
+    hot.watched = watched  # type: ignore[attr-defined]
     hot.lookup = lambda parent, name: lookup_handler(1, parent, name)  # type: ignore[attr-defined]
     forget, forget_multi = _FakeFuse._FORGET(ops.forget), _FakeFuse._FORGET_MULTI(ops.forget_multi)
     hot.forget = lambda ino, n: forget(1, ino, n)  # type: ignore[attr-defined]
@@ -322,6 +325,32 @@ def test_a_fetched_block_is_answered_from_memory_until_it_is_dropped(
     assert early.held is None  # the bytes are the caller's again
     read(3, 4096, 0)
     assert fuse.to_python[-1] == (3, 4096, 0) and len(fuse.replies) == 3
+
+
+def test_a_file_the_hint_follows_is_answered_in_c_and_its_end_told_to_the_hint() -> None:
+    """C answers the files an order hint follows as any other; a READ that reaches such a
+    file's end is queued for the hint's thread (as a TCGETS open is), the others are not,
+    and ``watched_reads`` counts them all (the mount's ``hinted_reads``)."""
+    opened: list[int] = []
+    for hot, fuse, read in _compiled(hot_path.MAX_ENTRIES, opened=opened):
+        block = os.urandom(10_000)
+        hot.watched[3] = hot.watched[4] = 1  # type: ignore[attr-defined]
+        table = FileTable.of([(3, 100, 5000), (4, 6000, 4000), (6, 0, 100)])
+        assert hot.publish_memory(block, table, token="b") is not None
+        read(3, 4096, 0)  # its start: not its end
+        read(6, 4096, 0)  # whole, but no hint follows it
+        time.sleep(2 * hot_path.OPENED_BATCH_S)
+        assert opened == []
+        read(3, 4096, 4096)  # its end
+        read(4, 128 << 10, 0)  # the whole file in one READ
+        deadline = time.monotonic() + 5
+        while len(opened) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(opened) == [3, 4]
+        assert fuse.replies == [block[100:4196], block[0:100], block[4196:5100], block[6000:]]
+        assert fuse.to_python == []
+        counts = hot.counters()
+        assert counts["watched_reads"] == 3 and counts["reads"] == 4
 
 
 def test_dropping_an_early_block_spares_the_block_that_took_its_slot(

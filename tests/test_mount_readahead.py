@@ -20,7 +20,7 @@ import pytest
 from support.datagen import FIXED_MTIME, pack_with_gnu_tar
 from support.mounts import drop_inodes, mount, new_bucket, process_gone, umount, wait_for
 from support.processes import is_mounted, run_shardfs
-from support.s3 import S3Server
+from support.s3 import S3Server, repeats
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,12 @@ def test_shuffled_epoch_with_readahead_pays_each_byte_once(
     )
     traffic = shard_traffic(s3_server, dataset)
     for shard, size in dataset.shard_sizes.items():
-        assert traffic[shard] == size, f"{shard}: fetched {traffic[shard]} of {size} bytes"
+        # Which GETs paid twice, and the mount's counters, in the message: a rare failure
+        # in CI (one in about ten runs of the whole suite) was not reproduced locally.
+        assert traffic[shard] == size, (
+            f"{shard}: fetched {traffic[shard]} of {size} bytes; "
+            f"{repeats(s3_server.ranges_sent())}; {stats(mountpoint)}"
+        )
     file_bytes = sum(len(d) for d in dataset.files.values())
     assert sum(traffic.values()) <= 1.05 * file_bytes
     umount(mountpoint)

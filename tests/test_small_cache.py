@@ -376,3 +376,43 @@ def test_files_read_from_the_page_cache_retire_their_blocks(
     assert stats["bytes_pushed"] > dataset.file_bytes // 2, stats
     shard_blocks = sum(-(-size // block) for size in dataset.shard_sizes)
     assert stats["blocks_retired"] >= shard_blocks - SHARDS, (shard_blocks, stats)
+
+
+def test_reads_the_compiled_path_answers_retire_their_blocks(
+    s3_server: S3Server, dataset: Dataset, mountpoint: Path, tmp_path: Path
+) -> None:
+    """Every file's pages dropped before it is read, so each is a READ (an epoch of a
+    dataset larger than RAM): the compiled path answers the files the hint follows from
+    their cached blocks, and tells the hint of each READ reaching a file's end, or the
+    blocks would never be retired and the next ones never find room."""
+    pytest.importorskip("torch")
+    from shardfs.fuse import hot_path
+    from shardfs.torch import ShardSampler
+
+    block = 256 << 10
+    mount(dataset.url, mountpoint, tmp_path / "cache", "--block-size", "256K",
+          "--cache-size", str(dataset.shard_bytes // 2), env=s3_server.env())  # fmt: skip
+    try:
+        names = sorted(dataset.digests)
+        sampler = ShardSampler(_Folder(mountpoint, names), mode="shard", seed=0,  # type: ignore[arg-type]
+                               num_replicas=1, rank=0, window=1)  # fmt: skip
+        sampler.set_epoch(0)
+        settled_counts(s3_server)
+        s3_server.reset_counts()
+        for name in (names[i] for i in sampler):
+            with open(mountpoint / name, "rb", buffering=0) as file:  # no TCGETS: READs only
+                os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # pushed or not
+                digest = hashlib.sha256(file.read()).hexdigest()
+            assert digest == dataset.digests[name], f"wrong bytes in {name}"
+        stats = until_quiet(
+            lambda: query(mountpoint), lambda s: s["blocks_retired"], what="the mount"
+        )
+        egress = settled_counts(s3_server)["get_object_bytes"]
+    finally:
+        umount(mountpoint)
+    assert egress <= dataset.shard_bytes, (egress, stats)
+    assert stats["hinted_reads"] >= len(names), stats  # C's and Python's
+    if hot_path.available():  # 474 of 480 here; 228 when C did not tell the hint
+        assert stats["hot_path_reads"] >= 9 * len(names) // 10, stats
+    shard_blocks = sum(-(-size // block) for size in dataset.shard_sizes)
+    assert stats["blocks_retired"] >= shard_blocks - SHARDS, (shard_blocks, stats)

@@ -122,8 +122,9 @@ class OrderHints:
         self._hint_parts: dict[bytes, _HintParts] = {}
         self._hint_lock = threading.Lock()
         # One byte per inode, 1 for the files of the hint followed: their reads must reach
-        # note_read and note_done (read without the core, by the compiled FUSE path, they
-        # would not). Never resized: the FUSE side shares it.
+        # note_read and note_done, or note_opened (the compiled FUSE path queues its READs
+        # that reach such a file's end, as it does their opens). Never resized: the FUSE
+        # side shares it.
         self.watched = bytearray(view.max_ino + 1)
 
     def table(self) -> _Table:
@@ -339,7 +340,8 @@ class OrderHints:
 
     def note_opened(self, inodes: Iterable[int]) -> None:
         """Readers opened these files, whose whole bytes the kernel holds (no READ will
-        come): each counts as reached (``note_read``) and done (``note_done``), and the hint's
+        come), or read them to their end through the compiled FUSE path's READs: each
+        counts as reached (``note_read``) and done (``note_done``), and the hint's
         window moves once for them all. The opens come in batches (of 50 ms, taken by the
         compiled FUSE path's thread); moving from the batch's nearest to its furthest
         position queues what a move per open would, as what is queued only ever grows."""

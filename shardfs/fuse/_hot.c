@@ -11,7 +11,9 @@
  *     block format's, _xxh3.h); else Python. A read whose pages are not all in the page
  *     cache is queued for this module's disk readers, threads that read it (with O_DIRECT
  *     where the file system takes it: past the page cache), check it and answer it, so
- *     neither the session's thread nor the interpreter waits on the disk for it.
+ *     neither the session's thread nor the interpreter waits on the disk for it. A file an
+ *     order hint follows is answered so too; its READ that reaches the file's end is then
+ *     queued for a Python thread as its open is (below): the hint counts it as read.
  *   - ioctl: every ioctl but the order hint's is answered ENOTTY here, as Python did. The
  *     TCGETS of a default-buffered open() of a file the kernel holds whole, while an order
  *     hint follows that file, is then queued for a Python thread (``opened``): the hint
@@ -133,6 +135,7 @@ struct hot_counters {
     uint64_t forgotten;         /* inodes whose lookups the kernel all gave back */
     uint64_t direct_reads;      /* disk reads with O_DIRECT (past the page cache) */
     uint64_t edge_reads;        /* reads of files across two blocks (hot_publish_edge) */
+    uint64_t watched_reads;     /* reads of files an order hint follows */
 };
 
 /* A READ whose pages were not in memory, waiting for a disk reader. */
@@ -365,6 +368,8 @@ static int verified_locked(struct ctx *c, const struct span *sp, const unsigned 
 static void served_locked(struct ctx *c, uint64_t ino, int64_t off, int64_t size, size_t n) {
     c->counters.reads++;
     c->counters.bytes += n;
+    if (c->watched[ino])
+        c->counters.watched_reads++;
     if (off == 0 && (int64_t)n == size && c->in_kernel != NULL)
         c->in_kernel[ino] = 1;
     uint8_t bit = (uint8_t)(1u << (ino & 7));
@@ -763,11 +768,40 @@ static void *disk_reader(void *arg) {
 /* libfuse's fuse_req_userdata: the same function for every session of the process. */
 static userdata_fn req_userdata;
 
+/* Tell the order hint that a reader has file ``ino`` whole: queued for Python's thread
+ * (hot_take_opened), so this thread never waits on the interpreter lock for it; called in
+ * place only when the queue is full. */
+static void note_opened(struct ctx *c, uint64_t ino) {
+    int queued = 0;
+    pthread_mutex_lock(&c->lock);
+    if (c->opened_fd >= 0 && c->opened_count < MAX_OPENED) {
+        if (c->opened_count == 0) {
+            /* under the lock, so close() cannot take the fd away meanwhile; a short
+             * write means the counter is full and Python is awake already */
+            uint64_t one = 1;
+            (void)!write(c->opened_fd, &one, sizeof one);
+        }
+        c->opened[c->opened_count++] = ino;
+        queued = 1;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (!queued)
+        c->py_opened(ino);
+}
+
 static void hot_read(req_t req, uint64_t ino, size_t size, int64_t off, void *fi) {
     struct ctx *c = req_userdata(req);
-    if (ino < c->n_ino && !c->watched[ino] && c->slots[ino].block &&
-        read_published(c, req, ino, size, off))
-        return;
+    if (ino < c->n_ino && c->slots[ino].block) {
+        /* the file's size, taken before the answer: a slot let go of meanwhile reads 0 */
+        int64_t file_size = c->slots[ino].size;
+        if (read_published(c, req, ino, size, off)) {
+            /* a file an order hint follows: its READ reaching the file's end counts as
+             * its read (its bytes were cached, so nothing waited on the hint's window) */
+            if (c->watched[ino] && off + (int64_t)size >= file_size)
+                note_opened(c, ino);
+            return;
+        }
+    }
     c->py_read(req, ino, size, off, fi);
 }
 
@@ -780,25 +814,8 @@ static void hot_ioctl(req_t req, uint64_t ino, unsigned cmd, void *arg, void *fi
     }
     c->reply_err(req, ENOTTY);
     if (cmd == TCGETS && ino < c->n_ino && c->in_kernel != NULL && c->in_kernel[ino] &&
-        c->watched[ino]) {
-        /* queued for Python's thread (hot_take_opened): this thread never waits on the
-         * interpreter lock for it; called in place only when the queue is full */
-        int queued = 0;
-        pthread_mutex_lock(&c->lock);
-        if (c->opened_fd >= 0 && c->opened_count < MAX_OPENED) {
-            if (c->opened_count == 0) {
-                /* under the lock, so close() cannot take the fd away meanwhile; a short
-                 * write means the counter is full and Python is awake already */
-                uint64_t one = 1;
-                (void)!write(c->opened_fd, &one, sizeof one);
-            }
-            c->opened[c->opened_count++] = ino;
-            queued = 1;
-        }
-        pthread_mutex_unlock(&c->lock);
-        if (!queued)
-            c->py_opened(ino);
-    }
+        c->watched[ino])
+        note_opened(c, ino);
 }
 
 /* The kernel was given ``delta`` more entries of inode ``ino`` (a LOOKUP's or

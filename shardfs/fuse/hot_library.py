@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 COUNTERS = (
     "reads", "bytes", "delivered_bytes", "published", "dropped_blocks", "checksum_failures",
     "not_in_memory", "disk_reads", "memory_reads", "lookups", "forgotten", "direct_reads",
-    "edge_reads",
+    "edge_reads", "watched_reads",
 )  # fmt: skip
 
 

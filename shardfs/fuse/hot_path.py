@@ -1,14 +1,13 @@
 """The compiled hot path (``_hot.c``): READs of published files, LOOKUPs in published
 folders (``_entries.c``), ioctls and forgets answered without the interpreter, and a block's
-kernel pushes in one call; this module is its control plane. The opens C sees of files an
-order hint follows reach the hint on a thread of their own (``shardfs-opened``), never on
-the one answering requests.
+kernel pushes in one call; this module is its control plane. Of the files an order hint
+follows (``OrderHints.watched``), the opens C sees and its READs reaching a file's end reach
+the hint on a thread of their own (``shardfs-opened``), never on the one answering requests.
 
 A file is *published* once the block file holding all of it was opened and its header
 verified (``ShardFileSystem.published_block``): its later READs are one ``pread`` in C,
 checked against that header's xxh3 sums chunk by chunk. A file lying across two blocks
-is published once both are (``publish_edge``), and read from both. Files an order
-hint follows are never answered in C (``OrderHints.watched``): the hint must see their reads.
+is published once both are (``publish_edge``), and read from both.
 Without the built extension (no compiler at install) or with ``SHARDFS_HOT_PATH=0``, every
 request is answered in Python as before: same replies, more CPU per file.
 """
@@ -137,7 +136,7 @@ class HotPath:
     ``install`` puts the handlers into a libfuse operations table in place of the Python
     ones, which stay their fallback; the session's userdata must then be ``userdata``.
     The byte arrays are shared with C, not copied, and must never be resized: ``in_kernel``
-    (1: the kernel holds the whole file), ``watched`` (1: Python must see the file's reads)
+    (1: the kernel holds the whole file), ``watched`` (1: the order hint follows the file)
     and ``delivered`` (one bit per inode, set when a file's bytes are first counted)."""
 
     def __init__(
@@ -156,9 +155,9 @@ class HotPath:
         lookups: Lookups | None = None,
     ) -> None:
         """``lookups``: also answer LOOKUPs of the folders ``publish_folder`` is given.
-        ``opened(inodes)`` is told of the opens (their TCGETS) of watched files the kernel
-        holds whole, in batches; ``used(token)`` is told, about once a SWEEP_S, of each
-        published block that answered READs meanwhile (``token`` as given to ``publish``)."""
+        ``opened(inodes)`` is told, in batches, of the opens (TCGETS) of watched files the
+        kernel holds whole and of C's READs reaching a watched file's end; ``used(token)``,
+        about once a SWEEP_S, of each published block that answered READs meanwhile."""
         if len(watched) < inodes or len(delivered) * 8 < inodes:
             raise ValueError("the shared tables must cover every inode")
         if in_kernel is not None and len(in_kernel) < inodes:
@@ -424,6 +423,7 @@ class HotPath:
             "hot_path_direct_reads": counts["direct_reads"],
             "hot_path_memory_reads": counts["memory_reads"],
             "hot_path_edge_reads": counts["edge_reads"],
+            "hinted_reads": counts["watched_reads"],  # beside Python's (note_read)
             "bytes_served": counts["bytes"],
             "delivered_bytes": counts["delivered_bytes"],
             # Python reads those chunks again and counts the damage in checksum_failures

@@ -286,7 +286,7 @@ class FuseOperations:
         if is_decoded(node.offset):
             return  # a decoded file has no block of its own to publish
         key = (node.shard, node.offset // self.core.block_size)
-        if key in self._publishing or self.workers is None or self.core.hints.watched[node.ino]:
+        if key in self._publishing or self.workers is None:
             return
         if self.pusher is not None and self.pusher.behind:
             return  # it may hold this block in memory and publish it: a later READ asks again
@@ -321,8 +321,9 @@ class FuseOperations:
         was being fetched waits for it (a file across a block's end, for both of its
         blocks); C then answers it from the fetched bytes (published in memory when the
         block was stored), else Python reads it (None: C answered). A
-        file an order hint follows goes straight to Python, as C never answers it: the
-        hint hears of the read before its block arrives, as it always did."""
+        file an order hint follows goes straight to Python: the hint hears of the read
+        before its block arrives (C answers such a file only from a block already
+        published, and tells the hint afterwards)."""
         hot = self.hot
         if (
             hot is not None

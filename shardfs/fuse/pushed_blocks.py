@@ -46,8 +46,6 @@ class PushedBlocks:
         file before the pusher reached it). On the thread that stored the block. ``edges``:
         the files crossing its ends."""
         hot = self.hot
-        if self._watched(files, edges):
-            return None
         token = self._block_id(shard, start)
         early = hot.publish_memory(block, files, token)
         if early is not None:
@@ -72,8 +70,6 @@ class PushedBlocks:
         thread. ``replacing``: it was published early, from memory, and is published again
         here. ``edges``: the files crossing its ends."""
         hot = self.hot
-        if self._watched(files, edges):
-            return
         if not replacing and len(files) and hot.published(files.inos[0]):
             return
         try:
@@ -83,14 +79,6 @@ class PushedBlocks:
                 self._placed_at(token, hot.publish(found, files, token=token), edges)
         except Exception:  # the pushes go on; READs of these files go to Python
             log.exception("publishing a pushed block failed")
-
-    def _watched(self, files: FileTable, edges: Sequence[Node]) -> bool:
-        """Whether an order hint follows the block's files (C never answers them): its
-        first file's, or with none wholly inside it, every file across its ends."""
-        watched = self.core.hints.watched
-        if len(files):
-            return bool(watched[files.inos[0]])
-        return all(watched[node.ino] for node in edges)
 
     def _block_id(self, shard: ShardInfo, start: int) -> BlockId:
         return (self.core.view.shard_ids[shard], start // self.core.block_size)
@@ -116,7 +104,7 @@ class PushedBlocks:
             first: Placed | None
             second: Placed | None
             for node in edges:
-                if is_decoded(node.offset) or self.core.hints.watched[node.ino]:
+                if is_decoded(node.offset):
                     continue
                 if node.offset < start:  # it begins in the block before
                     before = self._placed.get((shard, index - 1))

@@ -370,8 +370,11 @@ class CachedReader:
         return self.cache.opened(key, self._block_len(shard, index))
 
     def block_used(self, shard: ShardInfo, index: int) -> None:
-        """Reads were answered from a cached block without this reader (``BlockCache.touch``)."""
-        self.cache.touch(BlockKey(self.shard_key(shard), index))
+        """Reads were answered from a cached block without this reader (``BlockCache.touch``;
+        a prefetched block counts as read, ``prefetched_bytes_read``)."""
+        skey = self.shard_key(shard)
+        self.cache.touch(BlockKey(skey, index))
+        self._unread.first_read(skey, index, self._block_len(shard, index))
 
     def retire_blocks(self, blocks: list[tuple[ShardInfo, int]]) -> None:
         """Blocks the readers are done with (an order hint's files in them all opened):
