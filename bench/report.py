@@ -20,7 +20,7 @@ ORDER = {
     "local+warm": 7,
 }
 # "-": a local epoch with the page cache warm; "dropped": one right after drop_caches.
-EPOCH_ORDER = {"-": 0, "dropped": 1, "cold": 2, "warm": 3, "remount": 4}
+EPOCH_ORDER = {"-": 0, "dropped": 1, "cold": 2, "warm": 3, "recached": 4, "remount": 5}
 METRICS = (
     "images_per_s",
     "mb_per_s",
@@ -370,6 +370,8 @@ def sampler_targets(table: Checks) -> None:
         ("shardfs-shard", "cold", "vs_local", 0.95),
         ("shardfs-shard", "cold", "vs_local_dropped", 1.0),
         ("shardfs-shard", "warm", "vs_local", 0.98),
+        ("shardfs-shard", "recached", "vs_local_dropped", None),
+        ("shardfs-shard", "recached", "vs_local", None),
         ("shardfs-uniform", "cold", "vs_local", 0.93),
         ("shardfs-uniform", "cold", "vs_local_dropped", None),
         ("webdataset", "cold", "vs_local", None),
@@ -527,10 +529,12 @@ def markdown(
         + " DataLoader(shuffle, batch 32), medians of n runs; 'paired / local': the median "
         "(min-max) of each epoch's images/s over the local epoch run right before it, "
         "'paired / dropped' over the local epoch run right after `drop_caches` before that "
-        "(cold epochs; local 'dropped' is that epoch, paired with the warm one after it). "
-        "'egress MB' is counted during the epoch, 'mount egress MB' while mounting (before "
-        "the epoch; the warm row shares its cold row's mount). shardfs-shard and "
-        "shardfs-uniform: the same mount read through `ShardSampler(mode=...)`; 'waited / "
+        "(cold and recached epochs; local 'dropped' is that epoch, paired with the warm one "
+        "after it). 'egress MB' is counted during the epoch, 'mount egress MB' while "
+        "mounting (before the epoch; the warm row shares its cold row's mount). "
+        "shardfs-shard and shardfs-uniform: the same mount read through "
+        "`ShardSampler(mode=...)`; shardfs-shard 'recached': its third epoch, the page cache "
+        "dropped first (every file read back from the cache's blocks); 'waited / "
         "images' is `shardfs stats` reads_waited_on_network over the images read in the "
         "epoch (files pushed to the page cache never reach the daemon, so never wait).",
         "",

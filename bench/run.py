@@ -526,7 +526,7 @@ class Bench:
         local_request = self.local_request(slot.mode, slot.workers, slot.repeat)
         extra = {"repeat": slot.repeat, "pair_for": f"{contender} {epoch}"}
         dropped = None
-        if epoch == "cold":
+        if epoch in ("cold", "recached"):
             drop_page_cache()
             dropped = self.epoch("local", "dropped", local_request, None, dict(extra))
         local = self.epoch("local", "-", local_request, None, dict(extra))
@@ -666,8 +666,11 @@ class Bench:
 
     def run_shardfs_sampler(self, sampler: str, slot: Slot) -> None:
         """shardfs read through ``ShardSampler(mode=sampler)``: a cold epoch on an empty
-        cache, and (shard mode) a warm one on the same mount, the next epoch of the order;
-        in a paired slot each after a local epoch."""
+        cache, and (shard mode) a warm one on the same mount, the next epoch of the order,
+        then a *recached* one, the epoch after, with the page cache dropped first: every
+        file read back from the cache's blocks, as each epoch of a dataset larger than RAM
+        is. In a paired slot each after a local epoch (the cold and recached ones after a
+        local one right after ``drop_caches`` too)."""
         mode, workers, repeat = slot.mode, slot.workers, slot.repeat
         contender = f"shardfs-{sampler}"
         cache = self.run_dir / f"cache-{contender}"
@@ -680,7 +683,7 @@ class Bench:
             "seed": repeat,
             "sampler": sampler,
         }
-        epochs = ("cold", "warm") if sampler == "shard" else ("cold",)
+        epochs = ("cold", "warm", "recached") if sampler == "shard" else ("cold",)
         self.server.reset_counts()
         with self.shardfs_mount(cache) as (pid, seconds):
             mount_bytes = self.server.counts()["get_object_bytes"]
@@ -689,6 +692,8 @@ class Bench:
                 if epoch == "cold":
                     extra.update(mount_s=seconds, mount_egress_bytes=mount_bytes)
                 extra.update(self.pair_before(slot, contender, epoch, request))
+                if epoch == "recached":
+                    drop_page_cache()  # the pair's local epochs came after the warm one
                 away = self.pinning.store if self.pinning.pinned else None
                 with HintCounters(self.run_dir / "mnt-shardfs", away) as counters:
                     record = self.epoch(

@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -340,6 +341,32 @@ def test_shard_mode_streams_whole_blocks_when_the_window_fits_the_cache(
     assert stats["files_fetched_ahead"] == 0 and stats["range_reads"] == 0, stats
 
 
+@contextmanager
+def _half_cache_shard_epoch(
+    server: S3Server, data: Dataset, mountpoint: Path, tmp_path: Path
+) -> Iterator[Callable[[], Iterator[str]]]:
+    """A mount with 256 KiB blocks and a cache of half the data, and a call that walks the
+    first epoch of ``ShardSampler(mode="shard", window=1)`` over it (the hint is sent when
+    the walk begins). Unmounted at the end."""
+    pytest.importorskip("torch")
+    from shardfs.torch import ShardSampler
+
+    mount(data.url, mountpoint, tmp_path / "cache", "--block-size", "256K",
+          "--cache-size", str(data.shard_bytes // 2), env=server.env())  # fmt: skip
+    try:
+        names = sorted(data.digests)
+        sampler = ShardSampler(_Folder(mountpoint, names), mode="shard", seed=0,  # type: ignore[arg-type]
+                               num_replicas=1, rank=0, window=1)  # fmt: skip
+        sampler.set_epoch(0)
+        yield lambda: (names[i] for i in sampler)
+    finally:
+        umount(mountpoint)
+
+
+def _blocks_256k(data: Dataset) -> int:
+    return sum(-(-size // (256 << 10)) for size in data.shard_sizes)
+
+
 def test_files_read_from_the_page_cache_retire_their_blocks(
     s3_server: S3Server, dataset: Dataset, mountpoint: Path, tmp_path: Path
 ) -> None:
@@ -348,34 +375,21 @@ def test_files_read_from_the_page_cache_retire_their_blocks(
     default-buffered ``open()``). Those opens alone must tell the hint that the files are
     done, or the blocks holding only such files are never retired (a shard's last block
     may hold only the tar's end and no file)."""
-    pytest.importorskip("torch")
-    from shardfs.torch import ShardSampler
-
-    block = 256 << 10
-    mount(dataset.url, mountpoint, tmp_path / "cache", "--block-size", "256K",
-          "--cache-size", str(dataset.shard_bytes // 2), env=s3_server.env())  # fmt: skip
-    try:
-        names = sorted(dataset.digests)
-        sampler = ShardSampler(_Folder(mountpoint, names), mode="shard", seed=0,  # type: ignore[arg-type]
-                               num_replicas=1, rank=0, window=1)  # fmt: skip
-        sampler.set_epoch(0)
+    with _half_cache_shard_epoch(s3_server, dataset, mountpoint, tmp_path) as order:
         drop_page_cache()
         for _ in os.walk(mountpoint):  # as ImageFolder does: the kernel learns every inode
             pass
-        for name in (names[i] for i in sampler):
+        for name in order():
             with open(mountpoint / name, "rb") as file:  # default buffering: sends TCGETS
                 digest = hashlib.sha256(file.read()).hexdigest()
             assert digest == dataset.digests[name], f"wrong bytes in {name}"
         stats = until_quiet(
             lambda: query(mountpoint), lambda s: s["blocks_retired"], what="the mount"
         )
-    finally:
-        umount(mountpoint)
     # Most files never reached the daemon as a READ: they came from the pushes.
     assert stats["bytes_served"] < dataset.file_bytes // 2, stats
     assert stats["bytes_pushed"] > dataset.file_bytes // 2, stats
-    shard_blocks = sum(-(-size // block) for size in dataset.shard_sizes)
-    assert stats["blocks_retired"] >= shard_blocks - SHARDS, (shard_blocks, stats)
+    assert stats["blocks_retired"] >= _blocks_256k(dataset) - SHARDS, stats
 
 
 def test_reads_the_compiled_path_answers_retire_their_blocks(
@@ -383,23 +397,14 @@ def test_reads_the_compiled_path_answers_retire_their_blocks(
 ) -> None:
     """Every file's pages dropped before it is read, so each is a READ (an epoch of a
     dataset larger than RAM): the compiled path answers the files the hint follows from
-    their cached blocks, and tells the hint of each READ reaching a file's end, or the
-    blocks would never be retired and the next ones never find room."""
-    pytest.importorskip("torch")
+    their cached blocks, and tells the hint of each READ reaching a file's end, which
+    retires the blocks behind the readers so that the next ones find room."""
     from shardfs.fuse import hot_path
-    from shardfs.torch import ShardSampler
 
-    block = 256 << 10
-    mount(dataset.url, mountpoint, tmp_path / "cache", "--block-size", "256K",
-          "--cache-size", str(dataset.shard_bytes // 2), env=s3_server.env())  # fmt: skip
-    try:
-        names = sorted(dataset.digests)
-        sampler = ShardSampler(_Folder(mountpoint, names), mode="shard", seed=0,  # type: ignore[arg-type]
-                               num_replicas=1, rank=0, window=1)  # fmt: skip
-        sampler.set_epoch(0)
+    with _half_cache_shard_epoch(s3_server, dataset, mountpoint, tmp_path) as order:
         settled_counts(s3_server)
         s3_server.reset_counts()
-        for name in (names[i] for i in sampler):
+        for name in order():
             with open(mountpoint / name, "rb", buffering=0) as file:  # no TCGETS: READs only
                 os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # pushed or not
                 digest = hashlib.sha256(file.read()).hexdigest()
@@ -408,11 +413,8 @@ def test_reads_the_compiled_path_answers_retire_their_blocks(
             lambda: query(mountpoint), lambda s: s["blocks_retired"], what="the mount"
         )
         egress = settled_counts(s3_server)["get_object_bytes"]
-    finally:
-        umount(mountpoint)
     assert egress <= dataset.shard_bytes, (egress, stats)
-    assert stats["hinted_reads"] >= len(names), stats  # C's and Python's
+    assert stats["hinted_reads"] >= FILES, stats  # C's and Python's
     if hot_path.available():  # 474 of 480 here; 228 when C did not tell the hint
-        assert stats["hot_path_reads"] >= 9 * len(names) // 10, stats
-    shard_blocks = sum(-(-size // block) for size in dataset.shard_sizes)
-    assert stats["blocks_retired"] >= shard_blocks - SHARDS, (shard_blocks, stats)
+        assert stats["hot_path_reads"] >= 9 * FILES // 10, stats
+    assert stats["blocks_retired"] >= _blocks_256k(dataset) - SHARDS, stats
