@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -322,8 +322,8 @@ class PerFileBench:
             if self.args.order == "shuffled":
                 random.Random(seed).shuffle(paths)
             hint = None
-            if self.args.order == "shard":
-                paths, hint = self.shard_order(paths, seed)
+            if self.args.order in ("shard", "uniform"):
+                paths, hint = self.sampler_order(paths, seed, self.args.order)
             settled_counts(self.server)
             self.server.reset_counts()
             drop_page_cache()
@@ -340,6 +340,7 @@ class PerFileBench:
             tail = sum(process_cpu(pid)) - sum(tail_before)
             cold["daemon_after_reads_us"] = tail / len(paths) * 1e6
             cold["egress_ratio"] = counts["get_object_bytes"] / self.shard_bytes
+            cold["store_gets"] = counts["get_object_requests"]
             for key in ("bytes_pushed", "bytes_served", "reads_waited_on_network",
                         "files_published", "hot_path_reads", "publishes_after_reads",
                         "hot_path_disk_reads", "hot_path_direct_reads", "hot_path_memory_reads",
@@ -365,10 +366,12 @@ class PerFileBench:
         return {"variant": variant, "cold": cold, "warm": warm, "recached": recached,
                 "ioctl": ioctl}  # fmt: skip
 
-    def shard_order(self, paths: list[Path], seed: int) -> tuple[list[Path], Callable[[], None]]:
-        """``--order shard``: the files in the order ``ShardSampler(mode="shard")`` reads
-        them in epoch 0 with seed ``seed`` (one node, one rank; the same planner, without
-        torch), and a call that sends that order to the mount as its hint."""
+    def sampler_order(
+        self, paths: list[Path], seed: int, mode: Literal["shard", "uniform"]
+    ) -> tuple[list[Path], Callable[[], None]]:
+        """``--order shard`` or ``uniform``: the files in the order ``ShardSampler(mode=mode)``
+        reads them in epoch 0 with seed ``seed`` (one node, one rank; the same planner,
+        without torch), and a call that sends that order to the mount as its hint."""
         import numpy as np
 
         from shardfs import placement
@@ -377,7 +380,7 @@ class PerFileBench:
         table = placement.read_placement(str(self.mnt))
         rows = np.array(table.rows_of([str(p.relative_to(self.mnt)) for p in paths]))
         shard_of = np.array(table.shards, dtype=np.int64)[rows]
-        order = plan_node(shard_of, num_samples=len(paths), seed=seed, within=rows).order
+        order = plan_node(shard_of, num_samples=len(paths), mode=mode, seed=seed, within=rows).order
         hinted = array("i", rows[order].tolist())
 
         def send() -> None:
@@ -697,9 +700,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="open() buffering: default, unbuffered (both)",
     )  # fmt: skip
     parser.add_argument(
-        "--order", choices=("shuffled", "sorted", "shard"), default="shuffled",
-        help="the order files are read in: shuffled (a seed per round), sorted, or shard "
-        "(ShardSampler's shard mode, its order sent to the mount as the hint)",
+        "--order", choices=("shuffled", "sorted", "shard", "uniform"), default="shuffled",
+        help="the order files are read in: shuffled (a seed per round), sorted, shard or "
+        "uniform (ShardSampler's mode of that name, its order sent to the mount as the hint)",
     )  # fmt: skip
     parser.add_argument(
         "--fault-bytes", type=int, default=256 << 20,

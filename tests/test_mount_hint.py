@@ -176,6 +176,52 @@ def test_a_reversed_hint_fetches_blocks_in_reversed_order(
     assert f"hinted reads         {after['hinted_reads']} (1 hints)" in text.stdout
 
 
+def test_a_hint_over_a_cache_that_holds_the_data_fetches_a_shards_blocks_in_one_get(
+    dataset: Dataset, proxy: FaultProxy, mounted: Path
+) -> None:
+    """An order that needs each shard's first block, then its last, then the ones between
+    (as uniform mode's orders do, one random block after another): the first block brings
+    the shard's next ones along in its GET, since the cache keeps them all. Handed out one
+    by one, the last block would be a GET of its own."""
+    table = read_placement(str(mounted))
+
+    def blocks_of(row: int) -> list[int]:
+        offset, size = table.offsets[row], table.sizes[row]
+        return list(range(offset // BLOCK, (offset + size - 1) // BLOCK + 1))
+
+    by_shard: dict[int, list[int]] = {}
+    for row in range(len(table)):
+        by_shard.setdefault(table.shards[row], []).append(row)
+    firsts, lasts, between = [], [], []
+    for shard_rows in by_shard.values():
+        shard_rows.sort(key=lambda row: table.offsets[row])
+        first, last = shard_rows[0], shard_rows[-1]
+        assert blocks_of(first) == [0] and blocks_of(last) in ([2], [3])  # the dataset's
+        firsts.append(first)
+        lasts.append(last)
+        between += shard_rows[1:-1]
+    random.Random(5).shuffle(between)
+    rows = firsts + lasts + between
+    needed = {(table.shard_names[table.shards[row]], i) for row in rows for i in blocks_of(row)}
+    send_hint(str(mounted), table, rows, epoch=1)
+    wait_for(lambda: stats(mounted)["prefetched_blocks"] == len(needed), "blocks stored")
+    fetched = []
+    for entry in proxy.state.log:
+        key = entry["key"] or ""
+        if entry["method"] == "GET" and key.startswith(dataset.key_prefix) and entry["range"]:
+            first_byte, last_byte = entry["range"]  # inclusive
+            shard = key[len(dataset.key_prefix) :]
+            fetched += [(shard, i) for i in range(first_byte // BLOCK, last_byte // BLOCK + 1)]
+    assert sorted(fetched) == sorted(needed)  # every block once
+    gets = shard_gets(proxy, dataset)
+    assert sorted(gets) == sorted((name, 0) for name in table.shard_names), gets
+    for row in rows:
+        path = table.paths[row]
+        assert (mounted / path).read_bytes() == dataset.files[path]
+    assert shard_gets(proxy, dataset) == gets  # nothing fetched again
+    assert stats(mounted)["reads_waited_on_network"] == 0
+
+
 def test_a_hint_for_another_table_is_refused_with_einval(
     dataset: Dataset, proxy: FaultProxy, mounted: Path
 ) -> None:

@@ -16,8 +16,9 @@ from support.tarbuild import memory_url, put
 
 from shardfs.cache import BlockCache, BlockKey
 from shardfs.config import CacheConfig, SourceConfig
+from shardfs.read.block_runs import runs_of
 from shardfs.read.fills import BlockFills, Fetch
-from shardfs.read.readahead import Prefetcher
+from shardfs.read.readahead import HintedOrder, Prefetcher
 from shardfs.read.reader import CachedReader
 from shardfs.stats import Stats
 from shardfs.store.remote import Store
@@ -411,3 +412,41 @@ def test_a_read_racing_a_readahead_get_for_its_block_does_not_fetch_it_again(
         assert sum(b - a for a, b in requests) == shard.size, requests  # every byte once
     finally:
         prefetcher.close()
+
+
+def test_a_hinted_plan_with_runs_hands_each_block_once_with_its_shard_followers() -> None:
+    # blocks (shard, index) in first-use order, as a uniform-mode order interleaves them
+    blocks = [(0, 2), (1, 0), (0, 0), (1, 1), (0, 1), (0, 3), (1, 2), (0, 5)]
+    first_use = list(range(len(blocks)))
+    one_by_one = HintedOrder(blocks, first_use, window=2)
+    assert one_by_one.start() == [(0, 2), (1, 0)]
+    assert one_by_one.reached(0) == [(0, 0)]
+
+    plan = HintedOrder(blocks, first_use, window=2, run=4)
+    first = plan.start()
+    # (0, 2) brings (0, 3), and stops at (0, 4), which the plan does not need; (1, 0)
+    # brings (1, 1) and (1, 2)
+    assert first == [(0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]
+    assert runs_of(first) == [(0, [2, 3]), (1, [0, 1, 2])]  # two GETs, not five
+    # (0, 0) brings (0, 1), and stops at (0, 2), handed already
+    assert plan.reached(0) == [(0, 0), (0, 1)]
+    assert [plan.reached(position) for position in range(1, 5)] == [[], [], [], []]
+    assert plan.reached(5) == [(0, 5)]
+    assert plan.reached(7) == []
+
+
+@pytest.mark.parametrize("run", [1, 2, 4])
+def test_a_hinted_plan_hands_every_block_exactly_once_whatever_the_run(run: int) -> None:
+    rng = random.Random(run)
+    needed = [(shard, index) for shard in range(5) for index in range(12) if rng.random() < 0.8]
+    rng.shuffle(needed)
+    plan = HintedOrder(needed, list(range(len(needed))), window=3, run=run)
+    handed = plan.start()
+    for position in range(len(needed)):
+        handed += plan.reached(position)
+    assert sorted(handed) == sorted(needed)  # each block once, none the plan lacks
+    gets = len(runs_of(handed))
+    if run == 1:
+        assert handed == needed  # in first-use order, one GET each
+    else:  # a shard's next block, needed later, comes with the GET of the one before
+        assert gets < len(needed)

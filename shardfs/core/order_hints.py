@@ -18,6 +18,7 @@ from ..config import format_bytes
 from ..errors import UsageError
 from ..formats.codecs import raw_placement
 from ..formats.units import DecodedSpace, is_decoded
+from ..read.block_runs import RUN_BLOCKS
 from ..read.readahead import HINT_WINDOW, HintedOrder
 from ..read.reader import CachedReader
 from ..read.seam import RangeReader
@@ -257,7 +258,7 @@ class OrderHints:
                     unread.append(0)
                 unread[j] += 1
                 last_use[j] = position
-        window, retirement = HINT_WINDOW, None
+        window, retirement, run = HINT_WINDOW, None, 1
         if isinstance(reader, CachedReader):
             reader.follow_hint = True
             reader.new_order()
@@ -269,6 +270,8 @@ class OrderHints:
             if reader.streaming_hint:
                 window = min(HINT_WINDOW, room - live)
                 retirement = _Retirement(block_of, unread, bytearray(table.rows))
+            if not small:  # every block is kept: a block's followers in its shard come with it
+                run = RUN_BLOCKS
             if small and not reader.streaming_hint:
                 need = -(-(live + _MIN_WINDOW) * reader.block_size // _STREAM_ROOM)
                 log.warning(
@@ -279,7 +282,7 @@ class OrderHints:
                     reader.cache_blocks(),
                     format_bytes(int(need)),
                 )
-        plan = HintedOrder(blocks, first_use, window)
+        plan = HintedOrder(blocks, first_use, window, run=run)
         active = _ActiveHint(hint.epoch, position_of_row, plan, hint.rows, retirement)
         self._watch(table, position_of_row)
         self._hint = active
