@@ -450,3 +450,25 @@ def test_a_hinted_plan_hands_every_block_exactly_once_whatever_the_run(run: int)
         assert handed == needed  # in first-use order, one GET each
     else:  # a shard's next block, needed later, comes with the GET of the one before
         assert gets < len(needed)
+
+
+@pytest.mark.parametrize(
+    ("streams", "block", "run"),
+    [(8, 8 << 20, 1), (4, 8 << 20, 2), (8, 1 << 20, 4), (1, 256 << 10, 4)],
+)
+def test_a_hint_fetches_runs_only_as_long_as_every_stream_gets_landing_room(
+    tmp_path: Path, streams: int, block: int, run: int
+) -> None:
+    # the readahead's landing memory (64 MiB) holds a GET of each stream: 8 GETs of one 8
+    # MiB block at the default settings, so the default hands blocks one at a time
+    config = CacheConfig(cache_dir=tmp_path / "cache", size="1G", min_free=0, block_size=block)
+    cache = BlockCache(config, Stats())
+    prefetcher = Prefetcher(streams)
+    store = Store(SourceConfig(memory_url()), cache.stats)
+    try:
+        reader = CachedReader(store, cache, cache.stats, prefetcher=prefetcher)
+        assert reader.hinted_run() == run
+        assert CachedReader(store, cache, cache.stats).hinted_run() == 1  # no readahead
+    finally:
+        prefetcher.close()
+        cache.close()

@@ -18,7 +18,6 @@ from ..config import format_bytes
 from ..errors import UsageError
 from ..formats.codecs import raw_placement
 from ..formats.units import DecodedSpace, is_decoded
-from ..read.block_runs import RUN_BLOCKS
 from ..read.readahead import HINT_WINDOW, HintedOrder
 from ..read.reader import CachedReader
 from ..read.seam import RangeReader
@@ -271,7 +270,7 @@ class OrderHints:
                 window = min(HINT_WINDOW, room - live)
                 retirement = _Retirement(block_of, unread, bytearray(table.rows))
             if not small:  # every block is kept: a block's followers in its shard come with it
-                run = RUN_BLOCKS
+                run = reader.hinted_run()
             if small and not reader.streaming_hint:
                 need = -(-(live + _MIN_WINDOW) * reader.block_size // _STREAM_ROOM)
                 log.warning(

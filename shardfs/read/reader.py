@@ -8,11 +8,12 @@ import time
 
 from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, NoRoom
 from ..cache.block_cache import BlockFile
+from ..cache.landing import READAHEAD_BYTES
 from ..stats import Stats
 from ..store.remote import Store
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
-from .block_runs import BlockRun, UnreadPrefetched, runs_of
+from .block_runs import RUN_BLOCKS, BlockRun, UnreadPrefetched, runs_of
 from .files_ahead import FilesAhead
 from .fills import Arrivals, Block, BlockFetch, BlockFills, ColdClock, Completion, Fetch
 from .local_blocks import LocalBlocks
@@ -404,6 +405,17 @@ class CachedReader:
     def cache_blocks(self) -> int:
         """Whole blocks the cache's bound holds."""
         return self.cache.limit() // self.block_size
+
+    def hinted_run(self) -> int:
+        """Blocks of a shard that an order hint may fetch with one GET when the cache holds
+        the data (``HintedOrder``'s ``run``): as many as keep a GET of every stream within
+        the readahead's landing memory, at most ``RUN_BLOCKS``. A run lands whole before its
+        first block is stored, so a longer one would leave streams idle and make its first
+        block later: 1 at the default 8 streams of 8 MiB blocks, 4 at 1 MiB blocks."""
+        if self.prefetcher is None:
+            return 1
+        fits = READAHEAD_BYTES // (self.prefetcher.streams * self.block_size)
+        return max(1, min(RUN_BLOCKS, fits))
 
     def read_ahead(self, shard: ShardInfo, after: int = -1) -> int:
         """Queue every block of ``shard`` (from ``after + 1``, wrapping); once per shard."""
