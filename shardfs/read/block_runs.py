@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Generator
 from typing import Protocol
 
 from ..cache import BlockCache, BlockKey, NoRoom
 from ..stats import Stats
+from ..store.remote import Store
 from ..store.responses import Landing
 from ..store.shards import ShardInfo
 from .fills import Arrivals, Block, BlockFetch
@@ -70,14 +73,15 @@ class RunOwner(Protocol):
     """What a run needs of its reader (``CachedReader``)."""
 
     cache: BlockCache
+    store: Store
     block_size: int
     coming: Arrivals
     paid_in_part: PaidInPart
     stats: Stats
 
-    def get_pieces(
+    def stream_pieces(
         self, shard: ShardInfo, start: int, end: int, piece: int, land: Landing | None = ...
-    ) -> list[Block]: ...
+    ) -> Generator[Block, None, None]: ...
 
     def prefetch_one(
         self,
@@ -96,7 +100,9 @@ class BlockRun:
     """One readahead task over consecutive blocks ``indices`` of a shard: one GET covers
     every block from the first one still needed to the end of the run, as far as the
     blocks are missing and fit (evicting only blocks used before ``evict_before``); each
-    block is then stored on its own. A block part of which came as a range this epoch
+    block is stored on its own as soon as it has landed, while the GET's later blocks are
+    still on the wire where the store streams them (``Store.stream``), so that a run holds
+    one block of landing memory at a time. A block part of which came as a range this epoch
     (``PaidInPart``) is left out: its files come as ranges."""
 
     def __init__(
@@ -112,7 +118,9 @@ class BlockRun:
         self.skey = skey
         self.indices = indices
         self.evict_before = evict_before
-        self._got: dict[int, Block] = {}  # blocks the last GET brought, not yet stored
+        self._pieces: Generator[Block, None, None] | None = None  # the last GET's, not taken
+        self._first = self._next = -1  # the GET's first block, and the one it brings next
+        self._rooms: list[int] = []  # landing room to hold while each of them lands
         self._held: dict[int, int] = {}  # room held for those blocks (bytes, per block)
         self._marked: set[int] = set()  # blocks marked coming by this run's GETs
 
@@ -143,22 +151,51 @@ class BlockRun:
         self._marked.update(range(index + 1, last))
         return min(self.shard.size, last * size)
 
+    def _brings(self, index: int) -> bool:
+        """Whether the run's GET brings block ``index`` next."""
+        brought = self._next - self._first < len(self._rooms)  # within the GET's range
+        return self._pieces is not None and self._next == index and brought
+
+    def _take(self, index: int) -> Block | None:
+        """Block ``index`` from the run's GET if it brings it next, received now (within
+        the readahead's landing memory: ``landing_room``, the pusher catches up first)."""
+        pieces = self._pieces
+        if pieces is None or not self._brings(index):
+            return None
+        room = self._rooms[index - self._first]
+        with self.reader.cache.landing_room(room) if room else contextlib.nullcontext():
+            block = next(pieces, None)
+        self._next += 1
+        return block
+
+    def _close(self) -> None:
+        """Leave the GET's pieces not taken (the connection is closed if bytes are left)."""
+        if self._pieces is not None:
+            self._pieces.close()
+            self._pieces = None
+
     def _fetcher(self, index: int) -> BlockFetch:
         reader, size = self.reader, self.reader.block_size
 
         def fetch_range(lo: int, hi: int) -> Block:
-            block = self._got.pop(index, None)
+            block = self._take(index)
             if block is None:
                 if reader.paid_in_part.holds(self.skey, index):  # looked at again, claimed
                     raise NoRoom(BlockKey(self.skey, index))
                 # Reads of the later blocks wait for this GET and their store, rather
                 # than fetch the same bytes again (``_stretch_end`` marks them coming).
                 start, end = index * size, self._stretch_end(index)
-                with reader.cache.landing_room(end - start):  # the pusher catches up first
-                    pieces = reader.get_pieces(self.shard, start, end, size, reader.cache.landing)
-                self._got.clear()
-                self._got.update(enumerate(pieces, start=index))
-                block = self._got.pop(index)
+                self._close()
+                self._pieces = reader.stream_pieces(self.shard, start, end, size,
+                    reader.cache.landing)  # fmt: skip
+                self._first = self._next = index
+                lens = [min(size, end - at) for at in range(start, end, size)]
+                # A store that does not stream lands the whole GET with its first piece.
+                streamed = reader.store.streams_pieces(self.shard)
+                self._rooms = lens if streamed else [end - start] + [0] * (len(lens) - 1)
+                block = self._take(index)
+                if block is None:
+                    raise ValueError(f"a GET of [{start}:{end}] brought nothing")
             return block if lo == 0 and hi == len(block) else block[lo:hi]
 
         return fetch_range
@@ -170,7 +207,7 @@ class BlockRun:
         try:
             for index in self.indices:
                 try:
-                    if index not in self._got and reader.paid_in_part.holds(skey, index):
+                    if not self._brings(index) and reader.paid_in_part.holds(skey, index):
                         reader.stats.add(blocks_paid_in_part=1)
                         continue  # part of it came as a range this epoch: not paid twice
                     fetch = self._fetcher(index)
@@ -179,8 +216,8 @@ class BlockRun:
                         self.shard, skey, index, fetch, self.evict_before, held
                     )
                     stored |= stored_now
-                    unstored = None if stored_now else self._got.pop(index, None)
-                    if unstored is not None:  # brought by the GET, then no room to store it
+                    unstored = None if stored_now else self._take(index)
+                    if unstored is not None:  # brought by the GET, then not stored
                         reader.keep_unstored(self.shard, skey, index, unstored)
                 finally:
                     if index in self._marked:
@@ -189,7 +226,7 @@ class BlockRun:
         finally:
             reader.coming.arrived(skey, *self._marked)  # a failed GET: nobody waits any more
             self._marked.clear()
-            self._got.clear()
+            self._close()
             reader.cache.release(sum(self._held.values()))
             self._held.clear()
         return stored

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Generator
 
 from ..cache import EVICT_ANY, EVICT_NONE, RETIRED_BEFORE, BlockCache, BlockKey, NoRoom
 from ..cache.block_cache import BlockFile
@@ -159,6 +160,14 @@ class CachedReader:
             block = body[index * size : (index + 1) * size]
             if self.cache.offer(BlockKey(skey, index), block):
                 self._announce(shard, skey, index, block)
+
+    def stream_pieces(
+        self, shard: ShardInfo, start: int, end: int, piece: int, land: Landing | None = None
+    ) -> Generator[Block, None, None]:
+        """``get_pieces``, each piece handed on as it lands where the store can."""
+        kept = functools.partial(self._keep_whole, shard)
+        return self.store.stream(shard, start, end, piece, retries=self.retries, land=land,
+            whole=kept)  # fmt: skip
 
     def block_count(self, shard: ShardInfo) -> int:
         return -(-shard.size // self.block_size)
@@ -408,12 +417,14 @@ class CachedReader:
 
     def hinted_run(self) -> int:
         """Blocks of a shard that an order hint may fetch with one GET when the cache holds
-        the data (``HintedOrder``'s ``run``): as many as keep a GET of every stream within
-        the readahead's landing memory, at most ``RUN_BLOCKS``. A run lands whole before its
-        first block is stored, so a longer one would leave streams idle and make its first
-        block later: 1 at the default 8 streams of 8 MiB blocks, 4 at 1 MiB blocks."""
+        the data (``HintedOrder``'s ``run``): ``RUN_BLOCKS`` where the store hands a GET's
+        blocks on as they land (``Store.stream``). Elsewhere a run lands whole first, so it
+        is as long as keeps a GET of every stream within the readahead's landing memory: 1
+        at the default 8 streams of 8 MiB blocks, 4 at 1 MiB blocks."""
         if self.prefetcher is None:
             return 1
+        if self.store.streams_pieces():
+            return RUN_BLOCKS
         fits = READAHEAD_BYTES // (self.prefetcher.streams * self.block_size)
         return max(1, min(RUN_BLOCKS, fits))
 

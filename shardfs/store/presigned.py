@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Generator
 from typing import Any
 
 from .lean_http import HTTPFailure, LeanPool
@@ -53,6 +54,36 @@ class PresignedRanges:
         except (OSError, HTTPFailure) as exc:  # timeouts, resets, refused connections
             raise TransientError(str(exc) or type(exc).__name__) from exc
 
+    def answer(self, path: str, start: int, end: int, size: int, etag: str, deadline: float) -> Any:
+        """The response to a ranged GET of bytes ``[start, end)`` of the object at ``path``
+        as indexed (``size``, ``etag``), its status and headers checked (``check_answer``):
+        a 206, or a 200 with the whole object (a server that ignores Range). Its body is
+        read by ``body`` or ``stream``."""
+        headers = {"Range": f"bytes={start}-{end - 1}"}
+        if checks_etag(etag):
+            headers["If-Match"] = f'"{etag}"'
+        response = self._request(path, headers, deadline)
+        if response.status == 403:  # an expired or rejected signature: sign again once
+            _discard(response)
+            with self._lock:
+                self._urls.pop(path, None)
+            response = self._request(path, headers, deadline)
+        try:
+            check_answer(
+                what=f"{path} [{start}:{end}]",
+                status=response.status,
+                content_range=response.headers.get("Content-Range"),
+                etag_header=response.headers.get("ETag"),
+                start=start,
+                end=end,
+                size=size,
+                etag=etag,
+            )
+        except BaseException:
+            _discard(response)
+            raise
+        return response
+
     def get(
         self,
         path: str,
@@ -70,39 +101,45 @@ class PresignedRanges:
         that no piece is a copy cut from a larger buffer. A server that ignores Range (a
         200) gives the whole object, as one piece: the caller keeps it (``store.Store``).
         ``land(n)`` gives memory for each piece of a 206 to be received into."""
-        headers = {"Range": f"bytes={start}-{end - 1}"}
-        if checks_etag(etag):
-            headers["If-Match"] = f'"{etag}"'
-        response = self._request(path, headers, deadline)
-        if response.status == 403:  # an expired or rejected signature: sign again once
-            _discard(response)
-            with self._lock:
-                self._urls.pop(path, None)
-            response = self._request(path, headers, deadline)
+        response = self.answer(path, start, end, size, etag, deadline)
+        return self.body(response, path, start, end, size, deadline, piece, land)
+
+    @staticmethod
+    def body(
+        response: Any,
+        path: str,
+        start: int,
+        end: int,
+        size: int,
+        deadline: float,
+        piece: int,
+        land: Landing | None = None,
+    ) -> list[bytes | memoryview]:
+        """The whole body of an ``answer``, as ``get`` gives it."""
         what = f"{path} [{start}:{end}]"
-        try:
-            check_answer(
-                what=what,
-                status=response.status,
-                content_range=response.headers.get("Content-Range"),
-                etag_header=response.headers.get("ETag"),
-                start=start,
-                end=end,
-                size=size,
-                etag=etag,
-            )
-            if response.status == 206:
-                pieces = _read_pieces(response, end - start, piece, deadline, land)
-                check_length(what, 206, sum(map(len, pieces)), start, end, size)
-            else:  # the whole object (a server that ignores Range)
-                whole = b"".join(_read_pieces(response, size, size, deadline))
-                check_length(what, 200, len(whole), start, end, size)
-                pieces = [whole]
-        except BaseException:
-            _discard(response)
-            raise
-        response.release_conn()
-        return pieces
+        if response.status == 206:
+            return list(_pieces(response, what, 206, (start, end, size), piece, deadline, land))
+        whole = _pieces(response, what, 200, (start, end, size), size, deadline)
+        return [b"".join(whole)]  # the whole object (a server that ignores Range)
+
+    @staticmethod
+    def stream(
+        response: Any,
+        path: str,
+        start: int,
+        end: int,
+        size: int,
+        deadline: float,
+        piece: int,
+        land: Landing | None = None,
+    ) -> Generator[bytes | memoryview, None, None]:
+        """The body of a 206 ``answer`` as ``get``'s pieces, each handed on as soon as it
+        has landed, while the next ones are still on the wire: only whole pieces, so a body
+        cut short raises (WrongLengthError, TransientError) before its last piece. Between
+        two pieces the caller may take its time, within ``deadline``; a caller that stops
+        early closes the connection."""
+        yield from _pieces(response, f"{path} [{start}:{end}]", 206, (start, end, size), piece,
+            deadline, land)  # fmt: skip
 
 
 def _discard(response: Any) -> None:
@@ -111,29 +148,46 @@ def _discard(response: Any) -> None:
     response.release_conn()
 
 
-def _read_pieces(
-    response: Any, length: int, piece: int, deadline: float, land: Landing | None = None
-) -> list[bytes | memoryview]:
-    """Up to ``length`` body bytes in pieces of ``piece``, the deadline checked between
-    pieces; each piece received into memory from ``land`` when given. Read undecoded: the
-    range is over the stored bytes, whatever their encoding."""
-    pieces: list[bytes | memoryview] = []
+def _pieces(
+    response: Any,
+    what: str,
+    status: int,
+    asked: tuple[int, int, int],
+    piece: int,
+    deadline: float,
+    land: Landing | None = None,
+) -> Generator[bytes | memoryview, None, None]:
+    """The body of an answer with ``status`` to a GET of ``asked`` (start, end, the
+    object's size), in pieces of ``piece`` bytes, the deadline checked between pieces; each
+    piece received into memory from ``land`` when given. Read undecoded: the range is over
+    the stored bytes, whatever their encoding. A body of another length raises
+    (``check_length``) before the piece it ends in. The connection goes back to the pool
+    once the body is read, and is closed otherwise (a failure, a caller that stopped)."""
+    start, end, size = asked
+    length = end - start if status == 206 else size
     left = length
+    done = False
     try:
         while left > 0:
-            data: bytes | memoryview
-            if land is not None:
-                data = land(min(piece, left))
-                got = response.readinto(data)
-                data = data if got == len(data) else data[:got]
-            else:
-                data = response.read(min(piece, left), decode_content=False)
-            if not data:
-                break
-            pieces.append(data)
-            left -= len(data)
+            want = min(piece, left)
+            try:
+                if land is not None:
+                    data: bytes | memoryview = land(want)
+                    got = response.readinto(data)
+                else:
+                    data = response.read(want, decode_content=False)
+                    got = len(data)
+            except (OSError, HTTPFailure) as exc:  # reset, bad chunk, stall
+                raise TransientError(str(exc) or type(exc).__name__) from exc
+            if got != want:
+                check_length(what, status, length - left + got, start, end, size)
+            left -= want
+            yield data
             if left > 0 and time.monotonic() > deadline:
                 raise TransientError("the read deadline passed while the body arrived")
-    except (OSError, HTTPFailure) as exc:  # reset, bad chunk, stall
-        raise TransientError(str(exc) or type(exc).__name__) from exc
-    return pieces
+        done = True
+    finally:
+        if done:
+            response.release_conn()
+        else:
+            _discard(response)

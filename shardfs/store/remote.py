@@ -14,27 +14,24 @@ import contextlib
 import hashlib
 import logging
 import os
-import posixpath
-import re
-import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
-from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from collections.abc import Callable, Generator, Iterator
+from typing import TYPE_CHECKING
 
 import fsspec
 
-from ..atomic import replacing
 from ..config import SourceConfig, format_bytes
 from ..errors import ShardChangedError, ShardfsError, StoreReadError
 from ..stats import Stats
 from ..store.shards import Readable
-from . import http_ranges, responses, s3_ranges
+from . import fsspec_ranges, http_ranges, responses, s3_ranges
 from .client import S3_PROTOCOLS, open_filesystem, protocol_of, translate_errors, version_of
 from .listing import ShardListing
 from .local_files import read_local_file
+from .object_writes import LOCAL_PROTOCOLS as _LOCAL_PROTOCOLS
+from .object_writes import ObjectWrites
 from .responses import PreconditionFailed, TransientError, WrongLengthError, pieces_of
 from .shards import ShardInfo
 from .stream import ShardStream
@@ -46,13 +43,10 @@ if TYPE_CHECKING:  # imported when used: only S3 needs urllib3
 
 log = logging.getLogger(__name__)
 
-# The temp names of atomic_writer on a local folder: ``.NAME.tmp-PID-NS``.
-_TEMP_NAME = re.compile(r"\..+\.tmp-\d+-\d+")
 # Fast-path failures in a row (other than changed shards and transient faults) after which
 # requests go straight to s3fs for a while; the fast path is then tried again.
 _FAST_FAILURES_TO_PAUSE = 3
 _FAST_PAUSE_S = 60.0
-_LOCAL_PROTOCOLS = ("file", "local")
 # Errors that say the code is wrong, not the store: never retried.
 _PROGRAMMING_ERRORS: tuple[type[Exception], ...] = (
     TypeError,
@@ -66,7 +60,7 @@ _PROGRAMMING_ERRORS: tuple[type[Exception], ...] = (
 __all__ = ["SHARD_SUFFIX", "ShardInfo", "Store", "translate_errors"]
 
 
-class Store:
+class Store(ObjectWrites):
     """A source of shards behind an fsspec filesystem; ``stats`` counts what it fetches."""
 
     def __init__(self, config: SourceConfig, stats: Stats | None = None) -> None:
@@ -237,6 +231,80 @@ class Store:
                 return responses.Fetched(pieces_of(body[start:end], piece))
             return self._fetch(shard, start, end, piece, retries, scan, land)
 
+    def streams_pieces(self, shard: ShardInfo | None = None) -> bool:
+        """Whether ``stream`` hands a GET's pieces on as they land (a presigned GET on S3)
+        rather than once it has landed whole (any shard, or ``shard``)."""
+        return (
+            self._presigned is not None
+            and self._whole is None
+            and time.monotonic() >= self._fast_paused_until
+        )
+
+    def stream(
+        self,
+        shard: ShardInfo,
+        start: int,
+        end: int,
+        piece: int,
+        *,
+        retries: int = 4,
+        land: responses.Landing | None = None,
+        whole: Callable[[bytes], None] | None = None,
+    ) -> Generator[responses.Piece, None, None]:
+        """``fetch``'s pieces, each handed on as soon as it has landed where the GET can (a
+        presigned GET on S3, answered with the range): a GET for several blocks then holds
+        one piece's memory at a time, and its first block comes as early as a GET of that
+        block alone. Elsewhere the pieces come once the GET has landed whole; ``whole`` is
+        given the shard where the server sent all of it (as ``Fetched.whole``). A GET that
+        fails partway is retried from the first piece not yet handed on, through ``fetch``
+        (its retries and deadline): no piece is handed on twice."""
+        fast, at = self._presigned, start
+        if fast is not None and self.streams_pieces(shard):
+            try:
+                streamed = self._streamed(fast, shard, start, end, piece, land, whole)
+                with contextlib.closing(streamed) as pieces:
+                    for data in pieces:
+                        at += len(data)
+                        yield data
+            except _PROGRAMMING_ERRORS:
+                raise
+            except Exception as exc:  # the rest through ``fetch``, which tells what it was
+                log.info("read %s [%d:%d] failed (%s); fetching the rest", shard.name, at, end, exc)
+        if at < end:
+            got = self.fetch(shard, at, end, piece, retries=retries, land=land)
+            if got.whole is not None and whole is not None:
+                whole(got.whole)
+            yield from got.pieces
+
+    def _streamed(
+        self,
+        fast: PresignedRanges,
+        shard: ShardInfo,
+        start: int,
+        end: int,
+        piece: int,
+        land: responses.Landing | None,
+        whole: Callable[[bytes], None] | None,
+    ) -> Generator[responses.Piece, None, None]:
+        """One presigned GET's pieces as they land (``stream``), counted."""
+        path = self._path(shard.name)
+        deadline = time.monotonic() + self.config.read_timeout
+        self.stats.add(store_requests=1)
+        answer = fast.answer(path, start, end, shard.size, shard.etag, deadline)
+        if answer.status != 206:  # the whole shard: kept, as ``fetch`` keeps it
+            body = bytes(fast.body(answer, path, start, end, shard.size, deadline, shard.size)[0])
+            self.stats.add(bytes_fetched=len(body))
+            self._range_ignored(shard, body)
+            if whole is not None:
+                whole(body)
+            yield from pieces_of(body[start:end], piece)
+            return
+        body_pieces = fast.stream(answer, path, start, end, shard.size, deadline, piece, land)
+        with contextlib.closing(body_pieces) as pieces:
+            for data in pieces:
+                self.stats.add(bytes_fetched=len(data))
+                yield data
+
     def _fetch(
         self,
         shard: ShardInfo,
@@ -340,7 +408,7 @@ class Store:
         elif self.is_http:
             data = http_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
         elif self.protocol not in S3_PROTOCOLS:
-            data = self._get_range_fsspec(path, shard, start, end, timeout)
+            data = fsspec_ranges.get_range(self.fs, path, shard.name, start, end, timeout)
         else:
             fast = self._presigned
             if fast is None or time.monotonic() < self._fast_paused_until:
@@ -381,24 +449,6 @@ class Store:
             exc,
             _FAST_PAUSE_S,
         )
-
-    def _get_range_fsspec(
-        self, path: str, shard: ShardInfo, start: int, end: int, timeout: float
-    ) -> bytes:
-        """A store without a checked path of ours: only the length can be checked."""
-        loop = getattr(self.fs, "loop", None)
-        cat = getattr(self.fs, "_cat_file", None)
-        if getattr(self.fs, "async_impl", False) and loop is not None and cat is not None:
-            from fsspec.asyn import sync
-
-            data = bytes(sync(loop, cat, path, start=start, end=end, timeout=timeout))
-        else:
-            data = bytes(self.fs.cat_file(path, start=start, end=end))
-        if len(data) != end - start:
-            raise WrongLengthError(
-                f"{shard.name}: store returned {len(data)} bytes for [{start}:{end}]"
-            )
-        return data
 
     @property
     def checks_identity(self) -> bool:
@@ -446,55 +496,3 @@ class Store:
         except Exception as exc:
             raise translate_errors(self.config.url, exc) from exc
         return sorted(p[len(prefix) :] if p.startswith(prefix) else p for p in found)
-
-    def _upload(self, local_path: str, name: str) -> None:
-        """Upload a local file in one PUT (or one completed multipart upload), which object
-        stores make visible whole: ``name`` appears complete or not at all."""
-        path = self._path(name)
-        self._call(name, lambda: self.fs.put_file(local_path, path))
-        self.fs.invalidate_cache(path)
-
-    @contextlib.contextmanager
-    def atomic_writer(self, name: str) -> Iterator[IO[bytes]]:
-        """A file to write ``name`` into; it appears complete when the block exits cleanly,
-        and not at all otherwise. A local destination is written in place under a hidden
-        temp name (``atomic.replacing``, no second copy); other stores get a local temp file
-        and one upload."""
-        if self.protocol not in _LOCAL_PROTOCOLS:
-            with tempfile.NamedTemporaryFile(prefix=".shardfs-pack-", suffix=".tar") as tmp:
-                yield tmp
-                tmp.flush()
-                self._upload(tmp.name, name)
-            return
-        path = Path(self._path(name))
-        with contextlib.ExitStack() as stack:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                temp = stack.enter_context(replacing(path, prefix=f".{path.name}.tmp-", mode=0o666))
-                handle = stack.enter_context(open(temp, "wb"))
-            except OSError as exc:
-                raise translate_errors(name, exc) from exc
-            yield handle  # closed, then renamed over ``path``, as the stack unwinds
-        self.fs.invalidate_cache(str(path))
-
-    def remove_temp_files(self, names: list[str]) -> list[str]:
-        """Delete the temp names a killed ``atomic_writer`` left among ``names``."""
-        left = [n for n in names if _TEMP_NAME.fullmatch(posixpath.basename(n))]
-        for name in left:
-            path = self._path(name)
-            try:
-                self.fs.rm_file(path)
-            except FileNotFoundError:
-                pass
-            except Exception as exc:
-                raise translate_errors(name, exc) from exc
-            self.fs.invalidate_cache(path)
-        return left
-
-    def write_object(self, name: str, data: bytes) -> None:
-        """Write a small object next to the shards in one PUT."""
-        path = self._path(name)
-        if self.protocol in _LOCAL_PROTOCOLS:
-            self._call(name, lambda: self.fs.makedirs(posixpath.dirname(path), exist_ok=True))
-        self._call(name, lambda: self.fs.pipe_file(path, data))
-        self.fs.invalidate_cache(path)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 Landing = Callable[[int], memoryview]  # memory to receive a piece of n bytes into
-Pieces = list[bytes | memoryview]  # a GET's body: bytes, or views of ``Landing`` memory
+Piece = bytes | memoryview  # bytes, or a view of ``Landing`` memory
+Pieces = list[Piece]  # a GET's body
 
 
 class PreconditionFailed(Exception):

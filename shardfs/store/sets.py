@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import IO, NoReturn
 
 from ..config import SourceConfig
@@ -23,7 +23,7 @@ from ..stats import Stats
 from ..store.shards import Readable
 from .client import S3_PROTOCOLS
 from .remote import Store
-from .responses import Fetched, Landing, Pieces
+from .responses import Fetched, Landing, Piece, Pieces
 from .shards import ShardInfo
 
 
@@ -142,6 +142,25 @@ class StoreSet(Store):
     ) -> Fetched:
         part, own = self._owner(shard)
         return part.fetch(own, start, end, piece, retries=retries, scan=scan, land=land)
+
+    def streams_pieces(self, shard: ShardInfo | None = None) -> bool:
+        if shard is None:
+            return all(part.streams_pieces() for part, _ in self._parts)
+        return self._owner(shard)[0].streams_pieces()
+
+    def stream(
+        self,
+        shard: ShardInfo,
+        start: int,
+        end: int,
+        piece: int,
+        *,
+        retries: int = 4,
+        land: Landing | None = None,
+        whole: Callable[[bytes], None] | None = None,
+    ) -> Generator[Piece, None, None]:
+        part, own = self._owner(shard)
+        return part.stream(own, start, end, piece, retries=retries, land=land, whole=whole)
 
     @property
     def checks_identity(self) -> bool:

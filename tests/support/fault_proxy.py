@@ -35,6 +35,7 @@ GET happens to come first). Faults:
 ``etag``              the right bytes under a different ETag header
 ``stall``             sleep ``seconds`` before the headers (``where="headers"``) or mid-body
 ``blackhole``         read the request and never answer until the rule is removed
+``ignore_range``      forward the GET without its Range: moto answers 200, the whole object
 ====================  ================================================================
 
 The range faults (``short_206``, ``long_206``, ``shifted_range``, ``wrong_content_range``)
@@ -73,6 +74,7 @@ FAULTS = (
     "etag",
     "stall",
     "blackhole",
+    "ignore_range",
 )
 RANGE_FAULTS = frozenset({"short_206", "long_206", "shifted_range", "wrong_content_range"})
 KINDS = frozenset({"fast", "scan", "fallback", "plain", "other"})
@@ -387,6 +389,8 @@ class _Handler(BaseHTTPRequestHandler):
             if lowered in _HOP_BY_HOP or lowered == "content-length":
                 continue
             if lowered == "range" and range_header is not None:
+                if not range_header:
+                    continue  # "": the request goes without one
                 value = range_header
             conn.putheader(name, value)
         if body is not None:
@@ -468,6 +472,8 @@ class _Handler(BaseHTTPRequestHandler):
             if upstream.header("ETag") is not None:
                 upstream.set_header("ETag", '"00000000000000000000000000000bad"')
             self._relay(upstream, request)
+        elif fault == "ignore_range":
+            self._relay(self._forward(request, body, range_header=""), request)
         elif fault in ("reset", "truncate"):
             self._break(rule, request, body)
         else:
