@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -168,15 +169,20 @@ def test_a_run_block_with_no_room_left_is_kept_not_dropped() -> None:
         def landing_room(self, length: int) -> contextlib.AbstractContextManager[None]:
             return contextlib.nullcontext()
 
+    class Store:
+        def streams_pieces(self, shard: object = None) -> bool:
+            return True
+
     class Reader:
-        cache, block_size, coming = Cache(), size, Arrivals(1.0)
+        cache, block_size, coming, store = Cache(), size, Arrivals(1.0), Store()
         paid_in_part, stats = PaidInPart(size), Stats()
 
-        def get_pieces(
+        def stream_pieces(
             self, shard: object, start: int, end: int, piece: int, land: object
-        ) -> list[bytes]:
+        ) -> Iterator[bytes]:
             gets.append((start, end))
-            return [DATA[at : min(end, at + piece)] for at in range(start, end, piece)]
+            for at in range(start, end, piece):
+                yield DATA[at : min(end, at + piece)]
 
         def prefetch_one(
             self,

@@ -32,7 +32,7 @@ from test_mount_cache import (
 from shardfs.cache import block_format
 from shardfs.cache.block_cache import BlockFile
 from shardfs.cache.block_format import BlockKey, encode_block, read_header
-from shardfs.fuse import hot_library, hot_path
+from shardfs.fuse import hot_library, hot_path, hot_reports
 from shardfs.fuse.binding import EntryParam
 from shardfs.mount.control import pid_file
 from shardfs.views.block_files import FileTable
@@ -339,7 +339,7 @@ def test_a_file_the_hint_follows_is_answered_in_c_and_its_end_told_to_the_hint()
         assert hot.publish_memory(block, table, token="b") is not None
         read(3, 4096, 0)  # its start: not its end
         read(6, 4096, 0)  # whole, but no hint follows it
-        time.sleep(2 * hot_path.OPENED_BATCH_S)
+        time.sleep(2 * hot_reports.OPENED_BATCH_S)
         assert opened == []
         read(3, 4096, 4096)  # its end
         read(4, 128 << 10, 0)  # the whole file in one READ

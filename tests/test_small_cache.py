@@ -11,9 +11,11 @@ the order hint <= 1.1 x (1 - cache / dataset) once the cache holds the previous 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -390,6 +392,39 @@ def test_files_read_from_the_page_cache_retire_their_blocks(
     assert stats["bytes_served"] < dataset.file_bytes // 2, stats
     assert stats["bytes_pushed"] > dataset.file_bytes // 2, stats
     assert stats["blocks_retired"] >= _blocks_256k(dataset) - SHARDS, stats
+
+
+def test_a_new_hint_leaves_retired_the_blocks_the_last_one_was_done_with(
+    s3_server: S3Server, dataset: Dataset, mountpoint: Path, tmp_path: Path
+) -> None:
+    """The compiled path tells which published blocks answered READs once a second. An
+    epoch's last reads, told after the next epoch's hint arrived, used to warm the blocks
+    the hint before had retired: those then held the cache's room, and the next epoch's
+    first blocks found none (its files came as ranges; test above, about 1 run in 2 here).
+    The mount now hears what the compiled path saw before it takes a new hint. So right
+    after an epoch read through the compiled path, and a hint over 5 files, the only blocks
+    not retired are those the new hint fetched."""
+    import sqlite3
+
+    from shardfs.placement import read_placement, send_hint
+
+    with _half_cache_shard_epoch(s3_server, dataset, mountpoint, tmp_path) as order:
+        names = list(order())
+        for name in names:
+            with open(mountpoint / name, "rb", buffering=0) as file:  # no TCGETS: READs only
+                os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                assert hashlib.sha256(file.read()).hexdigest() == dataset.digests[name]
+        placement = read_placement(str(mountpoint))
+        row_of = {path: row for row, path in enumerate(placement.paths)}
+        first = names[:5]  # read 2 s ago or more: their blocks went long ago
+        send_hint(str(mountpoint), placement, [row_of[name] for name in first], epoch=1)
+        time.sleep(2.5)  # two of the compiled path's reports (SWEEP_S) and the new fetches
+    # Unmounted: the last uses are in the ledger.
+    with contextlib.closing(sqlite3.connect(tmp_path / "cache" / "cache.sqlite")) as db:
+        warm = db.execute("SELECT COUNT(*) FROM blocks WHERE atime >= 1e6").fetchone()[0]
+        cached = db.execute("SELECT COUNT(*) FROM blocks").fetchone()[0]
+    needed = sum(dataset.sizes[name] for name in first) // (256 << 10) + 2
+    assert cached > needed and warm <= needed, (warm, cached, needed)
 
 
 def test_reads_the_compiled_path_answers_retire_their_blocks(

@@ -19,7 +19,6 @@ import errno
 import logging
 import os
 import resource
-import threading
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from .c_memory import tables as _tables
 from .hot_library import COUNTERS as _COUNTERS
 from .hot_library import Counters as _Counters
 from .hot_library import load
+from .hot_reports import HotReports
 
 if TYPE_CHECKING:
     from ..cache.block_cache import BlockFile
@@ -44,15 +44,6 @@ log = logging.getLogger(__name__)
 
 _HANDLERS = ("read", "ioctl", "forget", "forget_multi")
 OPENED_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_uint64)
-# How often published blocks are checked for removal from the cache: what they may hold
-# of the disk beyond the cache's bound is what the cache evicts in that time.
-SWEEP_S = 1.0
-_TAKE_OPENED = 1024  # inodes taken from C's queue of opens at a time
-# How long the opens thread lets opens gather once woken. The hint hears of them that much
-# later: at 300 images/s, 15 files' worth, where readahead runs blocks ahead. Half of the
-# thread's CPU went per wake-up: at 10 ms, 0.11-0.16 s per 3,000-file epoch; at 50 ms,
-# 0.05-0.07 s (docs/benchmark.md, stop 39).
-OPENED_BATCH_S = 0.05
 # Threads of C's that answer READs of published files whose pages are not in memory (the
 # page cache dropped, a dataset larger than RAM): they wait on the disk, so that the session
 # thread never does and no such READ goes through the interpreter. Idle ones cost nothing.
@@ -169,11 +160,8 @@ class HotPath:
         self._lookups = lookups
         self._reply_entry = ctypes.cast(fuse.fuse_reply_entry, ctypes.c_void_p).value
         self._opened = OPENED_TYPE(lambda ino: opened((ino,)))  # C's, when its queue is full
-        self._on_opened = opened
-        self._opened_fd = -1
-        self._opens = threading.Thread(target=self._take_opened, name="shardfs-opened", daemon=True)
-        self._used = used
-        self._tokens: list[Any] = [None] * lib.hot_max_blocks()  # by C's block slot
+        self._reports = HotReports(lib, lib.hot_max_blocks(), used=used, opened=opened)
+        self._tokens = self._reports.tokens  # by C's block slot
         fns = (ctypes.c_void_p * 7)(
             ctypes.cast(fuse.fuse_reply_err, ctypes.c_void_p).value,
             ctypes.cast(fuse.fuse_reply_buf, ctypes.c_void_p).value,
@@ -186,8 +174,6 @@ class HotPath:
         self._fns = fns
         self._ctx: int | None = None
         self._final: dict[str, int] | None = None  # the counters when closed
-        self._closing = threading.Event()
-        self._sweeper = threading.Thread(target=self._sweep, name="shardfs-hot", daemon=True)
         self._args = (hint_ino, hint_cmd, inodes, _address(in_kernel), _address(watched),
                       _address(delivered))  # fmt: skip
 
@@ -217,10 +203,7 @@ class HotPath:
             if len(found.counts) < inodes:
                 raise ValueError("the shared tables must cover every inode")
             self._lib.hot_track_inodes(ctx, _buffer(found.counts), _address(found.known))
-        self._sweeper.start()
-        self._opened_fd = os.eventfd(0, os.EFD_CLOEXEC)
-        self._lib.hot_queue_opened(ctx, self._opened_fd)
-        self._opens.start()
+        self._reports.start(ctx)
         handlers = (ctypes.c_void_p * (len(_HANDLERS) + 1))()
         self._lib.hot_handlers(handlers)
         for name, handler in zip(_HANDLERS, handlers, strict=False):
@@ -286,45 +269,9 @@ class HotPath:
     def folder_published(self, parent: int) -> bool:
         return self.serves_lookups and bool(self._lib.hot_folder_published(self._ctx, parent))
 
-    def _sweep(self) -> None:
-        """Every SWEEP_S, let go of published blocks the cache removed meanwhile, and tell
-        ``used`` which blocks answered reads."""
-        flags = ctypes.create_string_buffer(len(self._tokens))
-        while not self._closing.wait(SWEEP_S):
-            if self._ctx is None:
-                continue
-            self._lib.hot_sweep(self._ctx, flags)
-            for slot, flag in enumerate(flags.raw):
-                token = self._tokens[slot]
-                if flag and token is not None:
-                    try:
-                        self._used(token)
-                    except Exception:  # recency only: the reads were answered
-                        log.exception("noting the use of a published block failed")
-
-    def _take_opened(self) -> None:
-        """Tell ``opened`` of the opens C queued: on this thread, so that the one answering
-        requests never waits for the interpreter for them."""
-        taken = (ctypes.c_uint64 * _TAKE_OPENED)()
-        while True:
-            os.eventfd_read(self._opened_fd)  # C writes when its queue gets a first inode
-            if self._closing.is_set():
-                return
-            # Let the opens of the next few milliseconds join the queue: one wake-up, one
-            # call into C and one hold of the interpreter lock for them all.
-            self._closing.wait(OPENED_BATCH_S)
-            self._opened_now(taken)
-
-    def _opened_now(self, taken: ctypes.Array[ctypes.c_uint64]) -> None:
-        while self._ctx is not None:
-            count = self._lib.hot_take_opened(self._ctx, taken, len(taken))
-            if count:
-                try:
-                    self._on_opened(taken[:count])
-                except Exception:  # signs lost, the opens themselves were answered
-                    log.exception("noting the opens of %d inodes failed", count)
-            if count < len(taken):
-                return
+    def settle(self) -> None:
+        """``HotReports.settle``: before a new order hint."""
+        self._reports.settle()
 
     def publish(self, block: BlockFile, files: FileTable, token: Any = None) -> Placed | None:
         """Answer READs of ``files`` (positions in the block's data) from the block's file,
@@ -434,18 +381,7 @@ class HotPath:
 
     def close(self) -> None:
         """Free the state: only once the session answers no more requests."""
-        self._closing.set()
-        if self._sweeper.is_alive():
-            self._sweeper.join()
-        if self._opened_fd >= 0:
-            if self._ctx is not None:
-                self._lib.hot_queue_opened(self._ctx, -1)  # no more queued
-            os.eventfd_write(self._opened_fd, 1)
-            if self._opens.is_alive():
-                self._opens.join()
-            self._opened_now((ctypes.c_uint64 * _TAKE_OPENED)())  # the last ones queued
-            os.close(self._opened_fd)
-            self._opened_fd = -1
+        self._reports.close()
         if self._ctx is not None:
             self._final = self.counters()
             ctx, self._ctx = self._ctx, None

@@ -475,6 +475,8 @@ class FuseOperations:
 
     @_answers
     def _take_hint(self, req: int, in_buf: int, in_size: int) -> None:
+        if self.hot is not None:  # what C saw so far belongs to the last hint, not this one
+            self.hot.settle()
         self.core.take_hint_chunk(ctypes.string_at(in_buf, in_size))
         self.lib.fuse_reply_ioctl(req, 0, None, 0)
 

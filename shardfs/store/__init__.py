@@ -8,12 +8,14 @@ A source URL becomes a list of shards, and a shard becomes checked bytes:
   the one place where a foreign library's errors become ``ShardfsError``;
 - ``remote``: ``Store``, ranged reads, streams and small objects, for every other family;
 - ``s3_ranges``, ``presigned``, ``http_ranges``: the ranged GET of each kind of store;
+- ``plain_ranges``: shards in a local folder (``pread``) and in any other fsspec store;
 - ``responses``: the one check of every answer (status, range, version, length);
-- ``stream``: a shard read front to back for the index scan, one chunk ahead;
-- ``local_files``: shards in a local folder, read with ``pread``;
+- ``object_writes``: what ``pack`` writes next to the shards, each object whole or not at all;
 - ``whole_shards``: shards a server sent whole (it ignores ``Range``), kept in memory;
 - ``sets``: several sources as one store (``shardfs mount A B MNT``);
-- ``shards``: ``ShardInfo`` and ``Readable``, the types other families name, without fsspec.
+- ``shards``: ``ShardInfo`` and ``Readable``, the types other families name, and
+  ``ShardStream``, a shard read front to back for the index scan, one chunk ahead; without
+  fsspec.
 
 Docstring-only, so that importing ``shards`` does not load fsspec.
 """

@@ -137,9 +137,9 @@ class PresignedRanges:
         has landed, while the next ones are still on the wire: only whole pieces, so a body
         cut short raises (WrongLengthError, TransientError) before its last piece. Between
         two pieces the caller may take its time, within ``deadline``; a caller that stops
-        early closes the connection."""
-        yield from _pieces(response, f"{path} [{start}:{end}]", 206, (start, end, size), piece,
-            deadline, land)  # fmt: skip
+        early closes the connection (the generator's ``close``, once it has started)."""
+        what = f"{path} [{start}:{end}]"
+        return _pieces(response, what, 206, (start, end, size), piece, deadline, land)
 
 
 def _discard(response: Any) -> None:

@@ -26,15 +26,14 @@ from ..config import SourceConfig, format_bytes
 from ..errors import ShardChangedError, ShardfsError, StoreReadError
 from ..stats import Stats
 from ..store.shards import Readable
-from . import fsspec_ranges, http_ranges, responses, s3_ranges
+from . import http_ranges, responses, s3_ranges
 from .client import S3_PROTOCOLS, open_filesystem, protocol_of, translate_errors, version_of
 from .listing import ShardListing
-from .local_files import read_local_file
 from .object_writes import LOCAL_PROTOCOLS as _LOCAL_PROTOCOLS
 from .object_writes import ObjectWrites
+from .plain_ranges import fsspec_range, read_local_file
 from .responses import PreconditionFailed, TransientError, WrongLengthError, pieces_of
-from .shards import ShardInfo
-from .stream import ShardStream
+from .shards import ShardInfo, ShardStream
 from .urls import SHARD_SUFFIX, select
 from .whole_shards import WHOLE_SHARDS_MEMORY, WholeShards
 
@@ -408,7 +407,7 @@ class Store(ObjectWrites):
         elif self.is_http:
             data = http_ranges.get_range(self.fs, path, start, end, shard.size, shard.etag, timeout)
         elif self.protocol not in S3_PROTOCOLS:
-            data = fsspec_ranges.get_range(self.fs, path, shard.name, start, end, timeout)
+            data = fsspec_range(self.fs, path, shard.name, start, end, timeout)
         else:
             fast = self._presigned
             if fast is None or time.monotonic() < self._fast_paused_until:
