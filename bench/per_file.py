@@ -347,7 +347,8 @@ class PerFileBench:
                         "hot_path_edge_reads", "python_reads", "python_reads_later",
                         "cache_misses", "prefetched_blocks", "hot_path_lookups",
                         "python_lookups", "landing_mapped_bytes",
-                        "inodes_forgotten", "pushes_refused"):  # fmt: skip
+                        "inodes_forgotten", "pushes_refused", "landing_room_timeouts",
+                        "blocks_kept_unstored"):  # fmt: skip
                 cold[key] = stats.get(key, 0) - stats_before.get(key, 0)
             warm = self.phase(pid, paths, buffering)
             # Blocks cached, page cache dropped: every file is a READ answered from cache

@@ -187,3 +187,27 @@ def test_a_hint_over_a_store_that_streams_runs_at_any_block_size(
     finally:
         prefetcher.close()
         cache.close()
+
+
+def test_a_piece_handed_on_is_held_by_the_caller_alone(
+    s3_server: S3Server, proxy: FaultProxy
+) -> None:
+    """Once the caller lets a piece go, its landing buffer is free for the next GET, while
+    the stream waits for the next ask: the stream's own frames keep no reference to it.
+    (They did: 8 streams of 8 MiB blocks then held the readahead's whole landing memory,
+    and each next piece waited a second for room.)"""
+    from shardfs.cache.landing import LandingBuffers
+
+    store, shard, data = _setup(s3_server, proxy, "stream-held")
+    landing = LandingBuffers(chunk_size=PIECE)
+    pieces = store.stream(shard, START, END, PIECE, land=landing.take)
+    first = next(pieces)
+    assert bytes(first) == data[START : START + PIECE]
+    assert landing.in_use() > 0
+    del first
+    assert landing.in_use() == 0
+    second = next(pieces)
+    assert bytes(second) == data[START + PIECE : START + 2 * PIECE]
+    del second
+    rest = b"".join(bytes(p) for p in pieces)
+    assert rest == data[START + 2 * PIECE : END]

@@ -182,7 +182,9 @@ def _pieces(
             if got != want:
                 check_length(what, status, length - left + got, start, end, size)
             left -= want
-            yield data
+            handed = [data]
+            del data  # held by the caller alone until it asks for the next (``Store.stream``)
+            yield handed.pop()
             if left > 0 and time.monotonic() > deadline:
                 raise TransientError("the read deadline passed while the body arrived")
         done = True

@@ -231,13 +231,9 @@ class Store(ObjectWrites):
             return self._fetch(shard, start, end, piece, retries, scan, land)
 
     def streams_pieces(self, shard: ShardInfo | None = None) -> bool:
-        """Whether ``stream`` hands a GET's pieces on as they land (a presigned GET on S3)
-        rather than once it has landed whole (any shard, or ``shard``)."""
-        return (
-            self._presigned is not None
-            and self._whole is None
-            and time.monotonic() >= self._fast_paused_until
-        )
+        """Whether ``stream`` hands a GET's pieces on as they land (for ``shard``, or any)."""
+        fast = self._presigned is not None and time.monotonic() >= self._fast_paused_until
+        return fast and self._whole is None
 
     def stream(
         self,
@@ -251,12 +247,12 @@ class Store(ObjectWrites):
         whole: Callable[[bytes], None] | None = None,
     ) -> Generator[responses.Piece, None, None]:
         """``fetch``'s pieces, each handed on as soon as it has landed where the GET can (a
-        presigned GET on S3, answered with the range): a GET for several blocks then holds
-        one piece's memory at a time, and its first block comes as early as a GET of that
-        block alone. Elsewhere the pieces come once the GET has landed whole; ``whole`` is
-        given the shard where the server sent all of it (as ``Fetched.whole``). A GET that
-        fails partway is retried from the first piece not yet handed on, through ``fetch``
-        (its retries and deadline): no piece is handed on twice."""
+        presigned GET on S3 answered with the range), so a GET for several blocks holds one
+        piece's memory at a time; elsewhere once the GET has landed whole (``whole`` is given
+        the shard where the server sent all of it). A GET cut partway is asked again, through
+        ``fetch``, from the first piece not handed on. No piece handed on is referred to here
+        while the caller holds it: a suspended ``yield piece`` would hold its landing memory
+        (8 streams of 8 MiB blocks then held all of it, and each next piece waited 1 s)."""
         fast, at = self._presigned, start
         if fast is not None and self.streams_pieces(shard):
             try:
@@ -264,7 +260,9 @@ class Store(ObjectWrites):
                 with contextlib.closing(streamed) as pieces:
                     for data in pieces:
                         at += len(data)
-                        yield data
+                        handed = [data]
+                        del data  # see the docstring's end
+                        yield handed.pop()
             except _PROGRAMMING_ERRORS:
                 raise
             except Exception as exc:  # the rest through ``fetch``, which tells what it was
@@ -273,7 +271,10 @@ class Store(ObjectWrites):
             got = self.fetch(shard, at, end, piece, retries=retries, land=land)
             if got.whole is not None and whole is not None:
                 whole(got.whole)
-            yield from got.pieces
+            landed = got.pieces[::-1]
+            del got
+            while landed:
+                yield landed.pop()
 
     def _streamed(
         self,
@@ -302,7 +303,9 @@ class Store(ObjectWrites):
         with contextlib.closing(body_pieces) as pieces:
             for data in pieces:
                 self.stats.add(bytes_fetched=len(data))
-                yield data
+                handed = [data]
+                del data
+                yield handed.pop()
 
     def _fetch(
         self,
