@@ -195,6 +195,7 @@ HEADS = [
     b"HTTP/1.1 200 OK\r\nA: b\nC: d\r\n\r\n",  # and a field
     b"HTTP/1.1 200 OK\nContent-Length: 4\n\n",  # the head ends with bare LFs...
     b"HTTP/1.1 200 OK\r\nContent-Length: 4\n\r\n",  # ...or a CRLF after a bare LF
+    b"HTTP/1.1 200 OK\r\nName \t:\t a  b \t\r\nB:c:d\r\nB: e\r\n:\r\n\r\n",  # blanks, colons, twice
 ]
 
 
