@@ -48,8 +48,8 @@ READAHEAD_BYTES = 64 << 20
 _ROOM_POLL_S = 0.02
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value
 HUGE_PAGE = 2 << 20  # x86-64's and arm64's (4 KiB base pages) transparent huge page
-# References to a free mapping while ``_free_map`` looks at it: the list, the loop's name,
-# and getrefcount's own argument.
+# References to a free mapping while ``in_use`` looks at it: the list, the loop's name,
+# and getrefcount's own argument (``_free_map`` loops over a copy of the list: one more).
 _UNUSED_REFS = 3
 
 
