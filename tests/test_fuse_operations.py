@@ -212,14 +212,24 @@ def test_a_read_that_waited_for_its_blocks_fetch_goes_to_the_compiled_path_first
     ops.read(2, node.ino, 100, 0, None)
     assert len(stub.asked) == 1  # not asked: C could not have it
     assert lib.only(2) == ("buf", DATA[:100])
-    # A file an order hint follows: Python's at once, without waiting (the hint must hear
-    # of the read as it comes; C never answers such a file).
-    waits: list[int] = []
-    monkeypatch.setattr(ops.core, "wait_block", lambda n: waits.append(n.ino) or True)
+    # A file an order hint follows: the hint hears of the read before the wait (uncounted:
+    # C counts what it answers), then C is asked as for any other.
+    steps: list[tuple[str, int, bool]] = []
+    monkeypatch.setattr(
+        ops.core.hints, "note_read", lambda n, count=True: steps.append(("hint", n.ino, count))
+    )
+    monkeypatch.setattr(
+        ops.core, "wait_block", lambda n: steps.append(("wait", n.ino, True)) or True
+    )
     ops.core.hints.watched[node.ino] = 1
     ops.read(3, node.ino, 100, 0, None)
-    assert waits == [] and len(stub.asked) == 1
-    assert lib.only(3) == ("buf", DATA[:100])
+    assert steps[:2] == [("hint", node.ino, False), ("wait", node.ino, True)]
+    assert stub.asked[1:] == [(3, node.ino, 100, 0)]
+    if takes:
+        assert len(steps) == 2 and not [r for r in lib.replies if r[0] == 3]
+    else:  # Python reads it, and counts it as the hint's then
+        assert steps[2:] == [("hint", node.ino, True)]
+        assert lib.only(3) == ("buf", DATA[:100])
 
 
 def test_python_counts_the_kernels_lookups_of_each_inode_for_the_pusher(view: View) -> None:

@@ -353,6 +353,29 @@ def test_a_file_the_hint_follows_is_answered_in_c_and_its_end_told_to_the_hint()
         assert counts["watched_reads"] == 3 and counts["reads"] == 4
 
 
+def test_a_waited_read_of_a_file_the_hint_follows_is_answered_by_c_once_published() -> None:
+    """A READ Python held while its block was fetched is handed to C (``answer``) whether
+    or not a hint follows its file: C answers it from the block, counts it as the hint's,
+    and queues the file's end for the hint; one of a file not published stays Python's."""
+    opened: list[int] = []
+    for hot, fuse, _read in _compiled(hot_path.MAX_ENTRIES, opened=opened):
+        block = os.urandom(10_000)
+        hot.watched[3] = hot.watched[5] = 1  # type: ignore[attr-defined]
+        assert not hot.answer(1, 3, 128 << 10, 0)  # not published yet
+        table = FileTable.of([(3, 100, 5000), (4, 6000, 4000)])
+        assert hot.publish_memory(block, table, token="b") is not None
+        assert hot.answer(1, 3, 128 << 10, 0)  # watched, whole
+        assert hot.answer(1, 4, 1000, 0)  # not watched, its start
+        assert not hot.answer(1, 5, 4096, 0)  # watched, never published
+        deadline = time.monotonic() + 5
+        while not opened and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert opened == [3]
+        assert fuse.replies == [block[100:5100], block[6000:7000]]
+        counts = hot.counters()
+        assert counts["watched_reads"] == 1 and counts["reads"] == 2
+
+
 def test_dropping_an_early_block_spares_the_block_that_took_its_slot(
     compiled: tuple[hot_path.HotPath, _FakeFuse, Callable[..., None]],
 ) -> None:

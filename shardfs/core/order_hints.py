@@ -323,12 +323,14 @@ class OrderHints:
         position = hint.position_of_row[row]
         return None if position < 0 else (hint, table, row, position)
 
-    def note_read(self, node: Node) -> None:
-        """A read of ``node``: count it if hinted, and move the hint's window forward."""
+    def note_read(self, node: Node, *, count: bool = True) -> None:
+        """A read of ``node``: count it if hinted (unless the compiled path answers it and
+        counts it), and move the hint's window forward."""
         found = self._hinted(node.ino)
         if found is not None:
             hint, table, row, position = found
-            self.stats.add(hinted_reads=1)
+            if count:
+                self.stats.add(hinted_reads=1)
             hint.reached[row] = 1  # before the read looks for its bytes
             self._advance(hint, table, row, position)
 

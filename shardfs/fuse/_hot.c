@@ -789,20 +789,27 @@ static void note_opened(struct ctx *c, uint64_t ino) {
         c->py_opened(ino);
 }
 
+/* Answer a READ of a published file (in memory or in its block file); 0 when it is not
+ * one. A READ that reaches the end of a file an order hint follows counts as its read:
+ * queued for the hint. When it came before its block (Python waited for the fetch),
+ * Python told the hint of the read before it waited. */
+static int answer_published(struct ctx *c, req_t req, uint64_t ino, size_t size,
+                            int64_t off) {
+    if (ino >= c->n_ino || !c->slots[ino].block)
+        return 0;
+    /* the file's size, taken before the answer: a slot let go of meanwhile reads 0 */
+    int64_t file_size = c->slots[ino].size;
+    if (!read_published(c, req, ino, size, off))
+        return 0;
+    if (c->watched[ino] && off + (int64_t)size >= file_size)
+        note_opened(c, ino);
+    return 1;
+}
+
 static void hot_read(req_t req, uint64_t ino, size_t size, int64_t off, void *fi) {
     struct ctx *c = req_userdata(req);
-    if (ino < c->n_ino && c->slots[ino].block) {
-        /* the file's size, taken before the answer: a slot let go of meanwhile reads 0 */
-        int64_t file_size = c->slots[ino].size;
-        if (read_published(c, req, ino, size, off)) {
-            /* a file an order hint follows: its READ reaching the file's end counts as
-             * its read (its bytes were cached, so nothing waited on the hint's window) */
-            if (c->watched[ino] && off + (int64_t)size >= file_size)
-                note_opened(c, ino);
-            return;
-        }
-    }
-    c->py_read(req, ino, size, off, fi);
+    if (!answer_published(c, req, ino, size, off))
+        c->py_read(req, ino, size, off, fi);
 }
 
 static void hot_ioctl(req_t req, uint64_t ino, unsigned cmd, void *arg, void *fi,
@@ -905,11 +912,10 @@ static void hot_lookup(req_t req, uint64_t parent, const char *name) {
 /* -- called from Python through ctypes ------------------------------------------------ */
 
 /* Answer a READ Python holds as hot_read would (a file of a published block, in memory or
- * in its block file, that no order hint follows); 0 when that is not one: Python answers
- * it. For a READ that came before its block: Python waited for the block's fetch. */
+ * in its block file); 0 when that is not one: Python answers it. For a READ that came
+ * before its block: Python waited for the block's fetch. */
 int hot_answer(struct ctx *c, req_t req, uint64_t ino, size_t size, int64_t off) {
-    return ino < c->n_ino && !c->watched[ino] && c->slots[ino].block &&
-           read_published(c, req, ino, size, off);
+    return answer_published(c, req, ino, size, off);
 }
 
 /* How many blocks may be published at once (the size of hot_sweep's ``used``). */

@@ -320,18 +320,16 @@ class FuseOperations:
         """A READ that could not be answered at once (on a worker thread). One whose block
         was being fetched waits for it (a file across a block's end, for both of its
         blocks); C then answers it from the fetched bytes (published in memory when the
-        block was stored), else Python reads it (None: C answered). A
-        file an order hint follows goes straight to Python: the hint hears of the read
-        before its block arrives (C answers such a file only from a block already
-        published, and tells the hint afterwards)."""
+        block was stored), else Python reads it (None: C answered). The hint of a file
+        it follows hears of the read before the wait, so its window moves while the
+        reader waits; C counts the read and tells the hint of the file's end."""
         hot = self.hot
-        if (
-            hot is not None
-            and not self.core.hints.watched[node.ino]
-            and self.core.wait_block(node)
-            and hot.answer(req, node.ino, size, offset)
-        ):
-            return None
+        if hot is not None:
+            hints = self.core.hints
+            if hints.watched[node.ino]:
+                hints.note_read(node, count=False)
+            if self.core.wait_block(node) and hot.answer(req, node.ino, size, offset):
+                return None
         self.core.stats.add(python_reads=1, python_reads_later=1)
         return self._read_node(node, offset, size)
 
